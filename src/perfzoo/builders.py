@@ -1,0 +1,206 @@
+"""Model builders: torchvision, timm, plain MLPs, transformer encoders and user factories.
+
+Every builder returns a classifier ``nn.Module`` mapping a batch of inputs to logits of shape
+``(batch, num_classes)``, built with random weights (nothing is ever downloaded).
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib.metadata
+import importlib.util
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from perfzoo.io import InputError
+
+BUILDER_NAMES = ("torchvision", "timm", "mlp", "transformer", "python")
+MLP_NAMES = ("mlp_small", "mlp_big", "mlp")
+TRANSFORMER_NAMES = ("encoder",)
+VOCAB_SIZE = 1000
+NAME_CACHE = Path(".snakemake") / "perfzoo-model-names"
+
+
+def suggest(name: str, choices: Iterable[str], n: int = 3) -> str:
+    """A ' (did you mean: a, b?)' hint with the closest names, or '' when none is close."""
+    close = difflib.get_close_matches(name, list(choices), n=n, cutoff=0.6)
+    return f" (did you mean: {', '.join(close)}?)" if close else ""
+
+
+def _library_model_names(builder: str) -> list[str]:
+    """Model names a library offers; cached per library version so config checks stay fast."""
+    version = importlib.metadata.version(builder)
+    cache = NAME_CACHE / f"{builder}-{version}.json"
+    if cache.exists():
+        return json.loads(cache.read_text())
+    if builder == "timm":
+        import timm
+
+        names = sorted(timm.list_models())
+    else:
+        import torchvision.models
+
+        names = sorted(torchvision.models.list_models())
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(".tmp")
+    tmp.write_text(json.dumps(names))
+    tmp.replace(cache)
+    return names
+
+
+def check_model_name(builder: str, name: str, where: str) -> None:
+    """Raise InputError naming ``where`` if ``name`` is unknown to ``builder``."""
+    if builder not in BUILDER_NAMES:
+        raise InputError(f"{where}.builder: unknown builder {builder!r}{suggest(builder, BUILDER_NAMES)}")
+    if builder in ("timm", "torchvision"):
+        names = _library_model_names(builder)
+    elif builder == "mlp":
+        names = list(MLP_NAMES)
+    elif builder == "transformer":
+        names = list(TRANSFORMER_NAMES)
+    else:
+        check_factory_reference(name, where)
+        return
+    if name not in names:
+        raise InputError(f"{where}: unknown {builder} model {name!r}{suggest(name, names)}")
+
+
+def check_factory_reference(ref: str, where: str) -> None:
+    """Check a ``path/to/file.py:function`` reference without importing the file."""
+    path, _, func = ref.rpartition(":")
+    if not path or not func:
+        raise InputError(f"{where}: expected 'path/to/file.py:function', got {ref!r}")
+    if not Path(path).is_file():
+        raise InputError(f"{where}: model file {path!r} not found")
+    tree = ast.parse(Path(path).read_text(), filename=path)
+    defined = [n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)]
+    if func not in defined:
+        raise InputError(f"{where}: {path} defines no function {func!r}{suggest(func, defined)}")
+
+
+def build_model(
+    builder: str, name: str, kwargs: dict[str, Any], num_classes: int, input_shape: tuple[int, ...] = ()
+) -> Any:
+    """Construct the model with random weights on the current default device."""
+    kwargs = dict(kwargs)
+    if builder in ("timm", "torchvision") and len(input_shape) == 3:
+        kwargs = _with_image_size(builder, name, kwargs, input_shape[-1])
+    return _BUILDERS[builder](name, kwargs, num_classes)
+
+
+def _with_image_size(builder: str, name: str, kwargs: dict[str, Any], side: int) -> dict[str, Any]:
+    """Tell models with a fixed patch grid (ViT, Swin, ...) the input resolution."""
+    if builder == "torchvision" and name.startswith("vit_"):
+        kwargs.setdefault("image_size", side)
+    if builder == "timm":
+        import timm
+
+        if timm.get_pretrained_cfg(name) is not None and _timm_takes_img_size(name):
+            kwargs.setdefault("img_size", side)
+    return kwargs
+
+
+def _timm_takes_img_size(name: str) -> bool:
+    import inspect
+
+    import timm.models
+
+    entry = timm.models.model_entrypoint(name)
+    source = inspect.getsource(inspect.getmodule(entry))  # model classes declare img_size in __init__
+    return "img_size" in source
+
+
+def _build_torchvision(name: str, kwargs: dict[str, Any], num_classes: int) -> Any:
+    import torchvision.models
+
+    return torchvision.models.get_model(name, weights=None, num_classes=num_classes, **kwargs)
+
+
+def _build_timm(name: str, kwargs: dict[str, Any], num_classes: int) -> Any:
+    import timm
+
+    return timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs)
+
+
+def _build_mlp(name: str, kwargs: dict[str, Any], num_classes: int) -> Any:
+    """Fully connected net of seed 002 (MNIST-sized): Linear+ReLU per hidden layer, then logits."""
+    from torch import nn
+
+    in_features = int(kwargs.pop("in_features", 784))
+    hidden = [int(h) for h in kwargs.pop("hidden", [512, 512])]
+    if kwargs:
+        raise TypeError(f"unexpected mlp arguments {sorted(kwargs)}")
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = in_features
+    for h in hidden:
+        layers += [nn.Linear(width, h), nn.ReLU()]
+        width = h
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
+
+
+def _build_transformer(name: str, kwargs: dict[str, Any], num_classes: int) -> Any:
+    return TokenClassifier(num_classes=num_classes, **kwargs)
+
+
+def _build_python(ref: str, kwargs: dict[str, Any], num_classes: int) -> Any:
+    path, _, func = ref.rpartition(":")
+    spec = importlib.util.spec_from_file_location(f"perfzoo_user_{Path(path).stem}", path)
+    if spec is None or spec.loader is None:
+        raise InputError(f"{path}: cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, func)(**kwargs)
+
+
+def _token_classifier_class() -> type:
+    from torch import nn
+
+    class _TokenClassifier(nn.Module):
+        """Embedding + learned positions + ``nn.TransformerEncoder`` + mean-pooled linear head."""
+
+        def __init__(
+            self,
+            num_classes: int,
+            d_model: int = 128,
+            heads: int = 4,
+            layers: int = 2,
+            ff_mult: int = 4,
+            max_len: int = 4096,
+            vocab: int = VOCAB_SIZE,
+            dropout: float = 0.1,
+        ) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(vocab, d_model)
+            self.pos = nn.Embedding(max_len, d_model)
+            layer = nn.TransformerEncoderLayer(
+                d_model, heads, ff_mult * d_model, dropout=dropout, batch_first=True
+            )
+            self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+            self.head = nn.Linear(d_model, num_classes)
+
+        def forward(self, tokens: Any) -> Any:
+            import torch
+
+            positions = torch.arange(tokens.shape[1], device=tokens.device)
+            x = self.embed(tokens) + self.pos(positions)
+            return self.head(self.encoder(x).mean(dim=1))
+
+    return _TokenClassifier
+
+
+def TokenClassifier(**kwargs: Any) -> Any:  # noqa: N802 - behaves as a class constructor
+    """Build the transformer-encoder classifier (the class is created lazily to keep torch optional)."""
+    return _token_classifier_class()(**kwargs)
+
+
+_BUILDERS: dict[str, Callable[[str, dict[str, Any], int], Any]] = {
+    "torchvision": _build_torchvision,
+    "timm": _build_timm,
+    "mlp": _build_mlp,
+    "transformer": _build_transformer,
+    "python": _build_python,
+}

@@ -1,0 +1,54 @@
+"""Load and check the workflow configuration (JSON schema with defaults, then semantic checks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from perfzoo.io import InputError
+
+SCHEMA = Path(__file__).parent / "schemas" / "config.schema.yaml"
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Read ``path``, validate it against the schema (filling defaults) and check model names."""
+    try:
+        config = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: config file not found") from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path}: not valid YAML ({exc})") from None
+    validate_config(config, source=str(path))
+    return config
+
+
+def validate_config(config: dict[str, Any], source: str = "config") -> None:
+    """Schema validation (defaults filled in place) followed by model-name checks."""
+    from snakemake.utils import validate
+
+    try:
+        validate(config, str(SCHEMA))
+    except Exception as exc:  # WorkflowError carrying jsonschema's message and the key path
+        raise InputError(f"{source}: {_first_line(exc)}") from None
+    check_model_names(config)
+
+
+def check_model_names(config: dict[str, Any]) -> None:
+    """Every family's builder and model names exist (close names are suggested otherwise)."""
+    from perfzoo.builders import check_model_name
+    from perfzoo.zoo import model_entries
+
+    for family, spec in config["zoo"]["families"].items():
+        for i, entry in enumerate(model_entries(spec)):
+            check_model_name(spec["builder"], entry["name"], f"zoo.families.{family}.models[{i}]")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # snakemake's message: "Error validating config file.\n<jsonschema message>\n\nFailed validating ... in schema[...]\nOn instance['zoo']..."
+    message = next((ln for ln in lines[1:] if not ln.startswith("Error validating")), lines[0] if lines else text)
+    where = next((ln for ln in lines if ln.startswith("On instance")), "")
+    return f"{message} [{where.removeprefix('On instance').rstrip(':')}]" if where else message

@@ -1,0 +1,522 @@
+"""Static model features computed on PyTorch's ``meta`` device (no weight memory, no GPU).
+
+``featurise`` builds a model on the meta device, runs one forward step (inference) or one
+forward + loss + backward step (training) under ``FlopCounterMode`` with hooks on every module,
+and returns a model-level feature dict plus a per-layer table.
+
+Definitions
+-----------
+layer
+    An *innermost module invocation*: a call of a module during which no other module of the
+    model is called. This is every leaf module (no children), plus modules whose children are
+    not called as modules (``nn.MultiheadAttention`` computes through its ``out_proj`` weight
+    without calling it). A module reused several times (torchvision's ``BasicBlock.relu``)
+    gives one row per call. Rows are in execution order.
+flops
+    FLOPs counted by ``torch.utils.flop_counter.FlopCounterMode`` for the whole step of the
+    mode: forward only for inference, forward + backward for training. ``flops_fw`` is the
+    forward part, ``macs = flops_fw / 2``. The per-layer ``flops`` column is the forward FLOPs
+    counted while that invocation ran. The weight-gradient term of ``convolution_backward`` is
+    divided by ``groups`` (torch 2.14's formula ignores groups and overcounts depthwise convs by
+    the channel count; the same fix was proposed upstream in pytorch/pytorch#183405).
+training loss
+    The sum of all floating-point output tensors (model-agnostic: logits, hidden states,
+    tuples or dicts of them). Its complexity appears as one extra row, ``type == "Loss"``
+    (category ``other``), using the Gianniti loss formula.
+Gianniti complexities (``c_fw``, ``c_bw``)
+    From the per-layer table of Gianniti et al. (Conv, FC, Loss, Norm, Pool, ReLU/Dropout).
+    ``C_out`` is read as the number of output values of one sample (channels x output
+    positions); ``C_in`` and ``H_f W_f`` are per output position (kernel volume, input channels
+    per group), so ``Conv fw = H_f W_f C_in C_out``. FC: ``H_in W_in`` is the number of positions
+    the linear map is applied at (``numel(input) / in_features`` per sample), ``C_in/C_out`` are
+    ``in/out_features``. Norm: ``C_n`` is the number of elements normalised together per channel
+    (BatchNorm/InstanceNorm: spatial positions; GroupNorm: group size; LayerNorm/RMSNorm:
+    ``prod(normalized_shape)``; LRN: window size). Adaptive pools use the kernel
+    ``ceil(in / out)`` per spatial dim. Pools are split into ``pool_s1`` (all strides 1;
+    adaptive: output not smaller than input) and ``pool_s2``. Layers the table does not cover
+    (attention, embedding, other) get 0. Per-sample values are multiplied by ``batch``.
+activation_bytes
+    Sum of the bytes of every layer output during the forward step.
+train_mem_estimate_bytes
+    ``weight_bytes * k + activation_bytes`` with ``k = 4`` for training (weights, gradients,
+    two Adam moments) and ``k = 1`` for inference: a simple static memory feature, not a
+    prediction.
+depth
+    Deepest nesting level in the module tree (the root is 0; ``Sequential(conv, ...)`` has 1).
+graph_nodes, graph_edges
+    Nodes of the ``torch.fx.symbolic_trace`` graph and the sum of ``len(node.all_input_nodes)``.
+    When tracing fails both are NaN and ``graph_error`` holds a one-line reason (else "").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
+
+from perfzoo.io import InputError
+
+MODES = ("inference", "training")
+CATEGORIES = ("conv_fc", "norm", "pool_s1", "pool_s2", "relu_drop", "attention", "embedding", "other")
+LAYER_COLUMNS = [
+    "model_id", "mode", "batch", "layer_idx", "name", "type", "category",
+    "c_fw", "c_bw", "out_bytes", "flops",
+]  # fmt: skip
+MODEL_COLUMNS = [
+    "model_id", "mode", "batch", "flops", "flops_fw", "macs", "params", "trainable_params",
+    "weight_bytes", "activation_bytes", "input_bytes", "train_mem_estimate_bytes",
+    "n_layers", "n_conv", "n_linear", "n_norm", "n_act", "n_pool", "n_attention", "n_dropout",
+    "n_embedding", "graph_nodes", "graph_edges", "graph_error", "complexity_fw", "complexity_bw",
+    "depth",
+]  # fmt: skip
+
+_NORM_TYPES: tuple[type[nn.Module], ...] = (
+    nn.modules.batchnorm._NormBase,
+    nn.GroupNorm,
+    nn.LayerNorm,
+    nn.LocalResponseNorm,
+    nn.CrossMapLRN2d,
+    nn.RMSNorm,
+)
+_POOL_TYPES: tuple[type[nn.Module], ...] = (
+    nn.modules.pooling._MaxPoolNd,
+    nn.modules.pooling._AvgPoolNd,
+    nn.modules.pooling._LPPoolNd,
+)
+_ADAPTIVE_POOL_TYPES: tuple[type[nn.Module], ...] = (
+    nn.modules.pooling._AdaptiveAvgPoolNd,
+    nn.modules.pooling._AdaptiveMaxPoolNd,
+)
+_DROPOUT_NAMES = frozenset({"DropPath", "DropBlock2d", "DropBlock"})
+
+
+# --------------------------------------------------------------------------- module classification
+
+
+def _is_dropout(module: nn.Module) -> bool:
+    return isinstance(module, nn.modules.dropout._DropoutNd) or type(module).__name__ in _DROPOUT_NAMES
+
+
+def _is_activation(module: nn.Module) -> bool:
+    """torch.nn activation modules (not MultiheadAttention) and timm's own activation classes."""
+    if isinstance(module, nn.MultiheadAttention):
+        return False
+    module_path = type(module).__module__
+    return module_path == "torch.nn.modules.activation" or (
+        module_path.startswith("timm.") and "activations" in module_path
+    )
+
+
+def _is_norm(module: nn.Module) -> bool:
+    return isinstance(module, _NORM_TYPES) or type(module).__name__.endswith(("Norm", "Norm1d", "Norm2d"))
+
+
+def _is_attention(module: nn.Module) -> bool:
+    return "Attention" in type(module).__name__
+
+
+def _pool_is_stride_one(module: nn.Module, in_shape: torch.Size, out_shape: torch.Size) -> bool:
+    """Stride-1 pool; an adaptive pool counts as stride 1 unless its output is smaller than its input."""
+    if isinstance(module, _ADAPTIVE_POOL_TYPES):
+        n_spatial = _spatial_dims(module)
+        return math.prod(out_shape[-n_spatial:]) >= math.prod(in_shape[-n_spatial:])
+    stride = module.stride if module.stride is not None else module.kernel_size
+    return all(s == 1 for s in _as_tuple(stride))
+
+
+def _category(module: nn.Module, in_shape: torch.Size | None, out_shape: torch.Size | None) -> str:
+    if isinstance(module, (nn.modules.conv._ConvNd, nn.Linear)):
+        return "conv_fc"
+    if _is_norm(module):
+        return "norm"
+    if isinstance(module, _POOL_TYPES + _ADAPTIVE_POOL_TYPES) and in_shape is not None and out_shape is not None:
+        return "pool_s1" if _pool_is_stride_one(module, in_shape, out_shape) else "pool_s2"
+    if _is_activation(module) or _is_dropout(module):
+        return "relu_drop"
+    if _is_attention(module):
+        return "attention"
+    if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+        return "embedding"
+    return "other"
+
+
+# --------------------------------------------------------------------------- Gianniti complexities
+
+
+def _as_tuple(value: int | Iterable[int]) -> tuple[int, ...]:
+    return tuple(value) if isinstance(value, Iterable) else (int(value),)
+
+
+def _spatial_dims(module: nn.Module) -> int:
+    """Number of spatial dims of a pooling module (1, 2 or 3), read from its class name."""
+    name = type(module).__name__
+    return int(name[-2]) if name[-1] == "d" and name[-2].isdigit() else 2
+
+
+def _pool_kernel_volume(module: nn.Module, in_shape: torch.Size, out_shape: torch.Size) -> int:
+    n_spatial = _spatial_dims(module)
+    if isinstance(module, _ADAPTIVE_POOL_TYPES):
+        return math.prod(
+            math.ceil(i / o) for i, o in zip(in_shape[-n_spatial:], out_shape[-n_spatial:], strict=True)
+        )
+    kernel = _as_tuple(module.kernel_size)
+    return math.prod(kernel * n_spatial if len(kernel) == 1 else kernel)
+
+
+def _norm_group_size(module: nn.Module, out_per_sample: int, out_shape: torch.Size) -> int:
+    """C_n: elements normalised together per channel, per sample."""
+    if isinstance(module, nn.GroupNorm):
+        return out_per_sample // module.num_groups
+    if getattr(module, "normalized_shape", None) is not None:
+        return math.prod(_as_tuple(module.normalized_shape))
+    if isinstance(module, (nn.LocalResponseNorm, nn.CrossMapLRN2d)):
+        return int(module.size)
+    num_features = getattr(module, "num_features", None)
+    if num_features:
+        return out_per_sample // num_features
+    return int(out_shape[-1])
+
+
+def _conv_complexity(module: nn.modules.conv._ConvNd, in_per_sample: int, out_per_sample: int) -> tuple[int, int]:
+    kernel = math.prod(module.kernel_size)
+    if module.transposed:  # work is per input position: C_in = in_channels, C_out = out_channels / groups
+        c_in = module.in_channels
+        c_out = (in_per_sample // module.in_channels) * (module.out_channels // module.groups)
+    else:
+        c_in = module.in_channels // module.groups
+        c_out = out_per_sample
+    return kernel * c_in * c_out, (2 * kernel * c_in + 1) * c_out
+
+
+def _layer_complexity(
+    module: nn.Module, category: str, in_shape: torch.Size | None, out_shape: torch.Size | None, batch: int
+) -> tuple[int, int]:
+    """Gianniti forward/backward complexity of one layer invocation, for the whole batch."""
+    if in_shape is None or out_shape is None or category in ("attention", "embedding", "other"):
+        return 0, 0
+    in_per_sample = math.prod(in_shape) // batch
+    out_per_sample = math.prod(out_shape) // batch
+    if isinstance(module, nn.modules.conv._ConvNd):
+        fw, bw = _conv_complexity(module, in_per_sample, out_per_sample)
+    elif isinstance(module, nn.Linear):
+        positions = in_per_sample // module.in_features
+        fw = positions * module.in_features * module.out_features
+        bw = 2 * fw
+    elif category == "norm":
+        c_n = _norm_group_size(module, out_per_sample, out_shape)
+        fw, bw = 5 * out_per_sample + c_n - 2, 8 * out_per_sample + c_n - 1
+    elif category in ("pool_s1", "pool_s2"):
+        kernel = _pool_kernel_volume(module, in_shape, out_shape)
+        fw, bw = kernel * out_per_sample, (kernel + 1) * out_per_sample
+    elif category == "relu_drop":
+        fw, bw = 3 * out_per_sample, 4 * out_per_sample
+    else:  # conv_fc subclasses not handled above
+        return 0, 0
+    return fw * batch, bw * batch
+
+
+def _loss_complexity(out_per_sample: int, batch: int) -> tuple[int, int]:
+    """Gianniti loss row, C_out = output values per sample."""
+    return (4 * out_per_sample - 1) * batch, (out_per_sample + 1) * batch
+
+
+# --------------------------------------------------------------------------- FLOP counting
+
+
+def _transpose01(shape: Iterable[int]) -> list[int]:
+    shape = list(shape)
+    return [shape[1], shape[0], *shape[2:]]
+
+
+def _conv_backward_flop(
+    grad_out_shape: list[int],
+    x_shape: list[int],
+    w_shape: list[int],
+    _bias: Any,
+    _stride: Any,
+    _padding: Any,
+    _dilation: Any,
+    transposed: bool,
+    _output_padding: Any,
+    groups: int,
+    output_mask: list[bool],
+    out_shape: Any = None,
+    **_: Any,
+) -> int:
+    """FLOPs of ``aten.convolution_backward``: torch's formula with the weight-gradient term / groups."""
+    flops = 0
+    if output_mask[0]:
+        flops += conv_flop_count(grad_out_shape, w_shape, out_shape[0], not transposed)
+    if output_mask[1]:
+        first, second = (grad_out_shape, x_shape) if transposed else (x_shape, grad_out_shape)
+        weight_grad = conv_flop_count(
+            _transpose01(first), _transpose01(second), _transpose01(out_shape[1]), transposed=False
+        )
+        flops += weight_grad // groups
+    return flops
+
+
+def _flop_counter() -> FlopCounterMode:
+    return FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: _conv_backward_flop})
+
+
+# --------------------------------------------------------------------------- forward recording
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    return [leaf for leaf in tree_leaves(obj) if isinstance(leaf, torch.Tensor)]
+
+
+def _tensor_bytes(obj: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in _tensors(obj))
+
+
+def _first_shape(obj: Any) -> torch.Size | None:
+    tensors = _tensors(obj)
+    return tensors[0].shape if tensors else None
+
+
+@dataclass
+class _Frame:
+    module: nn.Module
+    flops_before: int
+    called_child: bool = False
+
+
+@dataclass
+class _Recorder:
+    """Forward hooks that record innermost module invocations and count attention blocks."""
+
+    names: dict[int, str]
+    counter: FlopCounterMode
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    stack: list[_Frame] = field(default_factory=list)
+    n_attention: int = 0
+    active: bool = True
+
+    def attach(self, model: nn.Module) -> list[torch.utils.hooks.RemovableHandle]:
+        handles = []
+        for module in model.modules():
+            handles.append(module.register_forward_pre_hook(self._enter, with_kwargs=True))
+            handles.append(module.register_forward_hook(self._leave, with_kwargs=True))
+        return handles
+
+    def _enter(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if not self.active:
+            return
+        if self.stack:
+            self.stack[-1].called_child = True
+        if _is_attention(module) and not any(_is_attention(f.module) for f in self.stack):
+            self.n_attention += 1
+        self.stack.append(_Frame(module, self.counter.get_total_flops()))
+
+    def _leave(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        if not self.active or not self.stack:
+            return
+        frame = self.stack.pop()
+        if frame.called_child:
+            return
+        self.rows.append(
+            {
+                "module": module,
+                "name": self.names.get(id(module)) or "<root>",
+                "in_shape": _first_shape((args, kwargs)),
+                "out_shape": _first_shape(output),
+                "out_bytes": _tensor_bytes(output),
+                "flops": self.counter.get_total_flops() - frame.flops_before,
+            }
+        )
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def _make_input(input_shape: tuple[int, ...], batch: int, input_dtype: str) -> torch.Tensor:
+    dtype = getattr(torch, input_dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown input_dtype {input_dtype!r}")
+    shape = (batch, *input_shape)
+    if dtype.is_floating_point:
+        return torch.empty(shape, dtype=dtype, device="meta")
+    return torch.zeros(shape, dtype=dtype, device="meta")
+
+
+def _build_on_meta(build: Callable[[], nn.Module]) -> nn.Module:
+    model = build()
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"builder returned {type(model).__name__}, not an nn.Module")
+    if any(t.device.type != "meta" for t in (*model.parameters(), *model.buffers())):
+        model = model.to(device="meta")  # builder ignored the default device: drop real storage
+    return model
+
+
+def _sum_loss(output: Any) -> torch.Tensor:
+    """Training loss: sum of every floating-point output tensor that requires grad."""
+    tensors = [t for t in _tensors(output) if t.is_floating_point() and t.requires_grad]
+    if not tensors:
+        raise ValueError("model output has no differentiable floating-point tensor")
+    return sum(t.sum() for t in tensors)
+
+
+def _run_step(model: nn.Module, x: torch.Tensor, mode: str, recorder: _Recorder) -> tuple[int, int, Any]:
+    """Run the step of ``mode``; return (total FLOPs, forward FLOPs, model output)."""
+    counter = recorder.counter
+    if mode == "inference":
+        model.eval()
+        with torch.no_grad(), counter:
+            output = model(x)
+        flops_fw = counter.get_total_flops()
+        return flops_fw, flops_fw, output
+    model.train()
+    with counter:
+        output = model(x)
+        flops_fw = counter.get_total_flops()
+        recorder.active = False  # recomputed forwards (checkpointing) must not add rows
+        _sum_loss(output).backward()
+    return counter.get_total_flops(), flops_fw, output
+
+
+def _graph_size(model: nn.Module) -> tuple[float, float, str]:
+    """(nodes, edges, error) of the torch.fx symbolic trace; NaN and a reason when tracing fails."""
+    try:
+        graph = torch.fx.symbolic_trace(model).graph
+    except Exception as exc:  # tracing fails in many model-specific ways
+        return math.nan, math.nan, _one_line(exc)
+    nodes = list(graph.nodes)
+    return float(len(nodes)), float(sum(len(n.all_input_nodes) for n in nodes)), ""
+
+
+def _module_depth(model: nn.Module) -> int:
+    return max(name.count(".") + 1 if name else 0 for name, _ in model.named_modules())
+
+
+def _unique_tensors(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    seen: dict[int, torch.Tensor] = {}
+    for t in tensors:
+        seen.setdefault(id(t), t)
+    return list(seen.values())
+
+
+# --------------------------------------------------------------------------- assembly
+
+
+def _layer_table(
+    rows: list[dict[str, Any]], output: Any, mode: str, batch: int, model_id: str
+) -> pd.DataFrame:
+    records = []
+    for row in rows:
+        module = row["module"]
+        category = _category(module, row["in_shape"], row["out_shape"])
+        c_fw, c_bw = _layer_complexity(module, category, row["in_shape"], row["out_shape"], batch)
+        records.append(
+            {"name": row["name"], "type": type(module).__name__, "category": category,
+             "c_fw": c_fw, "c_bw": c_bw, "out_bytes": row["out_bytes"], "flops": row["flops"]}
+        )  # fmt: skip
+    if mode == "training":
+        out_per_sample = sum(t.numel() for t in _tensors(output) if t.is_floating_point()) // batch
+        c_fw, c_bw = _loss_complexity(out_per_sample, batch)
+        records.append(
+            {"name": "loss", "type": "Loss", "category": "other", "c_fw": c_fw, "c_bw": c_bw,
+             "out_bytes": 4, "flops": 0}
+        )  # fmt: skip
+    table = pd.DataFrame.from_records(records, columns=LAYER_COLUMNS[4:])
+    table.insert(0, "layer_idx", range(len(table)))
+    table.insert(0, "batch", batch)
+    table.insert(0, "mode", mode)
+    table.insert(0, "model_id", model_id)
+    return table.astype({"c_fw": "int64", "c_bw": "int64", "out_bytes": "int64", "flops": "float64"})
+
+
+def _layer_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+    modules = [row["module"] for row in rows]
+    return {
+        "n_layers": len(modules),
+        "n_conv": sum(isinstance(m, nn.modules.conv._ConvNd) for m in modules),
+        "n_linear": sum(isinstance(m, nn.Linear) for m in modules),
+        "n_norm": sum(_is_norm(m) for m in modules),
+        "n_act": sum(_is_activation(m) for m in modules),
+        "n_pool": sum(isinstance(m, _POOL_TYPES + _ADAPTIVE_POOL_TYPES) for m in modules),
+        "n_dropout": sum(_is_dropout(m) for m in modules),
+        "n_embedding": sum(isinstance(m, (nn.Embedding, nn.EmbeddingBag)) for m in modules),
+    }
+
+
+def featurise(
+    build: Callable[[], nn.Module],
+    input_shape: tuple[int, ...],
+    batch: int,
+    mode: str,
+    input_dtype: str = "float32",
+    model_id: str = "",
+) -> tuple[dict, pd.DataFrame]:
+    """Build the model on the meta device and return (model-level features, per-layer table).
+
+    ``input_shape`` excludes the batch dim; ``input_dtype`` is a torch dtype name ("float32" for
+    images/MLPs, "int64" for token ids). ``mode`` is "inference" or "training". A model that
+    fails to build or run raises ``InputError`` naming ``model_id``. See the module docstring
+    for the definition of every feature.
+    """
+    if mode not in MODES:
+        raise InputError(f"model {model_id}: unknown mode {mode!r} (expected one of {', '.join(MODES)})")
+    if int(batch) < 1:
+        raise InputError(f"model {model_id}: batch must be >= 1, got {batch}")
+    batch = int(batch)
+    with torch.device("meta"):
+        try:
+            model = _build_on_meta(build)
+        except Exception as exc:
+            raise InputError(f"model {model_id}: build failed: {_one_line(exc)}") from None
+        try:
+            x = _make_input(tuple(int(d) for d in input_shape), batch, input_dtype)
+        except (ValueError, TypeError, RuntimeError) as exc:
+            raise InputError(f"model {model_id}: bad input spec: {_one_line(exc)}") from None
+        recorder = _Recorder({id(m): name for name, m in model.named_modules()}, _flop_counter())
+        handles = recorder.attach(model)
+        try:
+            flops, flops_fw, output = _run_step(model, x, mode, recorder)
+        except Exception as exc:
+            raise InputError(f"model {model_id}: {mode} step failed on meta device: {_one_line(exc)}") from None
+        finally:
+            for handle in handles:
+                handle.remove()
+        graph_nodes, graph_edges, graph_error = _graph_size(model)
+
+    table = _layer_table(recorder.rows, output, mode, batch, model_id)
+    params = _unique_tensors(model.parameters())
+    weight_bytes = _tensor_bytes(_unique_tensors([*params, *model.buffers()]))
+    activation_bytes = sum(row["out_bytes"] for row in recorder.rows)
+    features: dict[str, Any] = {
+        "model_id": model_id,
+        "mode": mode,
+        "batch": batch,
+        "flops": flops,
+        "flops_fw": flops_fw,
+        "macs": flops_fw / 2,
+        "params": sum(p.numel() for p in params),
+        "trainable_params": sum(p.numel() for p in params if p.requires_grad),
+        "weight_bytes": weight_bytes,
+        "activation_bytes": activation_bytes,
+        "input_bytes": x.numel() * x.element_size(),
+        "train_mem_estimate_bytes": weight_bytes * (4 if mode == "training" else 1) + activation_bytes,
+        **_layer_counts(recorder.rows),
+        "n_attention": recorder.n_attention,
+        "graph_nodes": graph_nodes,
+        "graph_edges": graph_edges,
+        "graph_error": graph_error,
+        "complexity_fw": int(table["c_fw"].sum()),
+        "complexity_bw": int(table["c_bw"].sum()),
+        "depth": _module_depth(model),
+    }
+    return {key: features[key] for key in MODEL_COLUMNS}, table

@@ -1,0 +1,65 @@
+"""Atomic file output (temp file in the same folder + rename) and checked input."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+
+class InputError(ValueError):
+    """Bad input: the message names the file, key or model at fault."""
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; rename it onto ``path`` on success."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def write_parquet(path: str | os.PathLike[str], df: pd.DataFrame) -> None:
+    with atomic_path(path) as tmp:
+        df.to_parquet(tmp, index=False)
+
+
+def read_parquet(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """Read a Parquet file; a truncated or corrupt file raises InputError naming it."""
+    try:
+        return pd.read_parquet(path)
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found") from None
+    except Exception as exc:  # pyarrow raises several types for corrupt files
+        raise InputError(f"{path}: unreadable or corrupted Parquet file ({type(exc).__name__}: {exc})") from None
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: corrupted JSON ({exc})") from None

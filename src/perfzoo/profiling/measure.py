@@ -1,0 +1,134 @@
+"""What happens inside one isolated worker: build a config, warm up, time iterations adaptively."""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perfzoo.stats import relative_ci_halfwidth
+
+
+@dataclass
+class Measurement:
+    """Everything one worker reports for one config."""
+
+    times_ms: list[float] = field(default_factory=list)
+    peak_mem_mb: float = float("nan")
+    n_warmup: int = 0
+    stop_reason: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _rss_kib(field_name: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field_name + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field_name}")
+
+
+def reset_peak_rss() -> float:
+    """Reset the kernel's peak-RSS watermark to the current RSS; return that baseline in MB."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass  # older kernels: the watermark then includes the parent's pages, baseline still subtracts them
+    return _rss_kib("VmRSS") / 1024
+
+
+def peak_rss_mb() -> float:
+    return _rss_kib("VmHWM") / 1024
+
+
+def synthetic_batch(spec: dict[str, Any], num_classes: int, device: str) -> tuple[Any, Any]:
+    """Seeded random inputs and class targets of the config's shape (no data set needed)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    shape = (int(spec["batch"]), *json.loads(spec["input_shape"]))
+    if spec["dtype"] == "int64":
+        from perfzoo.builders import VOCAB_SIZE
+
+        x = torch.randint(0, VOCAB_SIZE, shape, generator=gen)
+    else:
+        x = torch.randn(shape, generator=gen)
+    y = torch.randint(0, num_classes, (shape[0],), generator=gen)
+    return x.to(device), y.to(device)
+
+
+def make_step(model: Any, x: Any, y: Any, mode: str, optimizer: str) -> Callable[[], None]:
+    """One inference forward (no_grad) or one training step (forward, loss, backward, optimizer)."""
+    import torch
+
+    if mode == "inference":
+        model.eval()
+
+        def infer() -> None:
+            with torch.no_grad():
+                model(x)
+
+        return infer
+    model.train()
+    loss_fn = torch.nn.CrossEntropyLoss()
+    opt = (torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9) if optimizer == "sgd"
+           else torch.optim.Adam(model.parameters(), lr=1e-4))
+
+    def train() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+    return train
+
+
+def should_stop(times_ms: list[float], started_ns: int, settings: dict[str, Any]) -> str:
+    """The reason to stop measuring, or '' to go on."""
+    n = len(times_ms)
+    if n < settings["min_iters"]:
+        return ""
+    if relative_ci_halfwidth(times_ms) <= settings["ci_target"]:
+        return "ci_target"
+    if n >= settings["max_iters"]:
+        return "max_iters"
+    if (time.perf_counter_ns() - started_ns) / 1e9 >= settings["max_time_s"]:
+        return "max_time"
+    return ""
+
+
+def time_cpu_iterations(step: Callable[[], None], settings: dict[str, Any]) -> tuple[list[float], str]:
+    """Wall-clock (perf_counter_ns) per iteration until should_stop says so."""
+    times: list[float] = []
+    started = time.perf_counter_ns()
+    while not (reason := should_stop(times, started, settings)):
+        t0 = time.perf_counter_ns()
+        step()
+        times.append((time.perf_counter_ns() - t0) / 1e6)
+    return times, reason
+
+
+def measure_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Measurement:
+    """Measure one config on the CPU; peak memory = the worker's peak RSS above its baseline."""
+    import torch
+
+    from perfzoo.builders import build_model
+
+    torch.set_num_threads(int(settings["threads"]))
+    torch.manual_seed(0)
+    gc.collect()
+    baseline_mb = reset_peak_rss()
+    model = build_model(spec["builder"], spec["name"], json.loads(spec["builder_kwargs"]),
+                        settings["num_classes"], tuple(json.loads(spec["input_shape"])))
+    x, y = synthetic_batch(spec, settings["num_classes"], "cpu")
+    step = make_step(model, x, y, spec["mode"], settings["optimizer"])
+    for _ in range(settings["warmup_iters"]):
+        step()
+    times, reason = time_cpu_iterations(step, settings)
+    return Measurement(times, peak_rss_mb() - baseline_mb, settings["warmup_iters"], reason,
+                       {"threads": torch.get_num_threads()})
+
+
+MEASURE: dict[str, Callable[[dict[str, Any], dict[str, Any]], Measurement]] = {"cpu": measure_on_cpu}

@@ -1,0 +1,636 @@
+"""NVML layer: device identity, a power/sensor sampler thread, the energy counter, power-limit sweeps.
+
+Every NVML call goes through one small class, :class:`NvmlLibrary` (the library boundary), so that
+tests and machines without a GPU can substitute an object with the same methods. pynvml errors are
+translated at that boundary into :class:`NvmlError` and its subclasses :class:`NvmlNotSupported` and
+:class:`NvmlNoPermission`; nothing above it sees pynvml types.
+
+Units at the boundary are NVML's own (mW, mJ, MHz, °C, %); the sampler converts power to W and memory
+to MiB (reported as ``mem_used_mb``). A sensor value that cannot be read is NaN with the reason
+recorded, never 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import math
+import random
+import re
+import signal
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import pandas as pd
+
+from perfzoo.io import InputError
+
+log = logging.getLogger(__name__)
+
+SENSOR_COLUMNS: tuple[str, ...] = (
+    "t_ns",
+    "power_w",
+    "gpu_util",
+    "mem_util",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "temp_c",
+    "mem_used_mb",
+    "power_limit_w",
+)
+"""Columns of a sensor-sample table, in order (the ``traces/{device}/{shard}.sensors`` contract)."""
+
+MIB = 1024 * 1024
+
+
+# --------------------------------------------------------------------------------------------------
+# Library boundary
+# --------------------------------------------------------------------------------------------------
+
+
+class NvmlError(RuntimeError):
+    """An NVML call failed."""
+
+
+class NvmlNotSupported(NvmlError):
+    """The device or driver does not support this NVML call."""
+
+
+class NvmlNoPermission(NvmlError):
+    """The caller lacks the privilege for this NVML call (e.g. setting a power limit)."""
+
+
+class NvmlLibrary:
+    """The library boundary: the only code that calls pynvml.
+
+    A fake for tests implements the same public methods and raises the :class:`NvmlError` family.
+    """
+
+    def __init__(self, module: Any | None = None) -> None:
+        if module is None:
+            import pynvml as module  # noqa: PLC0415 (optional at import time of this file)
+        self._nvml = module
+
+    # -- plumbing --------------------------------------------------------------------------------
+    def _translate(self, call: str, exc: Exception) -> NvmlError:
+        nv = self._nvml
+        code = getattr(exc, "value", None)
+        message = f"{call}: {exc}"
+        if code == getattr(nv, "NVML_ERROR_NO_PERMISSION", object()):
+            return NvmlNoPermission(message)
+        unsupported = {getattr(nv, "NVML_ERROR_NOT_SUPPORTED", None), getattr(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", None)}
+        if code in unsupported - {None}:
+            return NvmlNotSupported(message)
+        return NvmlError(message)
+
+    def _call(self, name: str, *args: Any) -> Any:
+        try:
+            return getattr(self._nvml, name)(*args)
+        except self._nvml.NVMLError as exc:
+            raise self._translate(name, exc) from exc
+
+    # -- session ---------------------------------------------------------------------------------
+    def init(self) -> None:
+        self._call("nvmlInit")
+
+    def shutdown(self) -> None:
+        self._call("nvmlShutdown")
+
+    def device_count(self) -> int:
+        return int(self._call("nvmlDeviceGetCount"))
+
+    def handle(self, index: int) -> Any:
+        return self._call("nvmlDeviceGetHandleByIndex", index)
+
+    # -- identity --------------------------------------------------------------------------------
+    def name(self, handle: Any) -> str:
+        return str(self._call("nvmlDeviceGetName", handle))
+
+    def uuid(self, handle: Any) -> str:
+        return str(self._call("nvmlDeviceGetUUID", handle))
+
+    def driver_version(self) -> str:
+        return str(self._call("nvmlSystemGetDriverVersion"))
+
+    def cuda_driver_version(self) -> int:
+        """CUDA driver API version as NVML encodes it (1000 * major + 10 * minor)."""
+        return int(self._call("nvmlSystemGetCudaDriverVersion"))
+
+    # -- power -----------------------------------------------------------------------------------
+    def power_limit_constraints_mw(self, handle: Any) -> tuple[int, int]:
+        low, high = self._call("nvmlDeviceGetPowerManagementLimitConstraints", handle)
+        return int(low), int(high)
+
+    def power_limit_mw(self, handle: Any) -> int:
+        return int(self._call("nvmlDeviceGetPowerManagementLimit", handle))
+
+    def set_power_limit_mw(self, handle: Any, limit_mw: int) -> None:
+        self._call("nvmlDeviceSetPowerManagementLimit", handle, int(limit_mw))
+
+    def power_average_mw(self, handle: Any) -> float:
+        """``nvmlDeviceGetPowerUsage``: 1 s average on Ampere (except GA100) and newer, instantaneous before."""
+        return float(self._call("nvmlDeviceGetPowerUsage", handle))
+
+    def power_instant_mw(self, handle: Any) -> float:
+        """Instantaneous power from the ``NVML_FI_DEV_POWER_INSTANT`` field (newer drivers)."""
+        nv = self._nvml
+        field_id = getattr(nv, "NVML_FI_DEV_POWER_INSTANT", None)
+        if field_id is None:
+            raise NvmlNotSupported("NVML_FI_DEV_POWER_INSTANT: not defined by this pynvml")
+        (value,) = self._call("nvmlDeviceGetFieldValues", handle, [field_id])
+        if value.nvmlReturn != nv.NVML_SUCCESS:
+            raise self._translate("nvmlDeviceGetFieldValues(NVML_FI_DEV_POWER_INSTANT)", nv.NVMLError(value.nvmlReturn))
+        return float(self._field_value(value))
+
+    def _field_value(self, value: Any) -> float:
+        nv = self._nvml
+        member = {
+            nv.NVML_VALUE_TYPE_DOUBLE: "dVal",
+            nv.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+            nv.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+            nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+            nv.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+            nv.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+        }.get(value.valueType, "uiVal")
+        return float(getattr(value.value, member))
+
+    def total_energy_mj(self, handle: Any) -> int:
+        """``nvmlDeviceGetTotalEnergyConsumption``: mJ since the driver was loaded (Volta and newer)."""
+        return int(self._call("nvmlDeviceGetTotalEnergyConsumption", handle))
+
+    # -- other sensors ---------------------------------------------------------------------------
+    def utilization(self, handle: Any) -> tuple[float, float]:
+        rates = self._call("nvmlDeviceGetUtilizationRates", handle)
+        return float(rates.gpu), float(rates.memory)
+
+    def clock_mhz(self, handle: Any, which: str) -> float:
+        kind = {"sm": self._nvml.NVML_CLOCK_SM, "mem": self._nvml.NVML_CLOCK_MEM}[which]
+        return float(self._call("nvmlDeviceGetClockInfo", handle, kind))
+
+    def temperature_c(self, handle: Any) -> float:
+        return float(self._call("nvmlDeviceGetTemperature", handle, self._nvml.NVML_TEMPERATURE_GPU))
+
+    def memory_mib(self, handle: Any) -> tuple[float, float]:
+        """(total, used) device memory in MiB."""
+        info = self._call("nvmlDeviceGetMemoryInfo", handle)
+        return info.total / MIB, info.used / MIB
+
+
+@dataclass
+class GpuHandle:
+    """An opened device: the library boundary object, NVML's handle and the device index."""
+
+    lib: Any
+    handle: Any
+    index: int
+
+    def close(self) -> None:
+        """Release this process's NVML session (NVML reference-counts init/shutdown)."""
+        try:
+            self.lib.shutdown()
+        except NvmlError as exc:
+            log.warning("NVML shutdown failed: %s", exc)
+
+
+def open_device(index: int = 0, lib: Any | None = None) -> GpuHandle:
+    """Initialise NVML and open device ``index``; ``lib`` substitutes the library boundary."""
+    lib = lib if lib is not None else NvmlLibrary()
+    lib.init()
+    try:
+        return GpuHandle(lib=lib, handle=lib.handle(index), index=index)
+    except NvmlError:
+        lib.shutdown()
+        raise
+
+
+def nvml_available() -> tuple[bool, str]:
+    """Whether NVML can be used here; the reason string says why not (empty when available)."""
+    try:
+        lib = NvmlLibrary()
+    except ImportError as exc:
+        return False, f"pynvml (nvidia-ml-py) is not installed: {exc}"
+    try:
+        lib.init()
+    except NvmlError as exc:
+        return False, f"NVML could not be initialised (no NVIDIA driver?): {exc}"
+    try:
+        count = lib.device_count()
+    except NvmlError as exc:
+        return False, f"NVML device count failed: {exc}"
+    finally:
+        with contextlib.suppress(NvmlError):
+            lib.shutdown()
+    return (True, "") if count > 0 else (False, "NVML reports no GPU")
+
+
+# --------------------------------------------------------------------------------------------------
+# Identity
+# --------------------------------------------------------------------------------------------------
+
+
+def _cuda_version_string(encoded: int) -> str:
+    return f"{encoded // 1000}.{(encoded % 1000) // 10}"
+
+
+def device_identity(gpu: GpuHandle) -> dict[str, Any]:
+    """Name, UUID, driver, CUDA driver version, memory and power-limit facts of ``gpu``.
+
+    A fact NVML cannot give is None, with its reason under ``missing``.
+    """
+    lib, h = gpu.lib, gpu.handle
+    readers: dict[str, Callable[[], Any]] = {
+        "name": lambda: lib.name(h),
+        "uuid": lambda: lib.uuid(h),
+        "driver_version": lib.driver_version,
+        "cuda_driver_version": lambda: _cuda_version_string(lib.cuda_driver_version()),
+        "memory_total_mb": lambda: lib.memory_mib(h)[0],
+        "power_limit_min_w": lambda: lib.power_limit_constraints_mw(h)[0] / 1000.0,
+        "power_limit_max_w": lambda: lib.power_limit_constraints_mw(h)[1] / 1000.0,
+        "power_limit_w": lambda: lib.power_limit_mw(h) / 1000.0,
+    }
+    identity: dict[str, Any] = {"index": gpu.index}
+    missing: dict[str, str] = {}
+    for key, read in readers.items():
+        try:
+            identity[key] = read()
+        except NvmlError as exc:
+            identity[key] = None
+            missing[key] = str(exc)
+    identity["missing"] = missing
+    return identity
+
+
+def check_gpu_name(actual: str, pattern: str, device: str) -> None:
+    """Fail loudly unless the GPU name ``actual`` matches the configured ``pattern``.
+
+    ``pattern`` is a case-insensitive regular expression, or a plain substring.
+    """
+    found = pattern.lower() in actual.lower()
+    if not found:
+        try:
+            found = re.search(pattern, actual, flags=re.IGNORECASE) is not None
+        except re.error:
+            found = False
+    if not found:
+        raise InputError(
+            f"device '{device}': the config expects a GPU matching '{pattern}', but this job got '{actual}'"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Sampler
+# --------------------------------------------------------------------------------------------------
+
+
+class PowerSampler:
+    """Background thread sampling power and other sensors of one GPU at ``rate_hz``.
+
+    Power comes from the instantaneous field (``power_source == "instant"``) where the device supports
+    it, else from ``nvmlDeviceGetPowerUsage`` (``"average"``); the choice is made once at start so a
+    series never mixes the two. A failed read gives NaN for that value and is counted and recorded.
+    """
+
+    def __init__(
+        self,
+        gpu: GpuHandle,
+        rate_hz: float = 50.0,
+        clock: Callable[[], int] = time.perf_counter_ns,
+        max_error_messages: int = 50,
+    ) -> None:
+        if not (rate_hz > 0 and math.isfinite(rate_hz)):
+            raise InputError(f"PowerSampler: rate_hz must be a positive number, got {rate_hz!r}")
+        self.gpu = gpu
+        self.rate_hz = float(rate_hz)
+        self._clock = clock
+        self._max_error_messages = max_error_messages
+        self._rows: list[tuple[float, ...]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.power_source: str | None = None
+        self.power_source_reason = ""
+        self.error_count = 0
+        self.errors: list[str] = []
+
+    # -- reading ---------------------------------------------------------------------------------
+    def _probe_power_source(self) -> None:
+        try:
+            self.gpu.lib.power_instant_mw(self.gpu.handle)
+        except NvmlError as exc:
+            self.power_source, self.power_source_reason = "average", f"instant power unavailable: {exc}"
+        else:
+            self.power_source, self.power_source_reason = "instant", ""
+
+    def _record_error(self, t_ns: int, what: str, exc: Exception) -> None:
+        with self._lock:
+            self.error_count += 1
+            if len(self.errors) < self._max_error_messages:
+                self.errors.append(f"t_ns={t_ns} {what}: {type(exc).__name__}: {exc}")
+
+    def _read(self, t_ns: int, what: str, read: Callable[[], Any]) -> Any:
+        try:
+            return read()
+        except Exception as exc:  # noqa: BLE001 (a sensor failure must never stop the run)
+            self._record_error(t_ns, what, exc)
+            return None
+
+    def sample_once(self) -> dict[str, float]:
+        """Read every sensor once and store the row; unreadable values are NaN."""
+        if self.power_source is None:
+            self._probe_power_source()
+        lib, h, nan = self.gpu.lib, self.gpu.handle, float("nan")
+        t_ns = self._clock()
+        power_read = lib.power_instant_mw if self.power_source == "instant" else lib.power_average_mw
+        power_mw = self._read(t_ns, f"power ({self.power_source})", lambda: power_read(h))
+        util = self._read(t_ns, "utilization", lambda: lib.utilization(h)) or (nan, nan)
+        memory = self._read(t_ns, "memory", lambda: lib.memory_mib(h)) or (nan, nan)
+        limit_mw = self._read(t_ns, "power limit", lambda: lib.power_limit_mw(h))
+        row = {
+            "t_ns": t_ns,
+            "power_w": nan if power_mw is None else power_mw / 1000.0,
+            "gpu_util": util[0],
+            "mem_util": util[1],
+            "sm_clock_mhz": _or_nan(self._read(t_ns, "sm clock", lambda: lib.clock_mhz(h, "sm"))),
+            "mem_clock_mhz": _or_nan(self._read(t_ns, "mem clock", lambda: lib.clock_mhz(h, "mem"))),
+            "temp_c": _or_nan(self._read(t_ns, "temperature", lambda: lib.temperature_c(h))),
+            "mem_used_mb": memory[1],
+            "power_limit_w": nan if limit_mw is None else limit_mw / 1000.0,
+        }
+        with self._lock:
+            self._rows.append(tuple(row[c] for c in SENSOR_COLUMNS))
+        return row
+
+    # -- thread ----------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        period_ns = int(1e9 / self.rate_hz)
+        deadline = self._clock()
+        while not self._stop.is_set():
+            self.sample_once()
+            deadline += period_ns
+            now = self._clock()
+            if deadline < now:  # fell behind: skip missed slots rather than burst
+                deadline = now
+            self._stop.wait((deadline - now) / 1e9)
+
+    def start(self) -> PowerSampler:
+        """Start sampling in a daemon thread (the first sample is taken at once)."""
+        if self._thread is not None:
+            raise RuntimeError("PowerSampler already started")
+        self._probe_power_source()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="perfzoo-power-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> pd.DataFrame:
+        """Stop the thread, take a closing sample (so the window is bracketed) and return all samples."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+            self.sample_once()
+        return self.samples()
+
+    def samples(self) -> pd.DataFrame:
+        """Samples so far, one row each, columns :data:`SENSOR_COLUMNS`."""
+        with self._lock:
+            rows = list(self._rows)
+        frame = pd.DataFrame(rows, columns=list(SENSOR_COLUMNS))
+        frame["t_ns"] = frame["t_ns"].astype("int64")
+        for column in SENSOR_COLUMNS[1:]:
+            frame[column] = frame[column].astype("float64")
+        return frame
+
+    def summary(self) -> dict[str, Any]:
+        """Power source, sample count, target and achieved rate, and read errors."""
+        frame = self.samples()
+        span_s = (frame["t_ns"].iloc[-1] - frame["t_ns"].iloc[0]) / 1e9 if len(frame) > 1 else float("nan")
+        return {
+            "power_source": self.power_source,
+            "power_source_reason": self.power_source_reason,
+            "n_samples": len(frame),
+            "rate_hz_target": self.rate_hz,
+            "rate_hz_achieved": (len(frame) - 1) / span_s if span_s and span_s > 0 else float("nan"),
+            "error_count": self.error_count,
+            "errors": list(self.errors),
+        }
+
+    def __enter__(self) -> PowerSampler:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def _or_nan(value: Any) -> float:
+    return float("nan") if value is None else float(value)
+
+
+# --------------------------------------------------------------------------------------------------
+# Energy counter
+# --------------------------------------------------------------------------------------------------
+
+
+def read_energy_counter_mj(gpu: GpuHandle) -> tuple[float, str]:
+    """The total-energy counter in mJ and an empty reason, or (NaN, reason) where unsupported."""
+    try:
+        return float(gpu.lib.total_energy_mj(gpu.handle)), ""
+    except NvmlError as exc:
+        return float("nan"), f"energy counter unavailable: {exc}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Power-limit sweep
+# --------------------------------------------------------------------------------------------------
+
+
+def validate_power_limits(device: str, limits: Sequence[float], min_w: float, max_w: float) -> list[float]:
+    """Check that ``limits`` (W) are finite, distinct and within the device's [min_w, max_w]."""
+    values = [float(x) for x in limits]
+    if not values:
+        raise InputError(f"device '{device}': the power-limit sweep lists no limits")
+    bad = [x for x in values if not math.isfinite(x) or x < min_w or x > max_w]
+    if bad:
+        raise InputError(
+            f"device '{device}': power limits {bad} W are outside the allowed range {min_w:g}-{max_w:g} W"
+        )
+    if len(set(values)) != len(values):
+        raise InputError(f"device '{device}': power limits {values} W contain duplicates")
+    return values
+
+
+def sweep_orders(limits: Sequence[float], repetitions: int, seed: int) -> list[list[float]]:
+    """A fresh random order of ``limits`` for each repetition, reproducible from ``seed``."""
+    rng = random.Random(seed)
+    orders = []
+    for _ in range(repetitions):
+        order = list(limits)
+        rng.shuffle(order)
+        orders.append(order)
+    return orders
+
+
+@dataclass
+class PowerLimitSweep:
+    """Set each power limit once per repetition, in a random order per repetition, and always restore.
+
+    Use as ``with PowerLimitSweep(gpu, [150, 200, 250, 300], repetitions=3) as sweep:`` and iterate
+    ``for repetition, limit_w in sweep:``. The original limit is restored on normal exit, on an
+    exception and on SIGTERM (the handler restores, then exits with status 128 + SIGTERM, or hands the
+    signal on to a previously installed Python handler). If the limit cannot be set (no permission, not
+    supported), a warning names the reason and the iteration yields nothing more: the run goes on.
+    """
+
+    gpu: GpuHandle
+    limits_w: Sequence[float]
+    repetitions: int = 1
+    seed: int = 0
+    device: str = "gpu"
+    handle_sigterm: bool = True
+    orders: list[list[float]] = field(init=False)
+    original_mw: int | None = field(init=False, default=None)
+    skipped_reason: str = field(init=False, default="")
+    visited: list[tuple[int, float]] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.repetitions < 1:
+            raise InputError(f"device '{self.device}': sweep repetitions must be >= 1, got {self.repetitions}")
+        self.orders = sweep_orders(self.limits_w, self.repetitions, self.seed)
+        self._entered = False
+        self._changed = False
+        self._previous_handler: Any = None
+        self._handler_installed = False
+
+    # -- context ---------------------------------------------------------------------------------
+    def __enter__(self) -> PowerLimitSweep:
+        lib, h = self.gpu.lib, self.gpu.handle
+        try:
+            low_mw, high_mw = lib.power_limit_constraints_mw(h)
+            self.original_mw = lib.power_limit_mw(h)
+        except NvmlError as exc:
+            self._skip(f"cannot read the power limit or its allowed range: {exc}")
+        else:
+            validate_power_limits(self.device, self.limits_w, low_mw / 1000.0, high_mw / 1000.0)
+            self._install_sigterm_handler()
+        self._entered = True
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            self.restore()
+        finally:
+            self._uninstall_sigterm_handler()
+
+    def __iter__(self) -> Iterator[tuple[int, float]]:
+        if not self._entered:
+            raise RuntimeError("iterate a PowerLimitSweep inside its 'with' block, so the limit is restored")
+        if self.skipped_reason:
+            return
+        for repetition, order in enumerate(self.orders):
+            for limit_w in order:
+                changed_before, self._changed = self._changed, True  # set first: SIGTERM may come mid-call
+                try:
+                    self.gpu.lib.set_power_limit_mw(self.gpu.handle, round(limit_w * 1000))
+                except (NvmlNoPermission, NvmlNotSupported) as exc:
+                    self._changed = changed_before
+                    self._skip(f"setting the power limit is not permitted: {exc}")
+                    return
+                self.visited.append((repetition, limit_w))
+                yield repetition, limit_w
+
+    # -- restore ---------------------------------------------------------------------------------
+    def restore(self) -> None:
+        """Set the original limit again if this sweep changed it (idempotent)."""
+        if not self._changed or self.original_mw is None:
+            return
+        try:
+            self.gpu.lib.set_power_limit_mw(self.gpu.handle, self.original_mw)
+        except NvmlError as exc:
+            warnings.warn(
+                f"device '{self.device}': could not restore the original power limit "
+                f"{self.original_mw / 1000:g} W: {exc}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return
+        self._changed = False
+
+    def _skip(self, reason: str) -> None:
+        self.skipped_reason = reason
+        warnings.warn(f"device '{self.device}': power-limit sweep skipped: {reason}", RuntimeWarning, stacklevel=3)
+
+    # -- SIGTERM ---------------------------------------------------------------------------------
+    def _install_sigterm_handler(self) -> None:
+        if not self.handle_sigterm or threading.current_thread() is not threading.main_thread():
+            return
+        self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._handler_installed = True
+
+    def _uninstall_sigterm_handler(self) -> None:
+        if self._handler_installed:
+            signal.signal(signal.SIGTERM, self._previous_handler)
+            self._handler_installed = False
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self.restore()
+        previous = self._previous_handler
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            sys.stderr.write(f"perfzoo: SIGTERM: power limit of device '{self.device}' restored; exiting\n")
+            raise SystemExit(128 + signum)
+
+
+# --------------------------------------------------------------------------------------------------
+# Cool-down
+# --------------------------------------------------------------------------------------------------
+
+
+def cooldown(
+    gpu: GpuHandle | None = None,
+    band_c: tuple[float, float] | float | None = None,
+    timeout_s: float = 120.0,
+    poll_s: float = 1.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[str, Any]:
+    """Free cached GPU memory and garbage, then optionally wait until the temperature is within a band.
+
+    ``band_c`` is ``(low, high)`` in °C, or a single upper bound. Returns the wait, the last temperature,
+    whether it ended within the band (None when no band was asked for) and a reason when it did not.
+    """
+    torch = sys.modules.get("torch")  # only when the caller already uses torch: importing it is slow
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    gc.collect()
+    result: dict[str, Any] = {"waited_s": 0.0, "temp_c": float("nan"), "within_band": None, "reason": ""}
+    if band_c is None:
+        return result
+    if gpu is None:
+        result.update(within_band=False, reason="no GPU handle to read the temperature from")
+        return result
+    low, high = (-math.inf, float(band_c)) if isinstance(band_c, int | float) else map(float, band_c)
+    start = clock()
+    while True:
+        try:
+            temp = gpu.lib.temperature_c(gpu.handle)
+        except NvmlError as exc:
+            result.update(within_band=False, reason=f"temperature unreadable: {exc}")
+            break
+        result["temp_c"] = temp
+        if low <= temp <= high:
+            result["within_band"] = True
+            break
+        if clock() - start >= timeout_s:
+            result.update(within_band=False, reason=f"{temp:g} °C not within [{low:g}, {high:g}] after {timeout_s:g} s")
+            break
+        sleep(poll_s)
+    result["waited_s"] = clock() - start
+    return result

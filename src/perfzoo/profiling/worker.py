@@ -1,0 +1,117 @@
+"""Run one measurement in an isolated process: a crash, an OOM kill or a hang becomes a status."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import signal
+import sys
+import time
+import types
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import psutil
+
+PRELOAD = ["torch", "torchvision", "timm", "perfzoo.profiling.measure"]
+_CONTEXT: Any = None
+
+
+@dataclass
+class Outcome:
+    """Result of one isolated measurement as the parent saw it."""
+
+    status: str  # ok / oom / error / timeout
+    message: str
+    measurement: dict[str, Any] | None = None
+
+
+def worker_context() -> Any:
+    """A forkserver context with torch preloaded, so each worker starts in a fraction of a second."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        _CONTEXT = mp.get_context("forkserver")
+        _CONTEXT.set_forkserver_preload(PRELOAD)
+    return _CONTEXT
+
+
+def one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}"[:500]
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+
+
+def _child(conn: Connection, kind: str, spec: dict[str, Any], settings: dict[str, Any]) -> None:
+    from perfzoo.profiling import measure
+
+    try:
+        result = measure.MEASURE[kind](spec, settings)
+        conn.send(Outcome("ok", "", asdict(result)))
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes a trace status
+        conn.send(Outcome("oom" if is_out_of_memory(exc) else "error", one_line(exc)))
+    finally:
+        conn.close()
+
+
+def _describe_exit(code: int | None) -> Outcome:
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name
+        if -code == signal.SIGKILL:
+            return Outcome("oom", f"worker killed by {name} (the kernel's out-of-memory killer, most likely)")
+        return Outcome("error", f"worker died from signal {name}")
+    return Outcome("error", f"worker exited with code {code} without a result")
+
+
+def run_isolated(kind: str, spec: dict[str, Any], settings: dict[str, Any]) -> Outcome:
+    """Measure ``spec`` in a fresh worker, enforcing ``timeout_s`` and ``max_rss_mb``."""
+    ctx = worker_context()
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(child, kind, spec, settings), daemon=True)
+    with _main_module_hidden():
+        proc.start()
+    child.close()
+    deadline = time.monotonic() + settings["timeout_s"]
+    limit_bytes = settings["max_rss_mb"] * 1024 * 1024
+    try:
+        while True:
+            if parent.poll(0.05):
+                try:
+                    return parent.recv()
+                except EOFError:
+                    proc.join(5)
+                    return _describe_exit(proc.exitcode)
+            if not proc.is_alive():
+                proc.join()
+                return _describe_exit(proc.exitcode)
+            if _rss_bytes(proc.pid) > limit_bytes:
+                return Outcome("oom", f"worker exceeded max_rss_mb={settings['max_rss_mb']:g} and was killed")
+            if time.monotonic() > deadline:
+                return Outcome("timeout", f"no result after timeout_s={settings['timeout_s']:g} s; worker killed")
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join(10)
+        parent.close()
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """Start workers without multiprocessing re-running the calling script (e.g. a Snakemake script)."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        return psutil.Process(pid).memory_info().rss
+    except psutil.Error:
+        return 0

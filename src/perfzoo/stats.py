@@ -1,0 +1,70 @@
+"""Statistics shared by profiling (adaptive stopping) and evaluation (metrics)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import stats as sps
+
+Z95 = 1.959963984540054
+
+
+def median_ci(values: np.ndarray | list[float], z: float = Z95) -> tuple[float, float, float]:
+    """Median and its distribution-free 95 % confidence interval (binomial order statistics)."""
+    x = np.sort(np.asarray(values, dtype=float))
+    n = len(x)
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    med = float(np.median(x))
+    half = z * math.sqrt(n) / 2
+    lo = max(int(math.floor(n / 2 - half)), 0)
+    hi = min(int(math.ceil(n / 2 + half)), n - 1)
+    return med, float(x[lo]), float(x[hi])
+
+
+def relative_ci_halfwidth(values: np.ndarray | list[float]) -> float:
+    """Half the width of the median's 95 % CI, as a fraction of the median."""
+    med, lo, hi = median_ci(values)
+    return (hi - lo) / 2 / med if med > 0 else math.inf
+
+
+def coefficient_of_variation(values: np.ndarray | list[float]) -> float:
+    x = np.asarray(values, dtype=float)
+    return float(np.std(x, ddof=1) / np.mean(x)) if len(x) > 1 and np.mean(x) > 0 else math.nan
+
+
+def mape(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    """Mean absolute percentage error, in percent."""
+    y_true, y_pred = np.asarray(y_true, float), np.asarray(y_pred, float)
+    return float(np.mean(np.abs(y_pred - y_true) / np.abs(y_true)) * 100) if len(y_true) else math.nan
+
+
+def rmse(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    y_true, y_pred = np.asarray(y_true, float), np.asarray(y_pred, float)
+    return float(np.sqrt(np.mean((y_pred - y_true) ** 2))) if len(y_true) else math.nan
+
+
+def r2(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    y_true, y_pred = np.asarray(y_true, float), np.asarray(y_pred, float)
+    ss_tot = float(np.sum((y_true - y_true.mean()) ** 2)) if len(y_true) else 0.0
+    return 1 - float(np.sum((y_true - y_pred) ** 2)) / ss_tot if ss_tot > 0 else math.nan
+
+
+def kendall_tau(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    if len(y_true) < 2:
+        return math.nan
+    return float(sps.kendalltau(y_true, y_pred).statistic)
+
+
+def within(y_true: np.ndarray, y_pred: np.ndarray, tolerance: float = 0.10) -> float:
+    """Share (0-1) of predictions within ``tolerance`` relative error."""
+    y_true, y_pred = np.asarray(y_true, float), np.asarray(y_pred, float)
+    return float(np.mean(np.abs(y_pred - y_true) <= tolerance * np.abs(y_true))) if len(y_true) else math.nan
+
+
+METRICS = {"mape": mape, "rmse": rmse, "kendall_tau": kendall_tau, "r2": r2, "within_10pct": within}
+
+
+def all_metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
+    return {name: fn(y_true, y_pred) for name, fn in METRICS.items()}

@@ -1,0 +1,117 @@
+"""Zoo stage: expand the configured families into model configs with stable ids, and shard them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pandas as pd
+
+MANIFEST_COLUMNS = [
+    "config_id", "model_id", "family", "builder", "name", "variant", "label", "builder_kwargs",
+    "input_shape", "dtype", "batch", "mode", "shard",
+]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One profiled configuration: a model with its input shape, batch size and mode."""
+
+    config_id: str
+    model_id: str
+    family: str
+    builder: str
+    name: str
+    variant: str
+    label: str
+    builder_kwargs: str  # canonical JSON
+    input_shape: str  # JSON list, per sample (without batch)
+    dtype: str
+    batch: int
+    mode: str
+    shard: str
+
+
+def stable_id(payload: dict[str, Any]) -> str:
+    """First 12 hex digits of the sha256 of the canonical JSON of ``payload``."""
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def model_entries(family: dict[str, Any]) -> list[dict[str, Any]]:
+    """Normalise a family's ``models`` list into ``{name, variant, kwargs}`` dicts."""
+    entries = []
+    for model in family["models"]:
+        if isinstance(model, str):
+            model = {"name": model}
+        entries.append({"name": model["name"], "variant": model.get("variant", ""), "kwargs": model.get("kwargs", {})})
+    return entries
+
+
+def _inputs(family: dict[str, Any]) -> Iterator[tuple[list[int], str, str]]:
+    """(per-sample input shape, dtype, label suffix) for each input size of the family."""
+    builder = family["builder"]
+    if builder in ("torchvision", "timm"):
+        for side in family.get("resolutions", [224]):
+            yield [3, side, side], "float32", f"{side}px"
+    elif builder == "transformer":
+        for length in family.get("sequence_lengths", [128]):
+            yield [length], "int64", f"seq{length}"
+    else:
+        shape = family.get("input_shape", [784])
+        yield list(shape), "float32", "x".join(map(str, shape))
+
+
+def iter_configs(config: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """All (model, input, batch, mode) configs in config order (before sharding)."""
+    num_classes = config["zoo"].get("num_classes", 100)
+    for family_name, family in config["zoo"]["families"].items():
+        for entry in model_entries(family):
+            kwargs = json.dumps(entry["kwargs"], sort_keys=True)
+            for shape, dtype, suffix in _inputs(family):
+                model = {
+                    "family": family_name, "builder": family["builder"], "name": entry["name"],
+                    "builder_kwargs": kwargs, "input_shape": json.dumps(shape), "dtype": dtype,
+                    "num_classes": num_classes,
+                }
+                model_id = stable_id(model)
+                variant = entry["variant"]
+                label = f"{entry['name']}{'-' + variant if variant else ''}@{suffix}"
+                for batch in family.get("batch_sizes", [1]):
+                    for mode in family.get("modes", ["inference", "training"]):
+                        config_id = stable_id({"model_id": model_id, "batch": batch, "mode": mode})
+                        yield {**model, "model_id": model_id, "config_id": config_id, "variant": variant,
+                               "label": label, "batch": int(batch), "mode": mode}
+
+
+def shard_name(index: int) -> str:
+    return f"s{index:04d}"
+
+
+def shard_names(n_configs: int, shard_size: int) -> list[str]:
+    return [shard_name(i) for i in range(math.ceil(n_configs / shard_size))]
+
+
+def expand_zoo(config: dict[str, Any]) -> list[ModelConfig]:
+    """The full manifest: configs in order, consecutive groups of ``shards.size`` form a shard."""
+    size = config.get("shards", {}).get("size", 16)
+    rows = []
+    seen: set[str] = set()
+    for i, cfg in enumerate(iter_configs(config)):
+        if cfg["config_id"] in seen:
+            continue
+        seen.add(cfg["config_id"])
+        cfg.pop("num_classes")
+        rows.append(ModelConfig(shard=shard_name(len(rows) // size), **cfg))
+    return rows
+
+
+def manifest_frame(configs: list[ModelConfig]) -> pd.DataFrame:
+    return pd.DataFrame([asdict(c) for c in configs], columns=MANIFEST_COLUMNS)
+
+
+def shard_configs(manifest: pd.DataFrame, shard: str) -> pd.DataFrame:
+    return manifest[manifest["shard"] == shard].reset_index(drop=True)
