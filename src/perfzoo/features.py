@@ -46,6 +46,8 @@ depth
 graph_nodes, graph_edges
     Nodes of the ``torch.fx.symbolic_trace`` graph and the sum of ``len(node.all_input_nodes)``.
     When tracing fails both are NaN and ``graph_error`` holds a one-line reason (else "").
+    fx's default leaf rule keeps every ``torch.nn`` built-in module (``nn.TransformerEncoder``
+    included) as one node, so those count as single nodes.
 """
 
 from __future__ import annotations
@@ -136,7 +138,11 @@ def _category(module: nn.Module, in_shape: torch.Size | None, out_shape: torch.S
         return "conv_fc"
     if _is_norm(module):
         return "norm"
-    if isinstance(module, _POOL_TYPES + _ADAPTIVE_POOL_TYPES) and in_shape is not None and out_shape is not None:
+    if (
+        isinstance(module, _POOL_TYPES + _ADAPTIVE_POOL_TYPES)
+        and in_shape is not None
+        and out_shape is not None
+    ):
         return "pool_s1" if _pool_is_stride_one(module, in_shape, out_shape) else "pool_s2"
     if _is_activation(module) or _is_dropout(module):
         return "relu_drop"
@@ -184,7 +190,9 @@ def _norm_group_size(module: nn.Module, out_per_sample: int, out_shape: torch.Si
     return int(out_shape[-1])
 
 
-def _conv_complexity(module: nn.modules.conv._ConvNd, in_per_sample: int, out_per_sample: int) -> tuple[int, int]:
+def _conv_complexity(
+    module: nn.modules.conv._ConvNd, in_per_sample: int, out_per_sample: int
+) -> tuple[int, int]:
     kernel = math.prod(module.kernel_size)
     if module.transposed:  # work is per input position: C_in = in_channels, C_out = out_channels / groups
         c_in = module.in_channels
@@ -264,7 +272,9 @@ def _conv_backward_flop(
 
 
 def _flop_counter() -> FlopCounterMode:
-    return FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: _conv_backward_flop})
+    return FlopCounterMode(
+        display=False, custom_mapping={torch.ops.aten.convolution_backward: _conv_backward_flop}
+    )
 
 
 # --------------------------------------------------------------------------- forward recording
@@ -346,7 +356,7 @@ def _one_line(exc: BaseException) -> str:
 def _make_input(input_shape: tuple[int, ...], batch: int, input_dtype: str) -> torch.Tensor:
     dtype = getattr(torch, input_dtype, None)
     if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown input_dtype {input_dtype!r}")
+        raise TypeError(f"unknown input_dtype {input_dtype!r}")
     shape = (batch, *input_shape)
     if dtype.is_floating_point:
         return torch.empty(shape, dtype=dtype, device="meta")
@@ -392,7 +402,7 @@ def _graph_size(model: nn.Module) -> tuple[float, float, str]:
     """(nodes, edges, error) of the torch.fx symbolic trace; NaN and a reason when tracing fails."""
     try:
         graph = torch.fx.symbolic_trace(model).graph
-    except Exception as exc:  # tracing fails in many model-specific ways
+    except Exception as exc:  # noqa: BLE001 - tracing fails in many model-specific ways
         return math.nan, math.nan, _one_line(exc)
     nodes = list(graph.nodes)
     return float(len(nodes)), float(sum(len(n.all_input_nodes) for n in nodes)), ""
@@ -425,11 +435,11 @@ def _layer_table(
              "c_fw": c_fw, "c_bw": c_bw, "out_bytes": row["out_bytes"], "flops": row["flops"]}
         )  # fmt: skip
     if mode == "training":
-        out_per_sample = sum(t.numel() for t in _tensors(output) if t.is_floating_point()) // batch
-        c_fw, c_bw = _loss_complexity(out_per_sample, batch)
+        floats = [t for t in _tensors(output) if t.is_floating_point()]
+        c_fw, c_bw = _loss_complexity(sum(t.numel() for t in floats) // batch, batch)
         records.append(
             {"name": "loss", "type": "Loss", "category": "other", "c_fw": c_fw, "c_bw": c_bw,
-             "out_bytes": 4, "flops": 0}
+             "out_bytes": floats[0].element_size(), "flops": 0}
         )  # fmt: skip
     table = pd.DataFrame.from_records(records, columns=LAYER_COLUMNS[4:])
     table.insert(0, "layer_idx", range(len(table)))
@@ -476,7 +486,7 @@ def featurise(
     with torch.device("meta"):
         try:
             model = _build_on_meta(build)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any builder error becomes a one-line InputError
             raise InputError(f"model {model_id}: build failed: {_one_line(exc)}") from None
         try:
             x = _make_input(tuple(int(d) for d in input_shape), batch, input_dtype)
@@ -486,8 +496,10 @@ def featurise(
         handles = recorder.attach(model)
         try:
             flops, flops_fw, output = _run_step(model, x, mode, recorder)
-        except Exception as exc:
-            raise InputError(f"model {model_id}: {mode} step failed on meta device: {_one_line(exc)}") from None
+        except Exception as exc:  # noqa: BLE001 - any model error becomes a one-line InputError
+            raise InputError(
+                f"model {model_id}: {mode} step failed on meta device: {_one_line(exc)}"
+            ) from None
         finally:
             for handle in handles:
                 handle.remove()
@@ -520,3 +532,36 @@ def featurise(
         "depth": _module_depth(model),
     }
     return {key: features[key] for key in MODEL_COLUMNS}, table
+
+
+def featurise_manifest(manifest: pd.DataFrame, num_classes: int, progress: bool = True) -> tuple[
+        pd.DataFrame, pd.DataFrame]:
+    """Features of every (model, mode, batch) config of the zoo manifest: (model table, layer table)."""
+    import json
+    import sys
+    from functools import partial
+
+    from tqdm import tqdm
+
+    from perfzoo.builders import build_model
+
+    models, layers = [], []
+    rows = manifest.drop_duplicates(["model_id", "mode", "batch"]).to_dict("records")
+    for row in tqdm(rows, desc="features", file=sys.stderr, disable=not progress, mininterval=1):
+        shape = tuple(json.loads(row["input_shape"]))
+        build = partial(build_model, row["builder"], row["name"], json.loads(row["builder_kwargs"]), num_classes,
+                        shape)
+        try:
+            feats, table = featurise(build, shape, int(row["batch"]), row["mode"], row["dtype"], row["model_id"])
+        except InputError as exc:  # a model that cannot be built keeps a row, its features missing
+            print(f"features: {exc}", file=sys.stderr)
+            feats, table = {"model_id": row["model_id"], "mode": row["mode"], "batch": int(row["batch"]),
+                            "feature_error": str(exc)}, None
+        models.append(feats)
+        layers.append(table)
+    columns = [*MODEL_COLUMNS, "feature_error"]
+    model_table = pd.DataFrame(models, columns=columns).sort_values(["model_id", "mode", "batch"])
+    model_table["feature_error"] = model_table["feature_error"].fillna("")
+    layers = [t for t in layers if t is not None]
+    layer_table = pd.concat(layers, ignore_index=True) if layers else pd.DataFrame(columns=list(LAYER_COLUMNS))
+    return model_table.reset_index(drop=True), layer_table

@@ -225,7 +225,8 @@ class Regressor(RegressorMixin, BaseEstimator):
             raise InputError(f"y holds {int((~np.isfinite(t)).sum())} missing or infinite values")
         if self.log_target:
             if (t <= 0).any():
-                raise InputError(f"log_target needs positive targets; y holds {int((t <= 0).sum())} values <= 0")
+                n_bad = int((t <= 0).sum())
+                raise InputError(f"log_target needs positive targets; y holds {n_bad} values <= 0")
             return np.log(t)
         return t
 
@@ -324,7 +325,8 @@ def make_regressor(name: str, **params: Any) -> Regressor:
     if unknown:
         hints = "".join(_suggest(p, valid) for p in unknown)
         raise InputError(
-            f"regressor {name!r}: unknown parameter(s) {', '.join(unknown)}{hints} (valid: {', '.join(valid)})"
+            f"regressor {name!r}: unknown parameter(s) {', '.join(unknown)}{hints}"
+            f" (valid: {', '.join(valid)})"
         )
     return cls(**params)
 
@@ -1017,7 +1019,8 @@ class XGBoostRegressor(Regressor):
             if self.search_groups is not None:
                 _require_columns(X, [self.search_groups], what="search group")
                 groups = X[self.search_groups].astype(str).to_numpy()
-            self.best_params_, self.cv_results_ = self._search(X, y, groups, self.search_cv, self.random_state)
+            best, results = self._search(X, y, groups, self.search_cv, self.random_state)
+            self.best_params_, self.cv_results_ = best, results
             params.update(self.best_params_)
         self._fit_booster(X, y, params)
         return self

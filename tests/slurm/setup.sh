@@ -27,8 +27,10 @@ if command -v slurmctld >/dev/null && command -v slurmd >/dev/null \
 else
   say "packages: installing slurmctld slurmd slurm-client munge (apt-get)"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null
+  mkdir -p "$STATE/log"
+  { apt-get update -qq && apt-get install -y -q --no-install-recommends \
+      slurmctld slurmd slurm-client munge; } >"$STATE/log/apt.log" 2>&1 \
+    || { tail -n 30 "$STATE/log/apt.log" >&2; die "apt-get failed (see $STATE/log/apt.log)"; }
 fi
 
 # 2. config -------------------------------------------------------------------
@@ -48,10 +50,12 @@ sed -e "s|@HOST@|$HOST|g" -e "s|@CPUS@|$CPUS|g" -e "s|@SOCKETS@|$SOCKETS|g" \
     -e "s|@CORES@|$CORES|g" -e "s|@THREADS@|$THREADS|g" -e "s|@MEM_MB@|$MEM_MB|g" \
     -e "s|@STATE@|$STATE|g" "$HERE/slurm.conf.in" > "$STATE/slurm.conf.new"
 cp "$HERE/gres.conf" "$STATE/gres.conf"
+conf_changed=0
 if [[ -f "$STATE/slurm.conf" ]] && cmp -s "$STATE/slurm.conf" "$STATE/slurm.conf.new"; then
   rm "$STATE/slurm.conf.new"
 else
   mv "$STATE/slurm.conf.new" "$STATE/slurm.conf"
+  conf_changed=1
 fi
 export SLURM_CONF="$STATE/slurm.conf"
 say "config: $SLURM_CONF (node $HOST CPUs=$CPUS RealMemory=${MEM_MB}MB gpu:1; partitions cpu*, gpu)"
@@ -93,6 +97,9 @@ munge -n | unmunge >/dev/null || die "munge self-test failed"
 # Both daemonize and write their PID to $STATE/<daemon>.pid (see slurm.conf).
 if alive "$STATE/slurmctld.pid"; then
   say "slurmctld: already running (pid $(cat "$STATE/slurmctld.pid"))"
+  if (( conf_changed )); then
+    scontrol reconfigure && say "slurmctld: config changed, ran scontrol reconfigure"
+  fi
 else
   slurmctld -f "$SLURM_CONF"
   for _ in $(seq 100); do alive "$STATE/slurmctld.pid" && break; sleep 0.1; done

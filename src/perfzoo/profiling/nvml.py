@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import Any, Self
 
 import pandas as pd
 
@@ -75,7 +75,7 @@ class NvmlLibrary:
 
     def __init__(self, module: Any | None = None) -> None:
         if module is None:
-            import pynvml as module  # noqa: PLC0415 (optional at import time of this file)
+            import pynvml as module
         self._nvml = module
 
     # -- plumbing --------------------------------------------------------------------------------
@@ -85,7 +85,10 @@ class NvmlLibrary:
         message = f"{call}: {exc}"
         if code == getattr(nv, "NVML_ERROR_NO_PERMISSION", object()):
             return NvmlNoPermission(message)
-        unsupported = {getattr(nv, "NVML_ERROR_NOT_SUPPORTED", None), getattr(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", None)}
+        unsupported = {
+            getattr(nv, "NVML_ERROR_NOT_SUPPORTED", None),
+            getattr(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", None),
+        }
         if code in unsupported - {None}:
             return NvmlNotSupported(message)
         return NvmlError(message)
@@ -135,7 +138,7 @@ class NvmlLibrary:
         self._call("nvmlDeviceSetPowerManagementLimit", handle, int(limit_mw))
 
     def power_average_mw(self, handle: Any) -> float:
-        """``nvmlDeviceGetPowerUsage``: 1 s average on Ampere (except GA100) and newer, instantaneous before."""
+        """``nvmlDeviceGetPowerUsage``: 1 s average on Ampere (but GA100) and newer, instantaneous before."""
         return float(self._call("nvmlDeviceGetPowerUsage", handle))
 
     def power_instant_mw(self, handle: Any) -> float:
@@ -146,7 +149,9 @@ class NvmlLibrary:
             raise NvmlNotSupported("NVML_FI_DEV_POWER_INSTANT: not defined by this pynvml")
         (value,) = self._call("nvmlDeviceGetFieldValues", handle, [field_id])
         if value.nvmlReturn != nv.NVML_SUCCESS:
-            raise self._translate("nvmlDeviceGetFieldValues(NVML_FI_DEV_POWER_INSTANT)", nv.NVMLError(value.nvmlReturn))
+            raise self._translate(
+                "nvmlDeviceGetFieldValues(NVML_FI_DEV_POWER_INSTANT)", nv.NVMLError(value.nvmlReturn)
+            )
         return float(self._field_value(value))
 
     def _field_value(self, value: Any) -> float:
@@ -294,7 +299,8 @@ class PowerSampler:
 
     Power comes from the instantaneous field (``power_source == "instant"``) where the device supports
     it, else from ``nvmlDeviceGetPowerUsage`` (``"average"``); the choice is made once at start so a
-    series never mixes the two. A failed read gives NaN for that value and is counted and recorded.
+    series never mixes the two. A failed read gives NaN for that value and is counted and recorded in
+    ``errors``; a sensor the device does not support is NaN throughout, its reason in ``unsupported``.
     """
 
     def __init__(
@@ -318,6 +324,7 @@ class PowerSampler:
         self.power_source_reason = ""
         self.error_count = 0
         self.errors: list[str] = []
+        self.unsupported: dict[str, str] = {}
 
     # -- reading ---------------------------------------------------------------------------------
     def _probe_power_source(self) -> None:
@@ -335,11 +342,15 @@ class PowerSampler:
                 self.errors.append(f"t_ns={t_ns} {what}: {type(exc).__name__}: {exc}")
 
     def _read(self, t_ns: int, what: str, read: Callable[[], Any]) -> Any:
+        if what in self.unsupported:
+            return None
         try:
             return read()
-        except Exception as exc:  # noqa: BLE001 (a sensor failure must never stop the run)
+        except NvmlNotSupported as exc:  # permanent (e.g. utilization on a MIG slice): say so once
+            self.unsupported[what] = str(exc)
+        except Exception as exc:  # a sensor failure must never stop the run
             self._record_error(t_ns, what, exc)
-            return None
+        return None
 
     def sample_once(self) -> dict[str, float]:
         """Read every sensor once and store the row; unreadable values are NaN."""
@@ -375,8 +386,7 @@ class PowerSampler:
             self.sample_once()
             deadline += period_ns
             now = self._clock()
-            if deadline < now:  # fell behind: skip missed slots rather than burst
-                deadline = now
+            deadline = max(deadline, now)  # fell behind: skip missed slots rather than burst
             self._stop.wait((deadline - now) / 1e9)
 
     def start(self) -> PowerSampler:
@@ -420,9 +430,10 @@ class PowerSampler:
             "rate_hz_achieved": (len(frame) - 1) / span_s if span_s and span_s > 0 else float("nan"),
             "error_count": self.error_count,
             "errors": list(self.errors),
+            "unsupported": dict(self.unsupported),
         }
 
-    def __enter__(self) -> PowerSampler:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
@@ -501,7 +512,9 @@ class PowerLimitSweep:
 
     def __post_init__(self) -> None:
         if self.repetitions < 1:
-            raise InputError(f"device '{self.device}': sweep repetitions must be >= 1, got {self.repetitions}")
+            raise InputError(
+                f"device '{self.device}': sweep repetitions must be >= 1, got {self.repetitions}"
+            )
         self.orders = sweep_orders(self.limits_w, self.repetitions, self.seed)
         self._entered = False
         self._changed = False
@@ -509,7 +522,7 @@ class PowerLimitSweep:
         self._handler_installed = False
 
     # -- context ---------------------------------------------------------------------------------
-    def __enter__(self) -> PowerLimitSweep:
+    def __enter__(self) -> Self:
         lib, h = self.gpu.lib, self.gpu.handle
         try:
             low_mw, high_mw = lib.power_limit_constraints_mw(h)
@@ -564,7 +577,9 @@ class PowerLimitSweep:
 
     def _skip(self, reason: str) -> None:
         self.skipped_reason = reason
-        warnings.warn(f"device '{self.device}': power-limit sweep skipped: {reason}", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"device '{self.device}': power-limit sweep skipped: {reason}", RuntimeWarning, stacklevel=3
+        )
 
     # -- SIGTERM ---------------------------------------------------------------------------------
     def _install_sigterm_handler(self) -> None:
@@ -629,7 +644,9 @@ def cooldown(
             result["within_band"] = True
             break
         if clock() - start >= timeout_s:
-            result.update(within_band=False, reason=f"{temp:g} °C not within [{low:g}, {high:g}] after {timeout_s:g} s")
+            result.update(
+                within_band=False, reason=f"{temp:g} °C not within [{low:g}, {high:g}] after {timeout_s:g} s"
+            )
             break
         sleep(poll_s)
     result["waited_s"] = clock() - start

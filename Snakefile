@@ -1,0 +1,31 @@
+# perfzoo: profile a model zoo on every device, fit predictors, regenerate the report from raw traces.
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "config.yaml"
+
+
+validate(config, "src/perfzoo/schemas/config.schema.yaml")
+
+
+report: "report/workflow.rst"
+
+
+include: "rules/common.smk"
+include: "rules/zoo.smk"
+include: "rules/hardware.smk"
+include: "rules/profile.smk"
+include: "rules/features.smk"
+include: "rules/dataset.smk"
+include: "rules/split.smk"
+include: "rules/fit.smk"
+include: "rules/evaluate.smk"
+include: "rules/report.smk"
+
+
+rule all:
+    input:
+        all_targets,
+    default_target: True

@@ -1,0 +1,20 @@
+rule dataset:
+    """Aggregate raw traces into labels (median latency with CI, memory, ...) joined with features."""
+    input:
+        pkg("dataset.py", "stats.py", "hardware.py"),
+        manifest="results/zoo/manifest.parquet",
+        features="results/features/models.parquet",
+        traces=trace_files,
+        hardware=hardware_files,
+    output:
+        dataset="results/dataset/dataset.parquet",
+        noise="results/dataset/noise_floor.parquet",
+        statuses="results/dataset/status_counts.parquet",
+    log:
+        "logs/dataset/dataset.log",
+    benchmark:
+        "benchmarks/dataset/dataset.tsv"
+    conda:
+        "../envs/perfzoo.yaml"
+    script:
+        "../workflow/scripts/dataset.py"

@@ -1,0 +1,19 @@
+rule evaluate:
+    """Accuracy metrics per target x regressor x split (and per family) on held-out rows."""
+    input:
+        pkg("evaluate.py", "stats.py"),
+        predictions=prediction_files,
+        noise="results/dataset/noise_floor.parquet",
+    output:
+        metrics="results/evaluate/metrics.parquet",
+        per_family="results/evaluate/per_family.parquet",
+        best="results/evaluate/best.parquet",
+        predictions="results/evaluate/predictions.parquet",
+    log:
+        "logs/evaluate/metrics.log",
+    benchmark:
+        "benchmarks/evaluate/metrics.tsv"
+    conda:
+        "../envs/perfzoo.yaml"
+    script:
+        "../workflow/scripts/evaluate.py"

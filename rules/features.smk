@@ -1,0 +1,18 @@
+rule features:
+    """Static model features computed on PyTorch's meta device (no weights allocated)."""
+    input:
+        pkg("features.py", "builders.py", "zoo.py"),
+        manifest="results/zoo/manifest.parquet",
+    output:
+        models="results/features/models.parquet",
+        layers="results/features/layers.parquet",
+    params:
+        num_classes=config["zoo"]["num_classes"],
+    log:
+        "logs/features/models.log",
+    benchmark:
+        "benchmarks/features/models.tsv"
+    conda:
+        "../envs/perfzoo.yaml"
+    script:
+        "../workflow/scripts/features.py"

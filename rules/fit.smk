@@ -1,0 +1,20 @@
+rule fit:
+    """Fit one regressor on one target for every fold of one split; predict the held-out rows."""
+    input:
+        pkg("fitting.py", "regressors.py", "dataset.py"),
+        dataset="results/dataset/dataset.parquet",
+        split="results/splits/{split}.parquet",
+    output:
+        predictions="results/fit/{target}/{regressor}/{split}.predictions.parquet",
+        models="results/fit/{target}/{regressor}/{split}.models.json",
+    params:
+        seed=config["fit"]["seed"],
+    threads: 1
+    log:
+        "logs/fit/{target}/{regressor}/{split}.log",
+    benchmark:
+        "benchmarks/fit/{target}/{regressor}/{split}.tsv"
+    conda:
+        "../envs/perfzoo.yaml"
+    script:
+        "../workflow/scripts/fit.py"

@@ -1,0 +1,83 @@
+rule report:
+    """Every table and figure of the report, regenerated from the pipeline's outputs."""
+    input:
+        pkg("report.py", "evaluate.py"),
+        dataset="results/dataset/dataset.parquet",
+        statuses="results/dataset/status_counts.parquet",
+        noise="results/dataset/noise_floor.parquet",
+        metrics="results/evaluate/metrics.parquet",
+        per_family="results/evaluate/per_family.parquet",
+        best="results/evaluate/best.parquet",
+        predictions="results/evaluate/predictions.parquet",
+        fits=prediction_files,
+    output:
+        index="results/report/index.html",
+        provenance="results/report/provenance.json",
+        metrics=report(
+            "results/report/tables/metrics.csv",
+            caption="../report/metrics.rst",
+            category="Accuracy",
+            labels={"table": "metrics"},
+        ),
+        best=report(
+            "results/report/tables/best.csv",
+            caption="../report/best.rst",
+            category="Accuracy",
+            labels={"table": "best regressor"},
+        ),
+        per_family=report(
+            "results/report/tables/per_family.csv",
+            caption="../report/per_family.rst",
+            category="Accuracy",
+            labels={"table": "per family"},
+        ),
+        noise_floor=report(
+            "results/report/tables/noise_floor.csv",
+            caption="../report/noise_floor.rst",
+            category="Measurements",
+            labels={"table": "noise floor"},
+        ),
+        status_counts=report(
+            "results/report/tables/status_counts.csv",
+            caption="../report/status_counts.rst",
+            category="Measurements",
+            labels={"table": "status counts"},
+        ),
+        per_family_mape=report(
+            "results/report/figures/per_family_mape.png",
+            caption="../report/per_family_mape.rst",
+            category="Accuracy",
+            labels={"figure": "per-family MAPE"},
+        ),
+        actual_vs_predicted=report(
+            "results/report/figures/actual_vs_predicted.png",
+            caption="../report/actual_vs_predicted.rst",
+            category="Accuracy",
+            labels={"figure": "actual vs predicted"},
+        ),
+        latency_vs_batch=report(
+            "results/report/figures/latency_vs_batch.png",
+            caption="../report/latency_vs_batch.rst",
+            category="Measurements",
+            labels={"figure": "latency vs batch"},
+        ),
+        cv_distribution=report(
+            "results/report/figures/cv_distribution.png",
+            caption="../report/cv_distribution.rst",
+            category="Measurements",
+            labels={"figure": "CV distribution"},
+        ),
+    params:
+        config_subset={
+            "devices": config["devices"],
+            "splits": config["splits"],
+            "fit": config["fit"],
+        },
+    log:
+        "logs/report/report.log",
+    benchmark:
+        "benchmarks/report/report.tsv"
+    conda:
+        "../envs/perfzoo.yaml"
+    script:
+        "../workflow/scripts/report.py"

@@ -1,0 +1,40 @@
+"""Evaluate stage: accuracy metrics of every (target, regressor, split) on held-out test rows."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from perfzoo.stats import all_metrics, mape, rmse
+
+GROUP = ["target", "regressor", "split"]
+
+
+def test_rows(predictions: pd.DataFrame) -> pd.DataFrame:
+    return predictions[predictions["set"] == "test"]
+
+
+def metrics_table(predictions: pd.DataFrame, noise: pd.DataFrame) -> pd.DataFrame:
+    """MAPE, RMSE, Kendall tau, R2, share within 10 %, pooled over folds, with the noise floor."""
+    rows = []
+    for (target, regressor, split), g in test_rows(predictions).groupby(GROUP, sort=True):
+        rows.append({"target": target, "regressor": regressor, "split": split, "n": len(g),
+                     "folds": g["fold"].nunique(), **all_metrics(g["y_true"].to_numpy(), g["y_pred"].to_numpy())})
+    table = pd.DataFrame(rows)
+    floor = noise.groupby("target")["noise_mape"].mean().rename("noise_floor_mape")
+    return table.merge(floor, left_on="target", right_index=True, how="left") if len(table) else table
+
+
+def per_family_table(predictions: pd.DataFrame) -> pd.DataFrame:
+    """MAPE and RMSE per family of the held-out rows (seed 003 Tables 5.2/5.3 layout, long form)."""
+    rows = []
+    for (target, regressor, split, family), g in test_rows(predictions).groupby([*GROUP, "family"], sort=True):
+        y, p = g["y_true"].to_numpy(), g["y_pred"].to_numpy()
+        rows.append({"target": target, "regressor": regressor, "split": split, "family": family,
+                     "n": len(g), "mape": mape(y, p), "rmse": rmse(y, p)})
+    return pd.DataFrame(rows)
+
+
+def best_per_target(metrics: pd.DataFrame) -> pd.DataFrame:
+    """The lowest-MAPE regressor of every (target, split)."""
+    idx = metrics.groupby(["target", "split"])["mape"].idxmin()
+    return metrics.loc[idx].reset_index(drop=True)

@@ -1,0 +1,203 @@
+"""Report stage: the tables, figures and HTML page, all regenerated from the pipeline's outputs."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from perfzoo.io import atomic_path, write_text  # noqa: E402
+
+TABLES = ("metrics", "best", "per_family", "noise_floor", "status_counts")
+FIGURES = ("per_family_mape", "actual_vs_predicted", "latency_vs_batch", "cv_distribution")
+CAPTIONS = {
+    "metrics": "Accuracy of every regressor on every split's held-out test rows, with the measurement "
+               "noise floor (MAPE of an independent repeat measurement) beside each target.",
+    "best": "The lowest-MAPE regressor per target and split.",
+    "per_family": "MAPE and RMSE per model family on the held-out rows.",
+    "noise_floor": "Measurement noise floor: MAPE of the second independent measurement against the first.",
+    "status_counts": "Profiled configs per device and status (ok, oom, error, timeout).",
+    "per_family_mape": "MAPE per family of each regressor (held-out test rows; one panel per target and split).",
+    "actual_vs_predicted": "Measured vs predicted on held-out rows (log-log), with y = x and ±10 % bands.",
+    "latency_vs_batch": "Measured median latency vs batch size, per family (one line per model and mode).",
+    "cv_distribution": "Distribution of the coefficient of variation of the measured iterations per config.",
+}
+
+
+def save_figure(fig: Any, path: Path, prov_line: str) -> None:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, metadata={"Software": None, "Description": prov_line})
+    plt.close(fig)
+
+
+def plot_per_family_mape(per_family: pd.DataFrame, path: Path, prov: str) -> None:
+    panels = sorted(per_family.groupby(["target", "split"]).groups) if len(per_family) else []
+    fig, axes = plt.subplots(max(len(panels), 1), 1, figsize=(9, 3.2 * max(len(panels), 1)), squeeze=False)
+    for ax, (target, split) in zip(axes[:, 0], panels, strict=False):
+        g = per_family[(per_family["target"] == target) & (per_family["split"] == split)]
+        wide = g.pivot(index="family", columns="regressor", values="mape").sort_index()
+        wide.plot.bar(ax=ax, rot=30, width=0.8)
+        ax.set_ylabel("MAPE [%]")
+        ax.set_yscale("log")
+        ax.set_title(f"{target} · split {split}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, path, prov)
+
+
+def plot_actual_vs_predicted(predictions: pd.DataFrame, best: pd.DataFrame, path: Path, prov: str) -> None:
+    rows = best.to_dict("records")
+    fig, axes = plt.subplots(1, max(len(rows), 1), figsize=(4.2 * max(len(rows), 1), 4.2), squeeze=False)
+    for ax, b in zip(axes[0], rows, strict=False):
+        g = predictions[(predictions["set"] == "test") & (predictions["target"] == b["target"])
+                        & (predictions["regressor"] == b["regressor"]) & (predictions["split"] == b["split"])]
+        lo, hi = np.nanmin(g[["y_true", "y_pred"]].to_numpy()), np.nanmax(g[["y_true", "y_pred"]].to_numpy())
+        line = np.geomspace(lo * 0.8, hi * 1.25, 50)
+        ax.fill_between(line, line * 0.9, line * 1.1, color="0.85", label="±10 %")
+        ax.plot(line, line, "k-", lw=0.8, label="y = x")
+        for family, f in g.groupby("family"):
+            ax.scatter(f["y_true"], f["y_pred"], s=14, label=family)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"measured {b['target']}")
+        ax.set_ylabel("predicted")
+        ax.set_title(f"{b['regressor']} · {b['split']} · MAPE {b['mape']:.1f} %", fontsize=9)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    save_figure(fig, path, prov)
+
+
+def plot_latency_vs_batch(data: pd.DataFrame, path: Path, prov: str) -> None:
+    families = sorted(data["family"].unique())
+    cols = 3
+    nrows = max(int(np.ceil(len(families) / cols)), 1)
+    fig, axes = plt.subplots(nrows, cols, figsize=(12, 3.2 * nrows), squeeze=False)
+    for ax, family in zip(axes.ravel(), families, strict=False):
+        g = data[data["family"] == family]
+        for (label, mode, device), m in g.groupby(["label", "mode", "device"]):
+            m = m.sort_values("batch")
+            ax.errorbar(m["batch"], m["latency_ms"], yerr=[m["latency_ms"] - m["latency_ci_lo"],
+                        m["latency_ci_hi"] - m["latency_ms"]], marker="o" if mode == "inference" else "s",
+                        ms=4, lw=1, label=f"{label} {mode[:5]}" + (f" {device}" if data["device"].nunique() > 1 else ""))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(family)
+        ax.set_xlabel("batch")
+        ax.set_ylabel("latency [ms]")
+        ax.legend(fontsize=5)
+    for ax in axes.ravel()[len(families):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    save_figure(fig, path, prov)
+
+
+def plot_cv_distribution(data: pd.DataFrame, path: Path, prov: str) -> None:
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    cv = data["cv"].dropna() * 100
+    ax.hist(cv, bins=30, color="tab:blue")
+    ax.set_xlabel("coefficient of variation of iteration times [%]")
+    ax.set_ylabel("configs")
+    ax.set_title(f"median CV {np.median(cv):.2f} % over {len(cv)} configs" if len(cv) else "no configs")
+    fig.tight_layout()
+    save_figure(fig, path, prov)
+
+
+def _table_html(df: pd.DataFrame) -> str:
+    return df.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="–", border=0, classes="t")
+
+
+def render_index(tables: dict[str, pd.DataFrame], notes: list[str], prov: dict[str, Any]) -> str:
+    """The report page: every table and figure with its caption and provenance line."""
+    stamp = html.escape(f"code {prov['code_version']} · inputs sha256 in provenance.json")
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>perfzoo report</title>",
+        "<style>body{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}"
+        "table.t{border-collapse:collapse;font-size:12px}table.t td,table.t th{padding:2px 6px;"
+        "border-bottom:1px solid #ddd;text-align:right}.prov{color:#777;font-size:11px}"
+        "img{max-width:100%}</style></head><body>",
+        "<h1>perfzoo report</h1>",
+        f"<p class='prov'>{stamp}</p>",
+    ]
+    if notes:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
+    for name in TABLES:
+        parts += [f"<h2>{name.replace('_', ' ')}</h2><p>{html.escape(CAPTIONS[name])}</p>",
+                  _table_html(tables[name]),
+                  f"<p class='prov'>tables/{name}.csv · {html.escape(_short(prov['tables'][name]))}</p>"]
+    for name in FIGURES:
+        parts += [f"<h2>{name.replace('_', ' ')}</h2><p>{html.escape(CAPTIONS[name])}</p>",
+                  f"<img src='figures/{name}.png' alt='{name}'>",
+                  f"<p class='prov'>figures/{name}.png · {html.escape(_short(prov['figures'][name]))}</p>"]
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def _short(inputs: dict[str, str]) -> str:
+    return "; ".join(f"{Path(p).name} {h[:12]}" for p, h in sorted(inputs.items()))
+
+
+def build_report(
+    out_dir: Path, data: pd.DataFrame, predictions: pd.DataFrame, metrics: pd.DataFrame,
+    per_family: pd.DataFrame, best: pd.DataFrame, noise: pd.DataFrame, statuses: pd.DataFrame,
+    notes: list[str], prov: dict[str, Any],
+) -> None:
+    """Write tables/*.csv, figures/*.png, provenance.json and index.html under ``out_dir``."""
+    tables = {"metrics": metrics, "best": best, "per_family": per_family, "noise_floor": noise,
+              "status_counts": statuses}
+    for name, df in tables.items():
+        write_text(out_dir / "tables" / f"{name}.csv", df.to_csv(index=False, float_format="%.6g"))
+    line = f"perfzoo {prov['code_version']}"
+    figures = out_dir / "figures"
+    plot_per_family_mape(per_family, figures / "per_family_mape.png", line)
+    plot_actual_vs_predicted(predictions, best, figures / "actual_vs_predicted.png", line)
+    plot_latency_vs_batch(data, figures / "latency_vs_batch.png", line)
+    plot_cv_distribution(data, figures / "cv_distribution.png", line)
+    write_text(out_dir / "provenance.json", json.dumps(prov, indent=2, sort_keys=True) + "\n")
+    write_text(out_dir / "index.html", render_index(tables, notes, prov))
+
+
+SOURCES = {
+    "metrics": ("metrics", "noise"), "best": ("best",), "per_family": ("per_family",), "noise_floor": ("noise",),
+    "status_counts": ("statuses",), "per_family_mape": ("per_family",),
+    "actual_vs_predicted": ("predictions", "best"), "latency_vs_batch": ("dataset",),
+    "cv_distribution": ("dataset",),
+}
+
+
+def report_provenance(inputs: Any, config_subset: dict[str, Any]) -> dict[str, Any]:
+    """Per table and figure: the sha256 of the files it was computed from; plus code and packages."""
+    from perfzoo.provenance import code_version, package_versions, sha256_file
+
+    hashes = {name: {str(getattr(inputs, name)): sha256_file(getattr(inputs, name))}
+              for name in {n for names in SOURCES.values() for n in names}}
+
+    def merged(names: tuple[str, ...]) -> dict[str, str]:
+        return {p: h for n in names for p, h in hashes[n].items()}
+
+    return {"code_version": code_version(), "packages": package_versions(), "config": config_subset,
+            "tables": {t: merged(SOURCES[t]) for t in TABLES}, "figures": {f: merged(SOURCES[f]) for f in FIGURES}}
+
+
+def report_notes(statuses: pd.DataFrame, prediction_files: list[str]) -> list[str]:
+    """Visible notes: failed configs, excluded labels and folds skipped for lack of rows."""
+    from perfzoo.provenance import read_provenance
+
+    notes = [f"{int(r.configs)} config(s) on {r.device} ended with status {r.status}"
+             for r in statuses.itertuples() if r.status != "ok"]
+    for path in sorted(prediction_files):
+        fit = read_provenance(path).get("config", {})
+        info = fit.get("notes", {})
+        where = f"{fit.get('target')}/{fit.get('regressor')}/{fit.get('split')}"
+        if info.get("excluded_nonfinite_labels"):
+            notes.append(f"{where}: {info['excluded_nonfinite_labels']} row(s) with NaN or infinite labels excluded")
+        for fold, why in sorted(info.get("skipped_folds", {}).items()):
+            notes.append(f"{where}: fold {fold} skipped ({why})")
+    return notes

@@ -1,0 +1,22 @@
+"""Glue for the thin rule scripts: log redirection and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from perfzoo.io import InputError
+
+
+def run_step(snakemake: Any, step: Callable[[], None]) -> None:
+    """Run ``step`` with stderr in the rule's log; bad input ends the job with one clear line."""
+    real_stderr = sys.stderr
+    with open(snakemake.log[0], "w") as log, contextlib.redirect_stderr(log):
+        try:
+            step()
+        except InputError as exc:
+            print(f"perfzoo: error: {exc}", file=log)
+            print(f"perfzoo: error: {exc}", file=real_stderr)
+            sys.exit(1)

@@ -1,0 +1,41 @@
+"""Shared fixtures: the repository root and small configs."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+FAULTY = ROOT / "tests" / "fixtures" / "faulty_models.py"
+
+
+def tiny_config() -> dict[str, Any]:
+    """Six configs: two MLPs x inference/training on one batch, and a 2-layer transformer."""
+    return {
+        "devices": {"cpu": {"kind": "cpu", "threads": 1}},
+        "zoo": {
+            "num_classes": 10,
+            "families": {
+                "mlp": {"builder": "mlp", "input_shape": [64], "batch_sizes": [4],
+                        "models": [{"name": "mlp_small", "kwargs": {"in_features": 64, "hidden": [32, 32]}},
+                                   {"name": "mlp", "variant": "wide", "kwargs": {"in_features": 64, "hidden": [256]}}]},
+                "transformer": {"builder": "transformer", "sequence_lengths": [8], "batch_sizes": [2],
+                                "models": [{"name": "encoder", "kwargs": {"d_model": 32, "heads": 2, "layers": 1}}]},
+            },
+        },
+        "shards": {"size": 4},
+        "profiling": {"warmup_iters": 1, "min_iters": 3, "max_iters": 8, "max_time_s": 0.2, "timeout_s": 60,
+                      "repeat_every": 2},
+        "fit": {"targets": ["latency_ms", "peak_mem_mb"], "regressors": ["linear", "random_forest"]},
+    }
+
+
+@pytest.fixture
+def config() -> dict[str, Any]:
+    return copy.deepcopy(tiny_config())

@@ -1,0 +1,288 @@
+"""Tests for static model features on the meta device (perfzoo.features)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import perfzoo
+from perfzoo.features import CATEGORIES, LAYER_COLUMNS, MODEL_COLUMNS, featurise
+from perfzoo.io import InputError
+
+FLOAT = 4  # bytes per float32 value
+
+
+def tiny_cnn() -> nn.Module:
+    """conv -> bn -> relu -> maxpool -> flatten -> linear on (3, 8, 8) inputs."""
+    return nn.Sequential(
+        nn.Conv2d(3, 4, kernel_size=3, padding=1),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(4 * 4 * 4, 5),
+    )
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+
+
+class ShapeBranch(nn.Module):
+    """Python control flow on a shape: runs on meta, but torch.fx cannot trace it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.size(-1) > 4:
+            return self.fc(x)
+        return x
+
+
+# --------------------------------------------------------------------------- hand-computed CNN
+
+
+def test_tiny_cnn_inference_matches_hand_computation() -> None:
+    b = 2
+    feats, table = featurise(tiny_cnn, (3, 8, 8), b, "inference", model_id="tiny")
+
+    conv_flops = 2 * b * 4 * 3 * 3 * 3 * 8 * 8  # 2 * N * C_out * C_in * k^2 * H_out * W_out
+    fc_flops = 2 * b * 64 * 5
+    assert feats["flops"] == feats["flops_fw"] == conv_flops + fc_flops
+    assert feats["macs"] == (conv_flops + fc_flops) / 2
+
+    params = (4 * 3 * 9 + 4) + (4 + 4) + (64 * 5 + 5)
+    assert feats["params"] == feats["trainable_params"] == params
+    bn_buffers = (4 + 4) * FLOAT + 8  # running mean/var + int64 num_batches_tracked
+    assert feats["weight_bytes"] == params * FLOAT + bn_buffers
+
+    conv_out = b * 4 * 8 * 8 * FLOAT
+    pool_out = b * 4 * 4 * 4 * FLOAT
+    out_bytes = [conv_out, conv_out, conv_out, pool_out, pool_out, b * 5 * FLOAT]
+    assert table["out_bytes"].tolist() == out_bytes
+    assert feats["activation_bytes"] == sum(out_bytes)
+    assert feats["input_bytes"] == b * 3 * 8 * 8 * FLOAT
+    assert feats["train_mem_estimate_bytes"] == feats["weight_bytes"] + sum(out_bytes)
+
+    counts = {k: feats[k] for k in MODEL_COLUMNS if k.startswith("n_")}
+    assert counts == {"n_layers": 6, "n_conv": 1, "n_linear": 1, "n_norm": 1, "n_act": 1, "n_pool": 1,
+                      "n_attention": 0, "n_dropout": 0, "n_embedding": 0}  # fmt: skip
+    assert feats["depth"] == 1
+
+    # Gianniti, per sample, C_out = output values of the layer
+    conv_c = 256  # 4 channels x 8 x 8
+    expected = [
+        (9 * 3 * conv_c, (2 * 9 * 3 + 1) * conv_c),  # conv
+        (5 * conv_c + 64 - 2, 8 * conv_c + 64 - 1),  # batchnorm, C_n = 8 * 8
+        (3 * conv_c, 4 * conv_c),  # relu
+        (4 * 64, 5 * 64),  # maxpool 2x2 on 64 outputs
+        (0, 0),  # flatten
+        (64 * 5, 2 * 64 * 5),  # linear
+    ]
+    assert list(zip(table["c_fw"], table["c_bw"], strict=True)) == [(b * f, b * w) for f, w in expected]
+    assert feats["complexity_fw"] == b * sum(f for f, _ in expected)
+    assert feats["complexity_bw"] == b * sum(w for _, w in expected)
+    assert table["category"].tolist() == ["conv_fc", "norm", "relu_drop", "pool_s2", "other", "conv_fc"]
+    assert table["flops"].tolist() == [conv_flops, 0, 0, 0, 0, fc_flops]
+    assert table["name"].tolist() == ["0", "1", "2", "3", "4", "5"]
+
+
+def test_tiny_cnn_training_counts_backward_and_loss() -> None:
+    b = 2
+    feats, table = featurise(tiny_cnn, (3, 8, 8), b, "training", model_id="tiny")
+    conv_flops = 2 * b * 4 * 3 * 9 * 64
+    fc_flops = 2 * b * 64 * 5
+    # backward: conv weight grad only (input needs no grad), linear weight + input grads
+    assert feats["flops_fw"] == conv_flops + fc_flops
+    assert feats["flops"] == 2 * conv_flops + 3 * fc_flops
+    assert feats["macs"] == feats["flops_fw"] / 2
+    loss = table.iloc[-1]
+    assert (loss["type"], loss["category"]) == ("Loss", "other")
+    assert (loss["c_fw"], loss["c_bw"]) == (b * (4 * 5 - 1), b * (5 + 1))
+    assert feats["n_layers"] == 6 and len(table) == 7
+    assert feats["train_mem_estimate_bytes"] == 4 * feats["weight_bytes"] + feats["activation_bytes"]
+
+
+def test_depthwise_conv_backward_is_not_overcounted() -> None:
+    def depthwise() -> nn.Module:
+        return nn.Conv2d(8, 8, kernel_size=3, padding=1, groups=8, bias=False)
+
+    feats, _ = featurise(depthwise, (8, 6, 6), 2, "training")
+    fw = 2 * 2 * 8 * 1 * 9 * 36
+    assert feats["flops_fw"] == fw
+    assert feats["flops"] == 2 * fw  # weight gradient costs as much as the forward, not 8x more
+
+
+def test_pool_strides_and_sequence_layers() -> None:
+    def pools() -> nn.Module:
+        return nn.Sequential(
+            nn.MaxPool2d(3, stride=1, padding=1), nn.AdaptiveAvgPool2d(4), nn.AdaptiveAvgPool2d(1)
+        )
+
+    _, table = featurise(pools, (2, 4, 4), 1, "inference")
+    assert table["category"].tolist() == ["pool_s1", "pool_s1", "pool_s2"]
+    assert table["c_fw"].tolist() == [9 * 32, 1 * 32, 16 * 2]
+
+    def tokens() -> nn.Module:
+        return nn.Sequential(nn.Embedding(100, 16), nn.LayerNorm(16), nn.Linear(16, 8))
+
+    b, seq = 3, 10
+    feats, table = featurise(tokens, (seq,), b, "inference", input_dtype="int64")
+    assert table["category"].tolist() == ["embedding", "norm", "conv_fc"]
+    assert table["c_fw"].tolist() == [0, b * (5 * seq * 16 + 16 - 2), b * seq * 16 * 8]
+    assert feats["flops"] == 2 * b * seq * 16 * 8
+    assert feats["n_embedding"] == 1 and feats["input_bytes"] == b * seq * 8
+
+
+# --------------------------------------------------------------------------- scaling laws
+
+
+def test_mlp_training_is_about_three_times_inference() -> None:
+    inference, _ = featurise(mlp, (256,), 16, "inference")
+    training, _ = featurise(mlp, (256,), 16, "training")
+    ratio = training["flops"] / inference["flops"]
+    assert 2.5 <= ratio <= 3.0  # < 3: the first layer needs no input gradient
+    assert training["flops_fw"] == inference["flops"]
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_flops_and_complexity_scale_linearly_in_batch(mode: str) -> None:
+    one, _ = featurise(tiny_cnn, (3, 8, 8), 1, mode)
+    many, _ = featurise(tiny_cnn, (3, 8, 8), 7, mode)
+    for key in ("flops", "flops_fw", "activation_bytes", "input_bytes", "complexity_fw", "complexity_bw"):
+        assert many[key] == 7 * one[key], key
+    assert many["params"] == one["params"] and many["weight_bytes"] == one["weight_bytes"]
+
+
+# --------------------------------------------------------------------------- real models
+
+
+def test_torchvision_resnet18() -> None:
+    import torchvision
+
+    feats, table = featurise(torchvision.models.resnet18, (3, 64, 64), 2, "inference", model_id="rn18")
+    real = torchvision.models.resnet18()
+    assert feats["params"] == sum(p.numel() for p in real.parameters())
+    assert math.isfinite(feats["flops"]) and feats["flops"] > 0
+    assert (feats["n_conv"], feats["n_linear"], feats["n_norm"]) == (20, 1, 20)
+    assert feats["n_act"] == 17  # each BasicBlock calls its ReLU twice
+    assert feats["graph_nodes"] > 0 and feats["graph_edges"] > 0 and feats["graph_error"] == ""
+    assert list(table.columns) == LAYER_COLUMNS
+    assert table["layer_idx"].tolist() == list(range(len(table)))
+    assert set(table["category"]) <= set(CATEGORIES)
+    assert (table["model_id"] == "rn18").all() and (table["batch"] == 2).all()
+    assert table["flops"].sum() == feats["flops"]  # resnet18's FLOPs all happen inside leaf modules
+
+
+def test_timm_vit_tiny() -> None:
+    import timm
+
+    def build() -> nn.Module:
+        return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=64)
+
+    feats, _ = featurise(build, (3, 64, 64), 2, "training", model_id="vit")
+    assert feats["params"] == sum(p.numel() for p in build().parameters())
+    assert math.isfinite(feats["flops"]) and feats["flops"] > feats["flops_fw"] > 0
+    assert feats["n_attention"] == 12
+    assert list(feats) == MODEL_COLUMNS
+
+
+BIG_ENCODER_SCRIPT = textwrap.dedent(
+    """
+    import json, resource
+    from torch import nn
+    from perfzoo.features import featurise
+
+    VOCAB, D, HEADS, FF, LAYERS, SEQ = 32000, 4096, 32, 16384, 12, 128
+
+    class TokenEncoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(VOCAB, D)
+            layer = nn.TransformerEncoderLayer(D, HEADS, FF, batch_first=True)
+            self.encoder = nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False)
+
+        def forward(self, tokens):
+            return self.encoder(self.embed(tokens))
+
+    def peak_rss():
+        # VmHWM: this process's own high-water mark; after fork/exec ru_maxrss also holds the
+        # parent's (pytest's) peak on Linux, so it is only the fallback
+        try:
+            with open("/proc/self/status") as status:
+                return next(int(l.split()[1]) * 1024 for l in status if l.startswith("VmHWM:"))
+        except OSError:
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    featurise(lambda: nn.Linear(4, 4), (4,), 1, "inference")  # FlopCounterMode's lazy imports
+    before = peak_rss()
+    feats, _ = featurise(TokenEncoder, (SEQ,), 2, "inference", input_dtype="int64", model_id="big")
+    peak = peak_rss()
+    print(json.dumps({"before": before, "peak": peak, "params": feats["params"], "flops": feats["flops"],
+                      "weight_bytes": feats["weight_bytes"], "n_attention": feats["n_attention"]}))
+    """
+)
+
+
+def test_multi_billion_parameter_encoder_featurises_in_little_memory() -> None:
+    src = str(Path(perfzoo.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(
+        [sys.executable, "-c", BIG_ENCODER_SCRIPT],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+
+    d, ff, layers = 4096, 16384, 12
+    per_layer = (3 * d * d + 3 * d) + (d * d + d) + (d * ff + ff) + (ff * d + d) + 4 * d
+    expected_params = 32000 * d + layers * per_layer
+    assert result["params"] == expected_params > 2_000_000_000
+    assert result["weight_bytes"] == 4 * expected_params  # ~10 GB that must never be allocated
+    assert result["n_attention"] == layers and result["flops"] > 0
+    mib = {k: round(result[k] / 2**20) for k in ("before", "peak")}
+    assert result["peak"] - result["before"] < 128 * 2**20, f"featurising allocated memory: {mib}"
+    assert result["peak"] < 2**30, f"peak RSS over 1 GiB (imports alone: {mib['before']} MiB): {mib}"
+
+
+# --------------------------------------------------------------------------- failures
+
+
+def test_untraceable_model_gets_nan_graph_size_and_reason() -> None:
+    feats, _ = featurise(ShapeBranch, (8,), 2, "inference", model_id="branchy")
+    assert math.isnan(feats["graph_nodes"]) and math.isnan(feats["graph_edges"])
+    assert feats["graph_error"] and "\n" not in feats["graph_error"]
+    assert feats["flops"] == 2 * 2 * 8 * 8  # everything else is still computed
+
+
+def test_builder_that_raises_names_the_model() -> None:
+    def broken() -> nn.Module:
+        raise RuntimeError("no such variant")
+
+    with pytest.raises(InputError, match=r"model bad-42: .*no such variant") as err:
+        featurise(broken, (3, 8, 8), 1, "inference", model_id="bad-42")
+    assert "\n" not in str(err.value)
+
+
+def test_forward_failure_and_bad_arguments_raise_input_error() -> None:
+    with pytest.raises(InputError, match="model wrong-shape: inference step failed"):
+        featurise(tiny_cnn, (3, 10, 10), 1, "inference", model_id="wrong-shape")
+    with pytest.raises(InputError, match="model m: unknown mode"):
+        featurise(tiny_cnn, (3, 8, 8), 1, "serving", model_id="m")
+    with pytest.raises(InputError, match="model m: bad input spec"):
+        featurise(tiny_cnn, (3, 8, 8), 1, "inference", input_dtype="float99", model_id="m")

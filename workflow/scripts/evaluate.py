@@ -1,0 +1,21 @@
+"""Rule evaluate: metrics of every prediction file on held-out rows."""
+import pandas as pd
+
+from perfzoo.evaluate import best_per_target, metrics_table, per_family_table
+from perfzoo.io import read_parquet
+from perfzoo.provenance import provenance, write_table
+from perfzoo.workflow import run_step
+
+
+def main() -> None:
+    files = list(snakemake.input.predictions)
+    predictions = pd.concat([read_parquet(p) for p in files], ignore_index=True)
+    metrics = metrics_table(predictions, read_parquet(snakemake.input.noise))
+    prov = provenance([*files, snakemake.input.noise])
+    write_table(snakemake.output.metrics, metrics, prov)
+    write_table(snakemake.output.per_family, per_family_table(predictions), prov)
+    write_table(snakemake.output.best, best_per_target(metrics), prov)
+    write_table(snakemake.output.predictions, predictions, prov)
+
+
+run_step(snakemake, main)

@@ -1,0 +1,24 @@
+"""Rule profile: measure one shard on one device; resume from the journal after an interruption."""
+from pathlib import Path
+
+from perfzoo.io import read_parquet, write_json
+from perfzoo.profiling.runner import profile_shard
+from perfzoo.provenance import provenance, write_table
+from perfzoo.workflow import run_step
+from perfzoo.zoo import shard_configs
+
+
+def main() -> None:
+    device, shard = snakemake.wildcards.device, snakemake.wildcards.shard
+    configs = shard_configs(read_parquet(snakemake.input.manifest), shard)
+    settings = dict(snakemake.params.profiling, threads=snakemake.threads, num_classes=snakemake.params.num_classes)
+    journal = Path(snakemake.params.journal)
+    traces, sensors, meta = profile_shard(configs, device, dict(snakemake.params.device), settings, journal)
+    prov = provenance([snakemake.input.manifest], {"device": snakemake.params.device, "profiling": settings})
+    write_table(snakemake.output.sensors, sensors, prov)
+    write_json(snakemake.output.meta, {**meta, "attempt": snakemake.resources.attempt, "provenance": prov})
+    write_table(snakemake.output.traces, traces, prov)
+    journal.unlink(missing_ok=True)  # the trace file now holds every row; a forced rerun measures afresh
+
+
+run_step(snakemake, main)
