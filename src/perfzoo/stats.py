@@ -60,7 +60,7 @@ def kendall_tau(y_true: np.ndarray, y_pred: np.ndarray) -> float:
 def within(y_true: np.ndarray, y_pred: np.ndarray, tolerance: float = 0.10) -> float:
     """Share (0-1) of predictions within ``tolerance`` relative error."""
     y_true, y_pred = np.asarray(y_true, float), np.asarray(y_pred, float)
-    return float(np.mean(np.abs(y_pred - y_true) <= tolerance * np.abs(y_true))) if len(y_true) else math.nan
+    return float(np.mean(np.abs(y_pred - y_true) <= tolerance * np.abs(y_true) * (1 + 1e-9))) if len(y_true) else math.nan
 
 
 METRICS = {"mape": mape, "rmse": rmse, "kendall_tau": kendall_tau, "r2": r2, "within_10pct": within}

@@ -1,0 +1,57 @@
+"""Dataset stage: labels aggregated from raw iterations; bad trace files are named."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from perfzoo.dataset import aggregate_runs, noise_floor, read_traces, status_counts
+from perfzoo.io import InputError
+from perfzoo.profiling.runner import TRACE_COLUMNS
+
+
+def trace(config_id: str, repeat: int, times: list[float], status: str = "ok", batch: int = 4) -> pd.DataFrame:
+    rows = [{"model_id": "m" + config_id, "config_id": config_id, "mode": "inference", "batch": batch,
+             "repeat": repeat, "iter": i, "time_ms": t, "status": status, "message": "", "peak_mem_mb": 100.0 + repeat,
+             "n_warmup": 1, "stop_reason": "max_iters", "threads": 1} for i, t in enumerate(times)]
+    return pd.DataFrame(rows, columns=TRACE_COLUMNS).assign(device="cpu", trace_file="t.parquet")
+
+
+def test_labels_are_medians_of_raw_iterations() -> None:
+    traces = pd.concat([trace("a", 0, [3.0, 1.0, 2.0, 10.0, 2.5]), trace("a", 1, [2.0, 2.2, 2.4]),
+                        trace("b", 0, [math.nan], status="oom")])
+    runs = aggregate_runs(traces)
+    a0 = runs[(runs["config_id"] == "a") & (runs["repeat"] == 0)].iloc[0]
+    assert a0["latency_ms"] == 2.5 and a0["n_iters"] == 5
+    assert a0["latency_ci_lo"] <= 2.5 <= a0["latency_ci_hi"]
+    assert a0["throughput"] == pytest.approx(4 / 2.5 * 1000)
+    assert a0["cv"] == pytest.approx(np.std([3, 1, 2, 10, 2.5], ddof=1) / np.mean([3, 1, 2, 10, 2.5]))
+    assert runs.loc[runs["config_id"] == "b", "status"].item() == "oom"
+    floor = noise_floor(runs).set_index("target")
+    assert floor.loc["latency_ms", "noise_mape"] == pytest.approx(abs(2.2 - 2.5) / 2.5 * 100)
+    assert floor.loc["peak_mem_mb", "noise_mape"] == pytest.approx(1.0)
+    counts = status_counts(runs).set_index("status")["configs"].to_dict()
+    assert counts == {"ok": 1, "oom": 1}
+
+
+def test_truncated_trace_file_is_named(tmp_path) -> None:
+    path = tmp_path / "s0000.parquet"
+    trace("a", 0, [1.0, 2.0]).drop(columns=["device", "trace_file"]).to_parquet(path)
+    assert len(read_traces(path)) == 2
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(InputError, match=r"s0000\.parquet.*corrupted"):
+        read_traces(path)
+
+
+def test_trace_with_wrong_columns_or_status_is_named(tmp_path) -> None:
+    path = tmp_path / "bad.parquet"
+    pd.DataFrame({"x": [1]}).to_parquet(path)
+    with pytest.raises(InputError, match=r"bad\.parquet.*missing columns"):
+        read_traces(path)
+    trace("a", 0, [1.0]).drop(columns=["device", "trace_file"]).assign(status="fine").to_parquet(path)
+    with pytest.raises(InputError, match=r"bad\.parquet.*unknown status"):
+        read_traces(path)

@@ -1,0 +1,120 @@
+"""CPU profiling: isolated workers turn crashes, OOM and hangs into statuses; the journal resumes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from perfzoo.profiling.runner import Journal, plan_tasks, profile_shard, traces_frame
+from perfzoo.profiling.worker import run_isolated
+from perfzoo.stats import median_ci, relative_ci_halfwidth
+from perfzoo.zoo import expand_zoo, manifest_frame
+
+from conftest import FAULTY
+
+SETTINGS = {"warmup_iters": 1, "min_iters": 3, "max_iters": 6, "max_time_s": 0.3, "ci_target": 0.02,
+            "timeout_s": 60, "max_rss_mb": 8000, "repeat_every": 0, "cooldown_s": 0, "optimizer": "sgd",
+            "threads": 1, "num_classes": 10}
+
+
+def faulty_spec(function: str) -> dict:
+    return {"config_id": "0" * 12, "model_id": "m", "builder": "python", "name": f"{FAULTY}:{function}",
+            "builder_kwargs": "{}", "input_shape": "[4]", "dtype": "float32", "batch": 2, "mode": "inference"}
+
+
+def test_median_ci_brackets_the_median() -> None:
+    values = np.arange(1, 101, dtype=float)
+    med, lo, hi = median_ci(values)
+    assert med == 50.5 and lo < med < hi
+    assert (lo, hi) == (41.0, 61.0)  # ranks n/2 -/+ 1.96 sqrt(n)/2 = 40.2, 59.8 -> floor/ceil, 0-based
+    assert relative_ci_halfwidth([5.0] * 10) == 0.0
+
+
+def test_tiny_model_measures_until_a_stop_rule() -> None:
+    outcome = run_isolated("cpu", faulty_spec("build_tiny"), SETTINGS)
+    assert outcome.status == "ok", outcome.message
+    m = outcome.measurement
+    assert 3 <= len(m["times_ms"]) <= 6 and all(t > 0 for t in m["times_ms"])
+    assert m["stop_reason"] in {"ci_target", "max_iters", "max_time"}
+    assert m["peak_mem_mb"] >= 0 and m["extra"]["threads"] == 1
+
+
+def test_build_failure_is_an_error_status() -> None:
+    outcome = run_isolated("cpu", faulty_spec("build_broken"), SETTINGS)
+    assert outcome.status == "error"
+    assert "this model cannot be built" in outcome.message
+
+
+def test_hang_is_killed_as_timeout() -> None:
+    outcome = run_isolated("cpu", faulty_spec("build_hang"), {**SETTINGS, "timeout_s": 3})
+    assert outcome.status == "timeout"
+    assert "timeout_s=3" in outcome.message
+
+
+def test_memory_hog_is_killed_as_oom() -> None:
+    outcome = run_isolated("cpu", faulty_spec("build_hog"), {**SETTINGS, "max_rss_mb": 1500})
+    assert outcome.status == "oom"
+    assert "max_rss_mb=1500" in outcome.message
+
+
+def small_shard(config) -> pd.DataFrame:
+    config["zoo"]["families"]["broken"] = {"builder": "python", "input_shape": [4], "modes": ["inference"],
+                                           "models": [f"{FAULTY}:build_broken"]}
+    return manifest_frame(expand_zoo(config))
+
+
+def test_shard_goes_on_after_a_failure_and_resumes_from_journal(config, tmp_path) -> None:
+    configs = small_shard(config)
+    journal = tmp_path / "s.journal.jsonl"
+    settings = {**SETTINGS, "repeat_every": 2}
+    traces, _, meta = profile_shard(configs, "cpu", {"kind": "cpu"}, settings, journal, progress=False)
+    n_tasks = len(plan_tasks(configs, 2))
+    assert meta["tasks"] == n_tasks and meta["tasks_measured_now"] == n_tasks
+    failed = traces[traces["status"] == "error"]
+    assert set(failed["model_id"]) == set(configs.loc[configs["builder"] == "python", "model_id"])
+    assert (traces["status"] == "ok").sum() > len(configs)  # the other configs were measured
+    assert traces.groupby(["config_id", "repeat"]).ngroups == n_tasks
+
+    # a job killed after two tasks: keep the header and two entries, plus a torn line being written
+    lines = journal.read_text().splitlines()
+    journal.write_text("\n".join(lines[:3]) + "\n" + lines[3][: len(lines[3]) // 2])
+    resumed, _, meta2 = profile_shard(configs, "cpu", {"kind": "cpu"}, settings, journal, progress=False)
+    assert meta2["tasks_resumed_from_journal"] == 2
+    assert meta2["tasks_measured_now"] == n_tasks - 2
+    keys = ["config_id", "repeat", "iter"]
+    assert not resumed.duplicated(keys).any()
+    assert resumed.groupby(["config_id", "repeat"]).ngroups == n_tasks
+    kept = [json.loads(line)["key"] for line in lines[1:3]]
+    first = traces.assign(key=traces["config_id"] + "/" + traces["repeat"].astype(str))
+    again = resumed.assign(key=resumed["config_id"] + "/" + resumed["repeat"].astype(str))
+    pd.testing.assert_frame_equal(first[first["key"].isin(kept)].reset_index(drop=True),
+                                  again[again["key"].isin(kept)].reset_index(drop=True))
+
+
+def test_journal_of_other_settings_is_set_aside(tmp_path) -> None:
+    path = tmp_path / "j.jsonl"
+    Journal(path, "aaa").append({"key": "x/0", "status": "ok", "message": "", "measurement": None})
+    assert Journal(path, "aaa").load().keys() == {"x/0"}
+    assert Journal(path, "bbb").load() == {}
+    assert list(tmp_path.glob("j.jsonl.superseded-*"))
+
+
+def test_failed_task_is_one_status_row(config) -> None:
+    configs = small_shard(config)
+    tasks = plan_tasks(configs, 0)
+    done = {t.key: {"status": "oom", "message": "boom", "measurement": None} for t in tasks}
+    df = traces_frame(tasks, done)
+    assert len(df) == len(tasks)
+    assert df["time_ms"].isna().all() and (df["status"] == "oom").all()
+
+
+@pytest.mark.parametrize("repeat_every", [0, 1, 3])
+def test_repeat_subset_is_stable(config, repeat_every) -> None:
+    configs = small_shard(config)
+    tasks = plan_tasks(configs, repeat_every)
+    repeats = [t for t in tasks if t.repeat == 1]
+    assert len(repeats) == sum(1 for c in configs["config_id"] if repeat_every and int(c, 16) % repeat_every == 0)
+    assert tasks[: len(configs)] == [t for t in tasks if t.repeat == 0]

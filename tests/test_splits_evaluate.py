@@ -1,0 +1,69 @@
+"""Splits are seeded and disjoint; metrics match hand-computed values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from perfzoo.evaluate import best_per_target, metrics_table
+from perfzoo.fitting import fit_split
+from perfzoo.splits import make_split
+from perfzoo.stats import all_metrics
+
+CFG = {"seed": 1337, "random_fractions": [0.7, 0.15, 0.15]}
+
+
+def dataset(n: int = 40) -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    flops = rng.uniform(1e6, 1e9, n)
+    return pd.DataFrame({
+        "row_id": [f"r{i:03d}" for i in range(n)], "model_id": [f"m{i}" for i in range(n)], "device": "cpu",
+        "mode": "inference", "batch": 1, "family": [f"f{i % 4}" for i in range(n)], "label": "x",
+        "flops": flops, "params": flops / 100, "latency_ms": flops / 1e7 * rng.uniform(0.95, 1.05, n),
+    })
+
+
+def test_random_split_is_seeded_disjoint_and_sized() -> None:
+    data = dataset()
+    a, b = make_split("random", data, CFG), make_split("random", data.sample(frac=1, random_state=1), CFG)
+    pd.testing.assert_frame_equal(a, b)  # row order of the dataset does not matter
+    counts = a["set"].value_counts().to_dict()
+    assert counts == {"train": 28, "val": 6, "test": 6}
+    other = make_split("random", data, {**CFG, "seed": 1})
+    assert not a["set"].equals(other["set"])
+
+
+def test_leave_one_family_out_holds_out_each_family_once() -> None:
+    data = dataset()
+    split = make_split("leave_one_family_out", data, CFG)
+    fam = data.set_index("row_id")["family"]
+    for fold, rows in split.groupby("fold"):
+        test_families = set(fam[rows.loc[rows["set"] == "test", "row_id"]])
+        train_families = set(fam[rows.loc[rows["set"] == "train", "row_id"]])
+        assert test_families == {fold} and fold not in train_families
+
+
+def test_metrics_by_hand() -> None:
+    y, p = np.array([1.0, 2.0, 4.0]), np.array([1.1, 1.8, 4.0])
+    m = all_metrics(y, p)
+    assert m["mape"] == pytest.approx((0.1 + 0.1 + 0) / 3 * 100)
+    assert m["rmse"] == pytest.approx(np.sqrt((0.01 + 0.04) / 3))
+    assert m["within_10pct"] == pytest.approx(1.0)
+    assert m["kendall_tau"] == pytest.approx(1.0)
+
+
+def test_fit_split_predicts_held_out_rows_and_skips_tiny_folds() -> None:
+    data = dataset()
+    data.loc[0, "latency_ms"] = np.inf
+    split = make_split("leave_one_family_out", data, CFG)
+    preds, models, notes = fit_split(data, split, "latency_ms", "linear")
+    assert notes["excluded_nonfinite_labels"] == 1
+    assert set(models) == {"f0", "f1", "f2", "f3"}
+    assert len(preds) == len(data) - 1 and (preds["set"] == "test").all()
+    metrics = metrics_table(preds, pd.DataFrame({"target": ["latency_ms"], "noise_mape": [2.0]}))
+    assert metrics["mape"].item() < 10 and metrics["noise_floor_mape"].item() == 2.0
+    assert best_per_target(metrics)["regressor"].item() == "linear"
+    few = data[data["family"].isin(["f0", "f1"])].head(5)
+    _, models, notes = fit_split(few, make_split("leave_one_family_out", few, CFG), "latency_ms", "linear")
+    assert notes["skipped_folds"] and len(models) < 2
