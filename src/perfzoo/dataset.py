@@ -122,7 +122,8 @@ def build_dataset(
 def feature_columns(data: pd.DataFrame) -> list[str]:
     """Numeric predictors: model features, batch and mode, and the device's hardware features."""
     cols = [c for c in MODEL_FEATURES if c in data.columns]
-    cols += ["batch", "is_training"] + sorted(c for c in data.columns if c.startswith("hw_"))
+    cols += [c for c in ("batch", "is_training") if c in data.columns]
+    cols += sorted(c for c in data.columns if c.startswith("hw_"))
     return cols
 
 

@@ -1,0 +1,106 @@
+"""End to end: real Snakemake on a six-config zoo, numbers recomputed from the raw traces."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from perfzoo.stats import mape
+
+from conftest import FAULTY, ROOT
+
+pytestmark = pytest.mark.e2e
+
+CONFIG = {
+    "devices": {"cpu": {"kind": "cpu", "threads": 1}},
+    "zoo": {"num_classes": 10, "families": {
+        "mlp": {"builder": "mlp", "input_shape": [64], "batch_sizes": [2, 8],
+                "models": [{"name": "mlp_small", "kwargs": {"in_features": 64, "hidden": [32, 32]}}]},
+        "transformer": {"builder": "transformer", "sequence_lengths": [8], "batch_sizes": [2], "modes": ["inference"],
+                        "models": [{"name": "encoder", "kwargs": {"d_model": 32, "heads": 2, "layers": 1}}]},
+        "broken": {"builder": "python", "input_shape": [4], "modes": ["inference"],
+                   "models": [f"{FAULTY}:build_broken"]},
+    }},
+    "shards": {"size": 4},
+    "profiling": {"warmup_iters": 1, "min_iters": 3, "max_iters": 8, "max_time_s": 0.2, "repeat_every": 2},
+    "fit": {"targets": ["latency_ms", "peak_mem_mb"], "regressors": ["linear", "random_forest"]},
+}
+TABLES = ["results/dataset/dataset.parquet", "results/evaluate/metrics.parquet",
+          "results/report/tables/metrics.csv", "results/report/tables/per_family.csv",
+          "results/report/tables/noise_floor.csv", "results/report/tables/status_counts.csv"]
+
+
+def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--cores", "2", *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=600, env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    workdir = tmp_path_factory.mktemp("e2e")
+    (workdir / "config.yaml").write_text(yaml.safe_dump(CONFIG))
+    snakemake(workdir)
+    return workdir
+
+
+def test_report_is_built(run) -> None:
+    index = (run / "results/report/index.html").read_text()
+    for name in ("metrics", "noise_floor", "status_counts", "per_family_mape", "actual_vs_predicted"):
+        assert name.replace("_", " ") in index
+    assert "sha256" in index and (run / "results/report/figures/latency_vs_batch.png").stat().st_size > 1000
+
+
+def test_failed_model_is_counted_and_the_rest_measured(run) -> None:
+    counts = pd.read_csv(run / "results/report/tables/status_counts.csv").set_index("status")["configs"]
+    assert counts.to_dict() == {"error": 1, "ok": 5}
+    assert "1 config(s) on cpu ended with status error" in (run / "results/report/index.html").read_text()
+
+
+def test_reported_numbers_recomputed_from_raw_traces(run) -> None:
+    raw = pd.concat([pd.read_parquet(p) for p in sorted((run / "results/traces/cpu").glob("s*[0-9].parquet"))])
+    ok = raw[raw["status"] == "ok"]
+    medians = ok.groupby(["config_id", "repeat"])["time_ms"].median().unstack()
+    pairs = medians.dropna()
+    expected = mape(pairs[0].to_numpy(), pairs[1].to_numpy())
+    floor = pd.read_csv(run / "results/report/tables/noise_floor.csv").set_index("target")
+    assert floor.loc["latency_ms", "noise_mape"] == pytest.approx(expected, rel=1e-5)
+    assert floor.loc["latency_ms", "pairs"] == len(pairs)
+
+    data = pd.read_parquet(run / "results/dataset/dataset.parquet")
+    manifest = pd.read_parquet(run / "results/zoo/manifest.parquet")
+    row = data.iloc[0]
+    config_id = manifest[(manifest["model_id"] == row["model_id"]) & (manifest["mode"] == row["mode"])
+                         & (manifest["batch"] == row["batch"])]["config_id"].item()
+    assert row["latency_ms"] == pytest.approx(medians.loc[config_id, 0])
+    assert np.isnan(row["energy_j"]) and "no energy sensor" in row["energy_missing_reason"]
+
+
+def test_rerun_on_same_traces_gives_identical_tables(run) -> None:
+    before = {t: (run / t).read_bytes() for t in TABLES}
+    snakemake(run, "--forcerun", "dataset")
+    after = {t: (run / t).read_bytes() for t in TABLES}
+    assert before == after
+
+
+def test_corrupted_trace_names_the_file_and_keeps_other_outputs(run, tmp_path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns(".snakemake"))
+    trace = copy / "results/traces/cpu/s0000.parquet"
+    trace.write_bytes(trace.read_bytes()[:200])
+    proc = snakemake(copy, "--forcerun", "dataset", check=False)
+    assert proc.returncode != 0
+    assert "results/traces/cpu/s0000.parquet" in proc.stderr and "corrupted" in proc.stderr
+    assert (copy / "results/traces/cpu/s0001.parquet").exists()
+    assert (copy / "results/features/models.parquet").exists()
