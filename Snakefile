@@ -15,7 +15,6 @@ report: "report/workflow.rst"
 
 include: "rules/common.smk"
 include: "rules/zoo.smk"
-include: "rules/hardware.smk"
 include: "rules/profile.smk"
 include: "rules/features.smk"
 include: "rules/dataset.smk"

@@ -9,7 +9,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, os.environ.get("PYTH
 
 from perfzoo.config import check_model_names
 from perfzoo.io import InputError
-from perfzoo.zoo import expand_zoo, shard_names
+from perfzoo.zoo import expand_zoo, shard_names, shard_size
 
 try:
     check_model_names(config)
@@ -18,14 +18,13 @@ except InputError as exc:
 
 DEVICES = sorted(config["devices"])
 ZOO = expand_zoo(config)
-SHARDS = shard_names(len(ZOO), config["shards"]["size"])
+SHARDS = shard_names(len(ZOO), shard_size(config, len(ZOO)))
 SPLITS = config["splits"]["schemes"]
 TARGETS = config["fit"]["targets"]
 REGRESSORS = config["fit"]["regressors"]
 
 
 wildcard_constraints:
-    device="|".join(DEVICES),
     shard="s[0-9]+",
     split="|".join(SPLITS),
     target="|".join(TARGETS),
@@ -41,12 +40,72 @@ def pkg(*modules):
     return files
 
 
-def device_config(wildcards):
-    return config["devices"][wildcards.device]
+def device_threads(device):
+    return config["devices"][device]["threads"]
 
 
-def device_threads(wildcards):
-    return config["devices"][wildcards.device].get("threads", 1)
+SLURM_RESOURCES = {
+    "partition": "slurm_partition",
+    "account": "slurm_account",
+    "qos": "qos",
+    "constraint": "constraint",
+    "gres": "gres",
+    "gpu": "gpu",
+    "gpu_model": "gpu_model",
+    "mem_mb": "mem_mb",
+}
+
+
+def device_resources(device):
+    """The scheduler request of a device's jobs, from its ``slurm:`` entry in the config."""
+    request = config["devices"][device].get("slurm", {})
+    resources = {SLURM_RESOURCES[k]: v for k, v in request.items() if k in SLURM_RESOURCES}
+    resources["cpus_per_task"] = request.get("cpus_per_task", device_threads(device))
+    if request.get("exclusive"):
+        resources["slurm_extra"] = "'--exclusive'"
+    return resources
+
+
+def runtime_for_attempt(device):
+    """Minutes requested: the device's runtime, grown by ``runtime_growth`` per retry."""
+    request = config["devices"][device].get("slurm", {})
+    base, growth = request.get("runtime", 60), request.get("runtime_growth", 2)
+
+    def runtime(wildcards, attempt):
+        return int(base * growth ** (attempt - 1))
+
+    return runtime
+
+
+def check_slurm_requests():
+    """With the slurm executor every device must name its partition."""
+    plugin = getattr(workflow, "executor_plugin", None)
+    if plugin is None or plugin.name != "slurm":
+        return
+    for device in DEVICES:
+        if not config["devices"][device].get("slurm", {}).get("partition"):
+            raise WorkflowError(
+                f"devices.{device}.slurm.partition: device {device!r} has no partition, "
+                "which the slurm profile needs to submit its profiling jobs"
+            )
+
+
+def check_requested_devices():
+    """Targets naming a device that is not configured get the list of configured devices."""
+    for target in workflow.dag_settings.targets:
+        name = target.split("/")[2] if target.startswith(("results/traces/", "results/hardware/")) else None
+        for prefix in ("profile_", "trace_", "hardware_"):
+            if target.startswith(prefix):
+                name = target[len(prefix) :]
+        name = name.removesuffix(".json") if name else name
+        if name is not None and name not in DEVICES:
+            raise WorkflowError(
+                f"unknown device {name!r} in target {target!r}; configured devices: {', '.join(DEVICES)}"
+            )
+
+
+check_slurm_requests()
+check_requested_devices()
 
 
 def attempt_number(wildcards, attempt):

@@ -10,6 +10,7 @@ rule dataset:
         dataset="results/dataset/dataset.parquet",
         noise="results/dataset/noise_floor.parquet",
         statuses="results/dataset/status_counts.parquet",
+    localrule: True
     log:
         "logs/dataset/dataset.log",
     benchmark:

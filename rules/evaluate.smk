@@ -9,6 +9,7 @@ rule evaluate:
         per_family="results/evaluate/per_family.parquet",
         best="results/evaluate/best.parquet",
         predictions="results/evaluate/predictions.parquet",
+    localrule: True
     log:
         "logs/evaluate/metrics.log",
     benchmark:

@@ -8,6 +8,7 @@ rule features:
         layers="results/features/layers.parquet",
     params:
         num_classes=config["zoo"]["num_classes"],
+    localrule: True
     log:
         "logs/features/models.log",
     benchmark:

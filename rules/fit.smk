@@ -10,6 +10,7 @@ rule fit:
     params:
         seed=config["fit"]["seed"],
     threads: 1
+    localrule: True
     log:
         "logs/fit/{target}/{regressor}/{split}.log",
     benchmark:

@@ -1,25 +1,66 @@
-rule profile:
-    """Measure every config of one shard on one device, each in an isolated worker process."""
-    input:
-        pkg("profiling", "builders.py", "hardware.py", "stats.py", "zoo.py"),
-        manifest="results/zoo/manifest.parquet",
-    output:
-        traces="results/traces/{device}/{shard}.parquet",
-        sensors="results/traces/{device}/{shard}.sensors.parquet",
-        meta="results/traces/{device}/{shard}.meta.json",
-    params:
-        device=device_config,
-        profiling=config["profiling"],
-        num_classes=config["zoo"]["num_classes"],
-        journal="results/traces/{device}/{shard}.journal.jsonl",
-    threads: device_threads
-    resources:
-        attempt=attempt_number,
-    log:
-        "logs/profile/{device}/{shard}.log",
-    benchmark:
-        "benchmarks/profile/{device}/{shard}.tsv"
-    conda:
-        "../envs/perfzoo.yaml"
-    script:
-        "../workflow/scripts/profile.py"
+# One pair of rules per configured device, so one device can be (re)run alone:
+#   snakemake profile_<device>                  measure (or resume) that device's shards
+#   snakemake --forcerun trace_<device>         measure it afresh, then everything downstream
+for _device in DEVICES:
+
+    rule:
+        name:
+            f"hardware_{_device}"
+        input:
+            pkg("hardware.py", "hardware_specs.py", "profiling/nvml.py"),
+        output:
+            f"results/hardware/{_device}.json",
+        params:
+            name=_device,
+            device=config["devices"][_device],
+        threads: device_threads(_device)
+        resources:
+            **device_resources(_device),
+            runtime=10,
+        log:
+            f"logs/hardware/{_device}.log",
+        benchmark:
+            f"benchmarks/hardware/{_device}.tsv"
+        conda:
+            "../envs/perfzoo.yaml"
+        script:
+            "../workflow/scripts/hardware.py"
+
+    rule:
+        name:
+            f"trace_{_device}"
+        input:
+            pkg("profiling", "builders.py", "hardware.py", "stats.py", "zoo.py"),
+            manifest="results/zoo/manifest.parquet",
+        output:
+            traces=f"results/traces/{_device}/{{shard}}.parquet",
+            sensors=f"results/traces/{_device}/{{shard}}.sensors.parquet",
+            meta=f"results/traces/{_device}/{{shard}}.meta.json",
+        params:
+            name=_device,
+            device=config["devices"][_device],
+            profiling=config["profiling"],
+            num_classes=config["zoo"]["num_classes"],
+            journal=f"results/traces/{_device}/{{shard}}.journal.jsonl",
+        threads: device_threads(_device)
+        resources:
+            **device_resources(_device),
+            runtime=runtime_for_attempt(_device),
+            attempt=attempt_number,
+        log:
+            f"logs/profile/{_device}/{{shard}}.log",
+        benchmark:
+            f"benchmarks/profile/{_device}/{{shard}}.tsv"
+        conda:
+            "../envs/perfzoo.yaml"
+        script:
+            "../workflow/scripts/profile.py"
+
+    rule:
+        name:
+            f"profile_{_device}"
+        input:
+            expand(f"results/traces/{_device}/{{shard}}.parquet", shard=SHARDS),
+            f"results/hardware/{_device}.json",
+        localrule: True
+        default_target: False

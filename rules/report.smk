@@ -73,6 +73,7 @@ rule report:
             "splits": config["splits"],
             "fit": config["fit"],
         },
+    localrule: True
     log:
         "logs/report/report.log",
     benchmark:

@@ -7,6 +7,7 @@ rule split:
         "results/splits/{split}.parquet",
     params:
         splits=config["splits"],
+    localrule: True
     log:
         "logs/splits/{split}.log",
     benchmark:

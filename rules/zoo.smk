@@ -7,6 +7,7 @@ rule zoo:
     params:
         zoo=config["zoo"],
         shards=config["shards"],
+    localrule: True
     log:
         "logs/zoo/manifest.log",
     benchmark:

@@ -114,14 +114,32 @@ def build_dataset(
             .merge(features[model_cols], on=["model_id", "mode", "batch"], how="left")
             .merge(hw, on="device", how="left"))
     data["is_training"] = (data["mode"] == "training").astype(float)
+    data = add_roofline_features(data)
     data.insert(0, "row_id", data[KEY].astype(str).agg("|".join, axis=1))
     data = data.sort_values("row_id").reset_index(drop=True)
     return data, noise_floor(runs), status_counts(runs)
 
 
+def add_roofline_features(data: pd.DataFrame) -> pd.DataFrame:
+    """Roofline times (seed 003 ch. 3) from model and hardware features: compute- and memory-bound bounds.
+
+    Bytes moved per step are the weights (read once; in training also written with their gradient and
+    optimizer state, counted 3x) plus the activations written in the forward pass.
+    """
+    weight_passes = np.where(data.get("is_training", 0) > 0, 3.0, 1.0)
+    moved = data["weight_bytes"] * weight_passes + data["activation_bytes"]
+    data["roofline_compute_ms"] = data["flops"] / (data["hw_peak_gflops"] * 1e9) * 1e3
+    data["roofline_memory_ms"] = moved / (data["hw_mem_bw_gbs"] * 1e9) * 1e3
+    data["roofline_ms"] = np.maximum(data["roofline_compute_ms"], data["roofline_memory_ms"])
+    return data
+
+
+ROOFLINE_FEATURES = ("roofline_compute_ms", "roofline_memory_ms", "roofline_ms")
+
+
 def feature_columns(data: pd.DataFrame) -> list[str]:
     """Numeric predictors: model features, batch and mode, and the device's hardware features."""
-    cols = [c for c in MODEL_FEATURES if c in data.columns]
+    cols = [c for c in (*MODEL_FEATURES, *ROOFLINE_FEATURES) if c in data.columns]
     cols += [c for c in ("batch", "is_training") if c in data.columns]
     cols += sorted(c for c in data.columns if c.startswith("hw_"))
     return cols

@@ -95,12 +95,21 @@ def shard_names(n_configs: int, shard_size: int) -> list[str]:
     return [shard_name(i) for i in range(math.ceil(n_configs / shard_size))]
 
 
+def shard_size(config: dict[str, Any], n_configs: int) -> int:
+    """Configs per shard: ``shards.size``, or what gives each device ``shards.jobs_per_device`` jobs."""
+    shards = config.get("shards", {})
+    if shards.get("jobs_per_device"):
+        return max(math.ceil(n_configs / shards["jobs_per_device"]), 1)
+    return shards.get("size", 16)
+
+
 def expand_zoo(config: dict[str, Any]) -> list[ModelConfig]:
-    """The full manifest: configs in order, consecutive groups of ``shards.size`` form a shard."""
-    size = config.get("shards", {}).get("size", 16)
+    """The full manifest: configs in order, consecutive groups of the shard size form a shard."""
+    configs = list(iter_configs(config))
+    size = shard_size(config, len({c["config_id"] for c in configs}))
     rows = []
     seen: set[str] = set()
-    for i, cfg in enumerate(iter_configs(config)):
+    for cfg in configs:
         if cfg["config_id"] in seen:
             continue
         seen.add(cfg["config_id"])

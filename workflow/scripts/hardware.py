@@ -6,7 +6,7 @@ from perfzoo.workflow import run_step
 
 
 def main() -> None:
-    device = snakemake.wildcards.device
+    device = snakemake.params.name
     hw = describe_device(device, dict(snakemake.params.device, threads=snakemake.threads))
     write_json(snakemake.output[0], {**hw, "provenance": provenance([], {"device": snakemake.params.device})})
 

@@ -9,7 +9,7 @@ from perfzoo.zoo import shard_configs
 
 
 def main() -> None:
-    device, shard = snakemake.wildcards.device, snakemake.wildcards.shard
+    device, shard = snakemake.params.name, snakemake.wildcards.shard
     configs = shard_configs(read_parquet(snakemake.input.manifest), shard)
     settings = dict(snakemake.params.profiling, threads=snakemake.threads, num_classes=snakemake.params.num_classes)
     journal = Path(snakemake.params.journal)
