@@ -1,11 +1,9 @@
 # Helper and input functions shared by every rule file (no rules here).
-import os
 import sys
 from pathlib import Path
 
 SRC = str(Path(workflow.basedir) / "src")
-sys.path.insert(0, SRC)
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p)
+sys.path.insert(0, SRC)  # the rule scripts import the installed package (pip install -e .)
 
 from perfzoo.config import check_model_names
 from perfzoo.io import InputError
@@ -92,8 +90,10 @@ def check_slurm_requests():
 
 def check_requested_devices():
     """Targets naming a device that is not configured get the list of configured devices."""
-    for target in workflow.dag_settings.targets:
-        name = target.split("/")[2] if target.startswith(("results/traces/", "results/hardware/")) else None
+    settings = workflow.dag_settings
+    for target in settings.targets if settings is not None else ():
+        parts = Path(target).parts
+        name = parts[2] if len(parts) > 2 and parts[:2] in (("results", "traces"), ("results", "hardware")) else None
         for prefix in ("profile_", "trace_", "hardware_"):
             if target.startswith(prefix):
                 name = target[len(prefix) :]
@@ -130,16 +130,23 @@ def prediction_files(wildcards=None):
     )
 
 
-def report_tables():
-    from perfzoo.report import TABLES
+def ablation_split_files(wildcards=None):
+    """The splits the feature ablation is run on (those configured among random and leave-one-out)."""
+    wanted = [s for s in SPLITS if s in ("random", "leave_one_device_out", "leave_one_family_out")]
+    return expand("results/splits/{split}.parquet", split=wanted or SPLITS[:1])
 
-    return {name: f"results/report/tables/{name}.csv" for name in TABLES}
+
+def split_files(wildcards=None):
+    return expand("results/splits/{split}.parquet", split=SPLITS)
 
 
-def report_figures():
-    from perfzoo.report import FIGURES
-
-    return {name: f"results/report/figures/{name}.png" for name in FIGURES}
+def model_files(wildcards=None):
+    return expand(
+        "results/fit/{target}/{regressor}/{split}.models.json",
+        target=TARGETS,
+        regressor=REGRESSORS,
+        split=SPLITS,
+    )
 
 
 def all_targets(wildcards):

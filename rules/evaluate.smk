@@ -18,3 +18,25 @@ rule evaluate:
         "../envs/perfzoo.yaml"
     script:
         "../workflow/scripts/evaluate.py"
+
+
+rule ablation:
+    """Accuracy with model features only vs model + hardware features (seed 003 Table 6.6)."""
+    input:
+        pkg("fitting.py", "regressors.py", "dataset.py"),
+        dataset="results/dataset/dataset.parquet",
+        splits=ablation_split_files,
+    output:
+        "results/evaluate/ablation.parquet",
+    params:
+        targets=TARGETS,
+        regressors=config["fit"]["ablation_regressors"],
+    localrule: True
+    log:
+        "logs/evaluate/ablation.log",
+    benchmark:
+        "benchmarks/evaluate/ablation.tsv"
+    conda:
+        "../envs/perfzoo.yaml"
+    script:
+        "../workflow/scripts/ablation.py"

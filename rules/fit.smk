@@ -8,7 +8,7 @@ rule fit:
         predictions="results/fit/{target}/{regressor}/{split}.predictions.parquet",
         models="results/fit/{target}/{regressor}/{split}.models.json",
     params:
-        seed=config["fit"]["seed"],
+        grid_search_splits=config["fit"]["grid_search_splits"],
     threads: 1
     localrule: True
     log:

@@ -10,6 +10,9 @@ rule report:
         best="results/evaluate/best.parquet",
         predictions="results/evaluate/predictions.parquet",
         fits=prediction_files,
+        models=model_files,
+        splits=split_files,
+        ablation="results/evaluate/ablation.parquet",
     output:
         index="results/report/index.html",
         provenance="results/report/provenance.json",
@@ -24,6 +27,36 @@ rule report:
             caption="../report/best.rst",
             category="Accuracy",
             labels={"table": "best regressor"},
+        ),
+        comparison=report(
+            "results/report/tables/comparison.csv",
+            caption="../report/comparison.rst",
+            category="Accuracy",
+            labels={"table": "regressor comparison"},
+        ),
+        family_mape=report(
+            "results/report/tables/family_mape.csv",
+            caption="../report/family_mape.rst",
+            category="Accuracy",
+            labels={"table": "family MAPE"},
+        ),
+        family_rmse=report(
+            "results/report/tables/family_rmse.csv",
+            caption="../report/family_rmse.rst",
+            category="Accuracy",
+            labels={"table": "family RMSE"},
+        ),
+        ablation=report(
+            "results/report/tables/ablation.csv",
+            caption="../report/ablation.rst",
+            category="Accuracy",
+            labels={"table": "feature ablation"},
+        ),
+        feature_importance=report(
+            "results/report/tables/feature_importance.csv",
+            caption="../report/feature_importance.rst",
+            category="Accuracy",
+            labels={"table": "feature importance"},
         ),
         per_family=report(
             "results/report/tables/per_family.csv",
@@ -54,6 +87,24 @@ rule report:
             caption="../report/actual_vs_predicted.rst",
             category="Accuracy",
             labels={"figure": "actual vs predicted"},
+        ),
+        error_cdf=report(
+            "results/report/figures/error_cdf.png",
+            caption="../report/error_cdf.rst",
+            category="Accuracy",
+            labels={"figure": "error CDF"},
+        ),
+        feature_importance_fig=report(
+            "results/report/figures/feature_importance.png",
+            caption="../report/feature_importance_figure.rst",
+            category="Accuracy",
+            labels={"figure": "feature importance"},
+        ),
+        batch_extrapolation=report(
+            "results/report/figures/batch_extrapolation.png",
+            caption="../report/batch_extrapolation.rst",
+            category="Accuracy",
+            labels={"figure": "batch extrapolation"},
         ),
         latency_vs_batch=report(
             "results/report/figures/latency_vs_batch.png",

@@ -50,20 +50,37 @@ def load_traces(paths: list[str]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*TRACE_COLUMNS, "device"])
 
 
+RUN_ENERGY_COLUMNS = (
+    "mem_allocated_mb", "mem_reserved_mb", "nvml_mem_used_mb", "window_s", "window_iters",
+    "window_energy_counter_j", "window_energy_samples_j", "energy_disagreement", "power_source",
+    "sensor_errors", "energy_message",
+)
+"""Per-config columns of the energy window carried from the traces onto each run (when present)."""
+
+
 def aggregate_runs(traces: pd.DataFrame) -> pd.DataFrame:
-    """One row per (config, device, repeat): status, median latency with CI, CV, n, memory."""
+    """One row per (config, device, repeat, power limit): status, median latency with CI, CV, n, memory,
+    and the run's energy-window columns (NaN where the trace has none, e.g. on cpu)."""
+    traces = traces.copy()
+    if "power_limit_w" not in traces.columns:
+        traces["power_limit_w"] = math.nan
+    if "power_limit_swept" not in traces.columns:
+        traces["power_limit_swept"] = False
     rows = []
-    for (device, config_id, repeat), g in traces.groupby(["device", "config_id", "repeat"], sort=True):
+    keys = ["device", "config_id", "repeat", "power_limit_w"]
+    for (device, config_id, repeat, limit), g in traces.groupby(keys, sort=True, dropna=False):
         first = g.iloc[0]
         row = {"device": device, "config_id": config_id, "repeat": int(repeat), "model_id": first["model_id"],
                "mode": first["mode"], "batch": int(first["batch"]), "status": first["status"],
-               "message": first["message"], "trace_file": first["trace_file"]}
+               "message": first["message"], "trace_file": first["trace_file"],
+               "power_limit_w": float(limit), "power_limit_swept": bool(first["power_limit_swept"])}
         if first["status"] == "ok":
             times = g.sort_values("iter")["time_ms"].to_numpy()
             med, lo, hi = median_ci(times)
             row.update(latency_ms=med, latency_ci_lo=lo, latency_ci_hi=hi, cv=coefficient_of_variation(times),
                        n_iters=len(times), stop_reason=first["stop_reason"], peak_mem_mb=first["peak_mem_mb"],
                        throughput=first["batch"] / med * 1000)
+            row.update({c: first[c] for c in RUN_ENERGY_COLUMNS if c in g.columns})
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -71,7 +88,8 @@ def aggregate_runs(traces: pd.DataFrame) -> pd.DataFrame:
 def noise_floor(runs: pd.DataFrame) -> pd.DataFrame:
     """MAPE of the second independent measurement against the first, per device and target."""
     ok = runs[runs["status"] == "ok"]
-    pairs = ok[ok["repeat"] == 0].merge(ok[ok["repeat"] == 1], on=["device", "config_id"], suffixes=("", "_2"))
+    on = ["device", "config_id", *(["power_limit_w"] if "power_limit_w" in ok.columns else [])]
+    pairs = ok[ok["repeat"] == 0].merge(ok[ok["repeat"] == 1], on=on, suffixes=("", "_2"))
     rows = []
     for device, g in pairs.groupby("device"):
         for target in TARGETS:
@@ -86,25 +104,106 @@ def status_counts(runs: pd.DataFrame) -> pd.DataFrame:
     return counts.sort_values(["device", "status"]).reset_index(drop=True)
 
 
+J_PER_KWH = 3.6e6
+ENERGY_LABELS = ("mean_power_w", "energy_j", "energy_per_sample_j", "edp", "carbon_g", "carbon_per_sample_g")
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _energy_of_run(row: pd.Series, no_sensor: str | None, carbon_intensity: float) -> dict[str, Any]:
+    """Energy labels of one run: per batch, per sample, mean power, EDP, carbon; or NaN with the reason."""
+    nan = math.nan
+    out: dict[str, Any] = dict.fromkeys(ENERGY_LABELS, nan)
+    out.update(energy_source=None, energy_missing_reason="")
+    if no_sensor:
+        out["energy_missing_reason"] = no_sensor
+        return out
+    counter, samples = row.get("window_energy_counter_j", nan), row.get("window_energy_samples_j", nan)
+    window_s, iters = row.get("window_s", nan), row.get("window_iters", nan)
+    if _finite(counter):
+        window_j, out["energy_source"] = float(counter), "counter"
+    elif _finite(samples):
+        window_j, out["energy_source"] = float(samples), "samples"
+    else:
+        message = row.get("energy_message")
+        out["energy_missing_reason"] = (message if isinstance(message, str) and message
+                                        else "no energy window in the trace")
+        return out
+    if not (_finite(iters) and float(iters) > 0 and _finite(window_s) and float(window_s) > 0):
+        out.update(energy_source=None, energy_missing_reason="energy window without steps or duration")
+        return out
+    energy = window_j / float(iters)
+    out["mean_power_w"] = window_j / float(window_s)
+    out["energy_j"] = energy
+    out["energy_per_sample_j"] = energy / float(row["batch"])
+    out["edp"] = energy * float(row["latency_ms"]) / 1000.0
+    out["carbon_g"] = energy / J_PER_KWH * carbon_intensity
+    out["carbon_per_sample_g"] = out["carbon_g"] / float(row["batch"])
+    return out
+
+
 def energy_labels(labels: pd.DataFrame, hardware: dict[str, dict[str, Any]]) -> pd.DataFrame:
-    """Energy columns: missing (NaN) with the reason wherever the device has no sensor."""
+    """Energy labels per row, from the run's energy window, wherever the device has the sensor.
+
+    ``energy_j`` is the energy of one batch (one step): the window's energy (the NVML counter, else the
+    integrated samples, ``energy_source`` says which) divided by its steps; ``energy_per_sample_j`` =
+    energy_j / batch; ``mean_power_w`` = window energy / window duration; ``edp`` = energy_j · Δt with Δt
+    the median step time (J·s); ``carbon_g`` = energy_j × carbon intensity (g/kWh, the device config's
+    ``carbon_intensity_g_per_kwh`` as recorded in ``hardware/{device}.json``) in grams per batch. Where
+    the device has no sensor, or the reading failed, the labels are NaN and ``energy_missing_reason``
+    says why (never 0).
+    """
     labels = labels.copy()
-    for col in ("mean_power_w", "energy_j", "energy_per_sample_j", "edp"):
-        labels[col] = math.nan
-    labels["energy_missing_reason"] = labels["device"].map(
-        lambda d: hardware[d].get("energy_missing_reason") or "no sensor samples")
+    rows = []
+    for _, row in labels.iterrows():
+        hw = hardware.get(row["device"], {})
+        no_sensor = hw.get("energy_missing_reason") or (None if hw.get("energy_sensor") else "no sensor samples")
+        intensity = float(hw.get("carbon_intensity_g_per_kwh") or 400.0)
+        rows.append(_energy_of_run(row, no_sensor, intensity))
+    columns = [*ENERGY_LABELS, "energy_source", "energy_missing_reason"]
+    energy = pd.DataFrame(rows, index=labels.index, columns=columns)
+    for col in columns:
+        labels[col] = energy[col]
+    for col in ENERGY_LABELS:
+        labels[col] = labels[col].astype("float64")
+    labels["energy_source"] = labels["energy_source"].astype(object)
+    labels["energy_missing_reason"] = labels["energy_missing_reason"].astype(object)
     return labels
+
+
+def dataset_key(runs: pd.DataFrame) -> list[str]:
+    """Row key of the dataset: KEY, plus ``power_limit_w`` when a power-limit sweep ran on any device."""
+    swept = "power_limit_swept" in runs.columns and bool(runs["power_limit_swept"].fillna(False).any())
+    return [*KEY, "power_limit_w"] if swept else list(KEY)
+
+
+def _row_id(data: pd.DataFrame, key: list[str]) -> pd.Series:
+    parts = data[KEY].astype(str)
+    if "power_limit_w" in key:
+        limit = data["power_limit_w"].map(lambda w: f"{w:g}W" if _finite(w) else "-")
+        parts = parts.assign(power_limit_w=limit)
+    return parts.agg("|".join, axis=1)
 
 
 def build_dataset(
     manifest: pd.DataFrame, features: pd.DataFrame, trace_paths: list[str], hardware_paths: list[str],
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(dataset, noise floor, status counts) from the raw traces and the feature tables."""
+    """(dataset, noise floor, status counts) from the raw traces and the feature tables.
+
+    With a power-limit sweep the rows are unique per (model_id, device, mode, batch, power_limit_w), and
+    the limit is also a hardware feature (``hw_power_limit_w``; the limit in force, NaN on cpu).
+    """
     runs = aggregate_runs(load_traces(trace_paths))
     hardware = {Path(p).stem: read_json(p) for p in hardware_paths}
     unknown = sorted(set(runs["device"]) - set(hardware)) if len(runs) else []
     if unknown:
         raise InputError(f"traces for devices {unknown} have no hardware/<device>.json")
+    key = dataset_key(runs) if len(runs) else list(KEY)
     first = runs[(runs["repeat"] == 0) & (runs["status"] == "ok")].drop(columns=["repeat", "message", "status"])
     labels = energy_labels(first, hardware)
     hw = pd.DataFrame([{"device": d, **hardware_features(h)} for d, h in sorted(hardware.items())])
@@ -113,9 +212,14 @@ def build_dataset(
     data = (labels.merge(info, on="config_id", how="left")
             .merge(features[model_cols], on=["model_id", "mode", "batch"], how="left")
             .merge(hw, on="device", how="left"))
+    if "power_limit_w" in key:
+        data["hw_power_limit_w"] = data["power_limit_w"].astype("float64")
+    if len(data) and data.duplicated(key).any():
+        dup = data.loc[data.duplicated(key, keep=False), key].head(3).to_dict("records")
+        raise InputError(f"dataset rows are not unique per {key}, e.g. {dup} (traces measured twice?)")
     data["is_training"] = (data["mode"] == "training").astype(float)
     data = add_roofline_features(data)
-    data.insert(0, "row_id", data[KEY].astype(str).agg("|".join, axis=1))
+    data.insert(0, "row_id", _row_id(data, key) if len(data) else pd.Series(dtype=object))
     data = data.sort_values("row_id").reset_index(drop=True)
     return data, noise_floor(runs), status_counts(runs)
 

@@ -38,3 +38,31 @@ def best_per_target(metrics: pd.DataFrame) -> pd.DataFrame:
     """The lowest-MAPE regressor of every (target, split)."""
     idx = metrics.groupby(["target", "split"])["mape"].idxmin()
     return metrics.loc[idx].reset_index(drop=True)
+
+
+def comparison_table(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Regressor comparison per target in the layout of seed 003 Table 6.5: MAPE, RMSE, tau per split."""
+    if metrics.empty:
+        return pd.DataFrame()
+    wide = metrics.pivot_table(index=["target", "regressor"], columns="split",
+                               values=["mape", "rmse", "kendall_tau"], aggfunc="first")
+    wide.columns = [f"{split} {metric}" for metric, split in wide.columns]
+    ordered = sorted(wide.columns, key=lambda c: (c.split(" ")[0], ["mape", "rmse", "kendall_tau"].index(c.split(" ")[1])))
+    return wide[ordered].reset_index()
+
+
+def family_table(per_family: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Per-family errors in the layout of seed 003 Tables 5.2 (MAPE) / 5.3 (RMSE): families x regressors."""
+    if per_family.empty:
+        return pd.DataFrame()
+    wide = per_family.pivot_table(index=["target", "split", "family"], columns="regressor", values=metric,
+                                  aggfunc="first")
+    wide.columns = [str(c) for c in wide.columns]
+    return wide.reset_index()
+
+
+def error_quantiles(predictions: pd.DataFrame) -> pd.DataFrame:
+    """Absolute relative error per held-out prediction (for the error CDF)."""
+    rows = test_rows(predictions)
+    return rows.assign(abs_rel_error=(rows["y_pred"] - rows["y_true"]).abs() / rows["y_true"].abs())[
+        [*GROUP, "family", "abs_rel_error"]].reset_index(drop=True)

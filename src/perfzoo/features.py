@@ -561,7 +561,7 @@ def featurise_manifest(manifest: pd.DataFrame, num_classes: int, progress: bool 
         layers.append(table)
     columns = [*MODEL_COLUMNS, "feature_error"]
     model_table = pd.DataFrame(models, columns=columns).sort_values(["model_id", "mode", "batch"])
-    model_table["feature_error"] = model_table["feature_error"].fillna("")
+    model_table["feature_error"] = model_table["feature_error"].astype("object").fillna("")
     layers = [t for t in layers if t is not None]
     layer_table = pd.concat(layers, ignore_index=True) if layers else pd.DataFrame(columns=list(LAYER_COLUMNS))
     return model_table.reset_index(drop=True), layer_table

@@ -11,26 +11,47 @@ import pandas as pd
 
 from perfzoo.dataset import feature_columns, finite_target_rows
 from perfzoo.io import InputError, write_text
-from perfzoo.regressors import Regressor, make_regressor
+from perfzoo.regressors import REGISTRY, Regressor, make_regressor
+from perfzoo.stats import all_metrics
 
 MIN_TRAIN_ROWS = 3
+# Config names that are a registered regressor with preset parameters.
+PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "xgboost_grid": ("xgboost", {"search": True, "search_cv": 3}),
+}
+FEATURE_SETS = ("all", "model")
 ID_COLUMNS = ["row_id", "model_id", "device", "mode", "batch", "family", "label"]
 PREDICTION_COLUMNS = ["split", "fold", "set", *ID_COLUMNS, "target", "regressor", "y_true", "y_pred"]
 
 
-def regressor_inputs(data: pd.DataFrame) -> pd.DataFrame:
-    """What a regressor sees: the numeric feature columns plus identifying columns it may group by."""
-    return data[[*feature_columns(data), "device", "model_id", "mode"]]
+def regressor_inputs(data: pd.DataFrame, feature_set: str = "all") -> pd.DataFrame:
+    """What a regressor sees: the numeric feature columns plus identifying columns it may group by.
+
+    ``feature_set="model"`` keeps model features only (no hardware or roofline columns), for the
+    ablation of seed 003 Table 6.6.
+    """
+    columns = feature_columns(data)
+    if feature_set == "model":
+        columns = [c for c in columns if not c.startswith(("hw_", "roofline_"))]
+    return data[[*columns, "device", "model_id", "mode"]]
+
+
+def build_regressor(name: str, params: dict[str, Any] | None = None) -> Regressor:
+    """A fresh regressor for a config name (a registry name or a preset such as ``xgboost_grid``)."""
+    kind, preset = PRESETS.get(name, (name, {}))
+    return make_regressor(kind, **{**preset, **(params or {})})
 
 
 def fit_split(
     data: pd.DataFrame, split: pd.DataFrame, target: str, regressor: str, params: dict[str, Any] | None = None,
+    feature_set: str = "all",
 ) -> tuple[pd.DataFrame, dict[str, Regressor], dict[str, Any]]:
     """(predictions on val/test rows of every fold, fitted model per fold, notes on skipped folds)."""
     if target not in data.columns:
         raise InputError(f"dataset has no target column {target!r}")
     usable = finite_target_rows(data, target)
-    notes: dict[str, Any] = {"excluded_nonfinite_labels": int((~usable).sum()), "skipped_folds": {}}
+    notes: dict[str, Any] = {"excluded_nonfinite_labels": int((~usable).sum()), "usable_rows": int(usable.sum()),
+                             "skipped_folds": {}}
     data = data[usable].set_index("row_id", drop=False)
     predictions, models = [], {}
     for fold, rows in split.groupby("fold", sort=True):
@@ -40,9 +61,9 @@ def fit_split(
         if len(train) < MIN_TRAIN_ROWS or held.empty:
             notes["skipped_folds"][str(fold)] = f"{len(train)} training rows, {len(held)} held-out rows"
             continue
-        model = make_regressor(regressor, **(params or {})).fit(regressor_inputs(train), train[target])
+        model = build_regressor(regressor, params).fit(regressor_inputs(train, feature_set), train[target])
         test = data.loc[held["row_id"]]
-        pred = model.predict(regressor_inputs(test))
+        pred = model.predict(regressor_inputs(test, feature_set))
         predictions.append(test[ID_COLUMNS].assign(
             split=split["split"].iloc[0], fold=str(fold), set=held["set"].to_numpy(), target=target,
             regressor=regressor, y_true=test[target].to_numpy(dtype=float), y_pred=np.asarray(pred, float)))
@@ -50,6 +71,11 @@ def fit_split(
     frame = (pd.concat(predictions, ignore_index=True) if predictions
              else pd.DataFrame(columns=PREDICTION_COLUMNS))
     return frame[PREDICTION_COLUMNS], models, notes
+
+
+def skipped_fit(reason: str) -> tuple[pd.DataFrame, dict[str, Regressor], dict[str, Any]]:
+    """The outputs of a (target, regressor, split) cell that is not fitted, with the reason as a note."""
+    return pd.DataFrame(columns=PREDICTION_COLUMNS), {}, {"skipped_folds": {"all": reason}}
 
 
 def save_models(path: str | Path, models: dict[str, Regressor], meta: dict[str, Any]) -> None:
@@ -63,4 +89,24 @@ def load_models(path: str | Path) -> tuple[dict[str, Regressor], dict[str, Any]]
         doc = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise InputError(f"{path}: unreadable model file ({exc})") from None
-    return {f: Regressor.from_document(d, source=f"{path}:{f}") for f, d in doc["folds"].items()}, doc["meta"]
+    return {f: regressor_from_document(d, f"{path}:{f}") for f, d in doc["folds"].items()}, doc["meta"]
+
+
+def regressor_from_document(doc: dict[str, Any], source: str) -> Regressor:
+    """Rebuild a fitted regressor from its JSON document, dispatching on the stored kind."""
+    cls = REGISTRY.get(doc.get("kind", ""))
+    if cls is None:
+        raise InputError(f"{source}: unknown regressor kind {doc.get('kind')!r}")
+    return cls.from_document(doc, source=source)
+
+
+def ablation(data: pd.DataFrame, split: pd.DataFrame, target: str, regressor: str) -> pd.DataFrame:
+    """Held-out accuracy with model features only vs with hardware features too (seed 003 Table 6.6)."""
+    rows = []
+    for feature_set in FEATURE_SETS:
+        predictions, _, notes = fit_split(data, split, target, regressor, feature_set=feature_set)
+        test = predictions[predictions["set"] == "test"]
+        rows.append({"target": target, "regressor": regressor, "split": split["split"].iloc[0] if len(split) else "",
+                     "features": "model + hardware" if feature_set == "all" else "model only", "n": len(test),
+                     **all_metrics(test["y_true"].to_numpy(), test["y_pred"].to_numpy())})
+    return pd.DataFrame(rows)

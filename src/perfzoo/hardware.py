@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import os
 import platform
+import socket
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from perfzoo.io import InputError
 
 NO_ENERGY_SENSOR = "no energy sensor read on kind 'cpu' (RAPL is not used)"
+DEFAULT_CARBON_INTENSITY_G_PER_KWH = 400.0
 
 
 def cpu_model_name() -> str:
@@ -27,13 +31,82 @@ def total_memory_gb() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
 
 
-def check_device(device: str, device_cfg: dict[str, Any]) -> dict[str, Any]:
-    """Identify the hardware this job landed on; fail loudly if it is not what ``device`` declares."""
+def check_device(
+    device: str, device_cfg: dict[str, Any], *, nvml_lib: Any | None = None, backend: Any | None = None,
+) -> dict[str, Any]:
+    """Identify the hardware this job landed on; fail loudly if it is not what ``device`` declares.
+
+    ``nvml_lib`` and ``backend`` substitute the NVML and CUDA boundaries (kind cuda; tests).
+    """
     kind = device_cfg["kind"]
     if kind == "cpu":
         return {"kind": "cpu", "cpu_model": cpu_model_name(), "logical_cpus": os.cpu_count(),
                 "affinity_cpus": len(os.sched_getaffinity(0))}
+    if kind == "cuda":
+        return check_cuda_device(device, device_cfg, nvml_lib=nvml_lib, backend=backend)
     raise InputError(f"device {device}: kind {kind!r} is not supported on this node")
+
+
+def check_cuda_device(
+    device: str, device_cfg: dict[str, Any], *, nvml_lib: Any | None = None, backend: Any | None = None,
+) -> dict[str, Any]:
+    """Identity of the GPU of a cuda device, after checking that NVML and CUDA see it and its name matches.
+
+    Raises InputError (one line naming the device, its configured gpu_name and the host) when NVML or
+    CUDA is unavailable, and naming both names when the GPU is not the configured one. The returned
+    identity (GPU name, UUID, driver, CUDA and torch versions, power-limit range, the NVML index matched
+    to the CUDA device by UUID) goes into the run metadata.
+    """
+    from perfzoo.profiling import nvml
+    from perfzoo.profiling.cuda import cuda_facts, nvml_index_for
+
+    host = socket.gethostname()
+    gpu_name = device_cfg.get("gpu_name") or ""
+    index = int(device_cfg.get("gpu_index", 0))
+
+    def unavailable(reason: str) -> InputError:
+        text = " ".join(reason.split())
+        return InputError(f"device '{device}' (kind cuda, gpu_name '{gpu_name}', gpu_index {index}) cannot be "
+                          f"profiled on host '{host}': {text}")
+
+    if not gpu_name:
+        raise InputError(f"device '{device}': kind cuda needs 'gpu_name' in its config entry")
+    if nvml_lib is None:
+        ok, reason = nvml.nvml_available()
+        if not ok:
+            raise unavailable(reason)
+    facts = cuda_facts(index, backend)
+    if not facts.get("available"):
+        raise unavailable(f"CUDA is unavailable: {facts.get('reason', 'unknown reason')}")
+    try:
+        probe = nvml.open_device(0, lib=nvml_lib)
+    except (ImportError, nvml.NvmlError) as exc:
+        raise unavailable(f"NVML could not be opened: {exc}") from None
+    try:
+        nvml_index, how = nvml_index_for(probe.lib, facts.get("uuid"), index)
+        gpu = nvml.GpuHandle(lib=probe.lib, handle=probe.lib.handle(nvml_index), index=nvml_index)
+        identity = nvml.device_identity(gpu)
+        counter_mj, counter_reason = nvml.read_energy_counter_mj(gpu)
+        identity["energy_counter_supported"] = math.isfinite(counter_mj)
+        if counter_reason:
+            identity["missing"]["energy_counter"] = counter_reason
+    except nvml.NvmlError as exc:
+        raise unavailable(f"NVML could not read GPU {index}: {exc}") from None
+    finally:
+        probe.close()
+    actual = identity.get("name") or facts.get("name")
+    if not actual:
+        raise unavailable("neither NVML nor CUDA reports the GPU's name")
+    nvml.check_gpu_name(str(actual), gpu_name, device)
+    identity.update(
+        kind="cuda", host=host, gpu_index=index, nvml_index=nvml_index, nvml_index_source=how,
+        gpu_name_pattern=gpu_name, cuda_device_name=facts.get("name"), cuda_uuid=facts.get("uuid"),
+        compute_capability=facts.get("compute_capability"), sm_count=facts.get("sm_count"),
+        cuda_total_memory_mb=facts.get("total_memory_mb"), torch_version=facts.get("torch_version"),
+        torch_cuda_version=facts.get("torch_cuda_version"), cudnn_version=facts.get("cudnn_version"),
+        cuda_visible_devices=facts.get("cuda_visible_devices"),
+    )
+    return identity
 
 
 def _best_seconds(fn: Any, repeats: int) -> float:
@@ -82,16 +155,108 @@ def cpu_hardware(device: str, device_cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def describe_device(device: str, device_cfg: dict[str, Any]) -> dict[str, Any]:
+def _cost_fields(device_cfg: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "carbon_intensity_g_per_kwh": float(device_cfg.get("carbon_intensity_g_per_kwh",
+                                                           DEFAULT_CARBON_INTENSITY_G_PER_KWH)),
+        "price_per_hour": device_cfg.get("price_per_hour"),
+    }
+
+
+def _spec_row(device: str, device_cfg: dict[str, Any], nvml_name: str) -> tuple[dict[str, Any] | None, str]:
+    """Spec-table row from the configured ``spec`` (must exist) or the NVML name (missing with a reason)."""
+    from perfzoo.hardware_specs import lookup_gpu
+
+    configured = device_cfg.get("spec")
+    try:
+        return lookup_gpu(configured or nvml_name), ""
+    except InputError as exc:
+        if configured:
+            raise InputError(f"device '{device}': spec '{configured}': {exc}") from None
+        return None, str(exc)
+
+
+def _mig_profiles(name: str) -> tuple[list[dict[str, Any]], str]:
+    from perfzoo.mig import mig_profiles
+
+    try:
+        return [asdict(p) for p in mig_profiles(name)], ""
+    except InputError as exc:
+        return [], str(exc)
+
+
+def cuda_hardware(
+    device: str, device_cfg: dict[str, Any], *, nvml_lib: Any | None = None, backend: Any | None = None,
+    gemm_n: int = 8192, copy_mb: int = 1024, repeats: int = 10,
+) -> dict[str, Any]:
+    """Hardware description of a cuda device: spec-table row, measured GEMM TFLOP/s per dtype (CUDA events),
+    device-to-device copy GB/s, memory, SM count, MIG profiles, identity."""
+    from perfzoo.profiling.cuda import gemm_support, measure_copy_gbs, measure_gemm_tflops
+
+    identity = check_device(device, device_cfg, nvml_lib=nvml_lib, backend=backend)
+    index = int(device_cfg.get("gpu_index", 0))
+    if backend is not None:
+        backend.set_device(index)
+    else:
+        import torch
+
+        torch.cuda.set_device(index)
+    name = identity.get("name") or identity.get("cuda_device_name") or ""
+    spec, spec_reason = _spec_row(device, device_cfg, name)
+    support = gemm_support(identity)
+    tflops = {dt: (measure_gemm_tflops(dt, index, backend, n=gemm_n, repeats=repeats) if not why else None)
+              for dt, why in support.items()}
+    memory_mb = identity.get("memory_total_mb") or identity.get("cuda_total_memory_mb")
+    mig, mig_reason = _mig_profiles(name)
+    if not mig and spec:
+        mig, mig_reason = _mig_profiles(spec["name"])
+    return {
+        "device": device,
+        "kind": "cuda",
+        "name": name,
+        "identity": identity,
+        "memory_gb": round(float(memory_mb) / 1024, 2) if memory_mb else None,
+        "sm_count": identity.get("sm_count"),
+        "compute_capability": identity.get("compute_capability"),
+        "measured_gemm_tflops": tflops,
+        "gemm_unsupported": {dt: why for dt, why in support.items() if why},
+        "gemm_n": gemm_n,
+        "measured_gemm_gflops_fp32": tflops["fp32"] * 1000.0,
+        "measured_copy_gbs": measure_copy_gbs(index, backend, megabytes=copy_mb, repeats=repeats),
+        "spec": spec,
+        "spec_missing_reason": spec_reason,
+        "mig_profiles": mig,
+        "mig_missing_reason": mig_reason,
+        "power_limit_min_w": identity.get("power_limit_min_w"),
+        "power_limit_max_w": identity.get("power_limit_max_w"),
+        "power_limit_w": identity.get("power_limit_w"),
+        "energy_sensor": "nvml",
+        "energy_counter_supported": identity.get("energy_counter_supported", False),
+        "energy_missing_reason": None,
+        **_cost_fields(device_cfg),
+    }
+
+
+def describe_device(
+    device: str, device_cfg: dict[str, Any], *, nvml_lib: Any | None = None, backend: Any | None = None,
+) -> dict[str, Any]:
+    """The ``hardware/{device}.json`` record (cpu: measured GEMM and copy; cuda: :func:`cuda_hardware`)."""
+    if device_cfg["kind"] == "cuda":
+        return cuda_hardware(device, device_cfg, nvml_lib=nvml_lib, backend=backend)
     check_device(device, device_cfg)
-    return cpu_hardware(device, device_cfg)
+    return {**cpu_hardware(device, device_cfg), **_cost_fields(device_cfg)}
 
 
 def hardware_features(hw: dict[str, Any]) -> dict[str, float]:
-    """The numeric ``hw_*`` feature columns joined onto every dataset row of the device."""
+    """The numeric ``hw_*`` feature columns joined onto every dataset row of the device.
+
+    cpu: measured fp32 GEMM, measured copy, cores used, memory; cuda: measured fp32 GEMM (CUDA events),
+    measured device-to-device copy, SM count, GPU memory.
+    """
+    cores = hw.get("cores_used") if hw.get("kind", "cpu") == "cpu" else hw.get("sm_count")
     return {
         "hw_peak_gflops": float(hw["measured_gemm_gflops_fp32"]),
         "hw_mem_bw_gbs": float(hw["measured_copy_gbs"]),
-        "hw_cores": float(hw.get("cores_used", 0) or hw.get("sm_count", 0)),
+        "hw_cores": float(cores or hw.get("cores_used", 0) or hw.get("sm_count", 0) or 0),
         "hw_mem_gb": float(hw["memory_gb"]),
     }

@@ -16,12 +16,23 @@ import pandas as pd  # noqa: E402
 
 from perfzoo.io import atomic_path, write_text  # noqa: E402
 
-TABLES = ("metrics", "best", "per_family", "noise_floor", "status_counts")
-FIGURES = ("per_family_mape", "actual_vs_predicted", "latency_vs_batch", "cv_distribution")
+TABLES = ("metrics", "best", "comparison", "family_mape", "family_rmse", "ablation", "feature_importance",
+          "per_family", "noise_floor", "status_counts")
+FIGURES = ("per_family_mape", "actual_vs_predicted", "error_cdf", "feature_importance", "batch_extrapolation",
+           "latency_vs_batch", "cv_distribution")
 CAPTIONS = {
     "metrics": "Accuracy of every regressor on every split's held-out test rows, with the measurement "
                "noise floor (MAPE of an independent repeat measurement) beside each target.",
     "best": "The lowest-MAPE regressor per target and split.",
+    "comparison": "Regressor comparison per target (layout of seed 003 Table 6.5): MAPE [%], RMSE and Kendall "
+                  "tau on held-out rows, one column group per split.",
+    "family_mape": "MAPE [%] per family and regressor (layout of seed 003 Table 5.2).",
+    "family_rmse": "RMSE per family and regressor (layout of seed 003 Table 5.3).",
+    "ablation": "Feature ablation (seed 003 Table 6.6): model features only vs model + hardware features.",
+    "feature_importance": "Feature importance of the tree models (mean over folds of the first split), top 10.",
+    "error_cdf": "Cumulative distribution of the absolute relative error per regressor (held-out rows).",
+    "batch_extrapolation": "Batch-size extrapolation (seed 004): trained on small batches, predicted for larger "
+                           "ones, beside the measured curve.",
     "per_family": "MAPE and RMSE per model family on the held-out rows.",
     "noise_floor": "Measurement noise floor: MAPE of the second independent measurement against the first.",
     "status_counts": "Profiled configs per device and status (ok, oom, error, timeout).",
@@ -110,6 +121,70 @@ def plot_cv_distribution(data: pd.DataFrame, path: Path, prov: str) -> None:
     save_figure(fig, path, prov)
 
 
+def plot_error_cdf(errors: pd.DataFrame, path: Path, prov: str) -> None:
+    panels = sorted(errors.groupby(["target", "split"]).groups) if len(errors) else []
+    n = max(len(panels), 1)
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), squeeze=False)
+    for ax, (target, split) in zip(axes[0], panels, strict=False):
+        g = errors[(errors["target"] == target) & (errors["split"] == split)]
+        for regressor, r in g.groupby("regressor"):
+            e = np.sort(r["abs_rel_error"].to_numpy() * 100)
+            ax.step(e, np.arange(1, len(e) + 1) / len(e), where="post", label=regressor)
+        ax.axvline(10, color="0.6", lw=0.8, ls="--")
+        ax.set_xscale("log")
+        ax.set_xlabel("absolute relative error [%]")
+        ax.set_ylabel("share of predictions")
+        ax.set_title(f"{target} · {split}", fontsize=9)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    save_figure(fig, path, prov)
+
+
+def plot_feature_importance(importance: pd.DataFrame, path: Path, prov: str) -> None:
+    panels = sorted(importance.groupby(["target", "regressor"]).groups) if len(importance) else []
+    n = max(len(panels), 1)
+    cols = min(n, 3)
+    rows = int(np.ceil(n / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.2 * rows), squeeze=False)
+    for ax, (target, regressor) in zip(axes.ravel(), panels, strict=False):
+        g = importance[(importance["target"] == target) & (importance["regressor"] == regressor)]
+        g = g.sort_values("importance")
+        ax.barh(g["feature"], g["importance"])
+        ax.set_title(f"{target} · {regressor}", fontsize=9)
+        ax.tick_params(labelsize=7)
+    for ax in axes.ravel()[len(panels):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    save_figure(fig, path, prov)
+
+
+def plot_batch_extrapolation(predictions: pd.DataFrame, data: pd.DataFrame, path: Path, prov: str) -> None:
+    held = predictions[(predictions["split"] == "batch_extrapolation") & (predictions["set"] == "test")
+                       & (predictions["target"] == "latency_ms")]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    if held.empty:
+        ax.text(0.5, 0.5, "split batch_extrapolation not configured or not formable", ha="center", va="center")
+        ax.set_axis_off()
+    series = held[["model_id", "mode", "device", "label"]].drop_duplicates().head(6).to_dict("records")
+    for i, s in enumerate(series):
+        color = f"C{i}"
+        measured = data[(data["model_id"] == s["model_id"]) & (data["mode"] == s["mode"])
+                        & (data["device"] == s["device"])].sort_values("batch")
+        ax.plot(measured["batch"], measured["latency_ms"], "o-", color=color, label=f"{s['label']} {s['mode'][:5]}")
+        p = held[(held["model_id"] == s["model_id"]) & (held["mode"] == s["mode"]) & (held["device"] == s["device"])]
+        for marker, (regressor, r) in zip("x+^v", p.groupby("regressor"), strict=False):
+            ax.scatter(r["batch"], r["y_pred"], marker=marker, color=color, s=40,
+                       label=f"  {regressor}" if i == 0 else None)
+    if series:
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch")
+        ax.set_ylabel("latency [ms]")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    save_figure(fig, path, prov)
+
+
 def _table_html(df: pd.DataFrame) -> str:
     return df.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="–", border=0, classes="t")
 
@@ -147,17 +222,24 @@ def _short(inputs: dict[str, str]) -> str:
 def build_report(
     out_dir: Path, data: pd.DataFrame, predictions: pd.DataFrame, metrics: pd.DataFrame,
     per_family: pd.DataFrame, best: pd.DataFrame, noise: pd.DataFrame, statuses: pd.DataFrame,
-    notes: list[str], prov: dict[str, Any],
+    ablation: pd.DataFrame, importance: pd.DataFrame, notes: list[str], prov: dict[str, Any],
 ) -> None:
     """Write tables/*.csv, figures/*.png, provenance.json and index.html under ``out_dir``."""
-    tables = {"metrics": metrics, "best": best, "per_family": per_family, "noise_floor": noise,
-              "status_counts": statuses}
+    from perfzoo.evaluate import comparison_table, error_quantiles, family_table
+
+    tables = {"metrics": metrics, "best": best, "comparison": comparison_table(metrics),
+              "family_mape": family_table(per_family, "mape"), "family_rmse": family_table(per_family, "rmse"),
+              "ablation": ablation, "feature_importance": importance, "per_family": per_family,
+              "noise_floor": noise, "status_counts": statuses}
     for name, df in tables.items():
         write_text(out_dir / "tables" / f"{name}.csv", df.to_csv(index=False, float_format="%.6g"))
     line = f"perfzoo {prov['code_version']}"
     figures = out_dir / "figures"
     plot_per_family_mape(per_family, figures / "per_family_mape.png", line)
     plot_actual_vs_predicted(predictions, best, figures / "actual_vs_predicted.png", line)
+    plot_error_cdf(error_quantiles(predictions), figures / "error_cdf.png", line)
+    plot_feature_importance(importance, figures / "feature_importance.png", line)
+    plot_batch_extrapolation(predictions, data, figures / "batch_extrapolation.png", line)
     plot_latency_vs_batch(data, figures / "latency_vs_batch.png", line)
     plot_cv_distribution(data, figures / "cv_distribution.png", line)
     write_text(out_dir / "provenance.json", json.dumps(prov, indent=2, sort_keys=True) + "\n")
@@ -166,6 +248,9 @@ def build_report(
 
 SOURCES = {
     "metrics": ("metrics", "noise"), "best": ("best",), "per_family": ("per_family",), "noise_floor": ("noise",),
+    "comparison": ("metrics",), "family_mape": ("per_family",), "family_rmse": ("per_family",),
+    "ablation": ("ablation",), "feature_importance": ("models",), "error_cdf": ("predictions",),
+    "batch_extrapolation": ("predictions", "dataset"),
     "status_counts": ("statuses",), "per_family_mape": ("per_family",),
     "actual_vs_predicted": ("predictions", "best"), "latency_vs_batch": ("dataset",),
     "cv_distribution": ("dataset",),
@@ -176,7 +261,11 @@ def report_provenance(inputs: Any, config_subset: dict[str, Any]) -> dict[str, A
     """Per table and figure: the sha256 of the files it was computed from; plus code and packages."""
     from perfzoo.provenance import code_version, package_versions, sha256_file
 
-    hashes = {name: {str(getattr(inputs, name)): sha256_file(getattr(inputs, name))}
+    def files(name: str) -> list[str]:
+        value = getattr(inputs, name)
+        return [value] if isinstance(value, str) else list(value)
+
+    hashes = {name: {str(p): sha256_file(p) for p in files(name)}
               for name in {n for names in SOURCES.values() for n in names}}
 
     def merged(names: tuple[str, ...]) -> dict[str, str]:
@@ -186,12 +275,15 @@ def report_provenance(inputs: Any, config_subset: dict[str, Any]) -> dict[str, A
             "tables": {t: merged(SOURCES[t]) for t in TABLES}, "figures": {f: merged(SOURCES[f]) for f in FIGURES}}
 
 
-def report_notes(statuses: pd.DataFrame, prediction_files: list[str]) -> list[str]:
-    """Visible notes: failed configs, excluded labels and folds skipped for lack of rows."""
+def report_notes(statuses: pd.DataFrame, prediction_files: list[str], split_files: list[str] = ()) -> list[str]:
+    """Visible notes: failed configs, splits that cannot be formed, excluded labels, skipped folds."""
     from perfzoo.provenance import read_provenance
 
     notes = [f"{int(r.configs)} config(s) on {r.device} ended with status {r.status}"
              for r in statuses.itertuples() if r.status != "ok"]
+    for path in sorted(split_files):
+        split = read_provenance(path).get("config", {})
+        notes += [f"split {split.get('scheme')}: {note}" for note in split.get("notes", [])]
     for path in sorted(prediction_files):
         fit = read_provenance(path).get("config", {})
         info = fit.get("notes", {})
@@ -201,3 +293,27 @@ def report_notes(statuses: pd.DataFrame, prediction_files: list[str]) -> list[st
         for fold, why in sorted(info.get("skipped_folds", {}).items()):
             notes.append(f"{where}: fold {fold} skipped ({why})")
     return notes
+
+
+def importance_table(model_files: list[str], top: int = 10) -> pd.DataFrame:
+    """Mean feature importance over the folds of each tree model of the first split, top ``top``."""
+    from perfzoo.fitting import load_models
+    from perfzoo.regressors import feature_importances
+
+    rows = []
+    for path in sorted(model_files):
+        models, meta = load_models(path)
+        fit = meta.get("config", {})
+        if fit.get("regressor") not in ("random_forest", "extra_trees", "xgboost", "xgboost_grid"):
+            continue
+        series = [s for s in (feature_importances(m) for m in models.values()) if s is not None]
+        if not series:
+            continue
+        mean = pd.concat(series, axis=1).fillna(0).mean(axis=1).sort_values(ascending=False).head(top)
+        rows += [{"target": fit["target"], "regressor": fit["regressor"], "split": fit["split"], "feature": f,
+                  "importance": float(v)} for f, v in mean.items()]
+    table = pd.DataFrame(rows, columns=["target", "regressor", "split", "feature", "importance"])
+    if table.empty:
+        return table
+    first_split = sorted(table["split"].unique())[0]
+    return table[table["split"] == first_split].reset_index(drop=True)

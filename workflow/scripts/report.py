@@ -2,18 +2,17 @@
 from pathlib import Path
 
 from perfzoo.io import read_parquet
-from perfzoo.report import build_report, report_notes, report_provenance
+from perfzoo.report import build_report, importance_table, report_notes, report_provenance
 from perfzoo.workflow import run_step
 
 
 def main() -> None:
     i = snakemake.input
-    tables = {name: read_parquet(getattr(i, name)) for name in
-              ("dataset", "predictions", "metrics", "per_family", "best", "noise", "statuses")}
-    prov = report_provenance(i, snakemake.params.config_subset)
-    build_report(Path(snakemake.output.index).parent, tables["dataset"], tables["predictions"], tables["metrics"],
-                 tables["per_family"], tables["best"], tables["noise"], tables["statuses"],
-                 report_notes(tables["statuses"], list(i.fits)), prov)
+    t = {name: read_parquet(getattr(i, name)) for name in
+         ("dataset", "predictions", "metrics", "per_family", "best", "noise", "statuses", "ablation")}
+    build_report(Path(snakemake.output.index).parent, t["dataset"], t["predictions"], t["metrics"], t["per_family"],
+                 t["best"], t["noise"], t["statuses"], t["ablation"], importance_table(list(i.models)),
+                 report_notes(t["statuses"], list(i.fits), list(i.splits)), report_provenance(i, snakemake.params.config_subset))
 
 
 run_step(snakemake, main)

@@ -99,15 +99,24 @@ def should_stop(times_ms: list[float], started_ns: int, settings: dict[str, Any]
     return ""
 
 
-def time_cpu_iterations(step: Callable[[], None], settings: dict[str, Any]) -> tuple[list[float], str]:
-    """Wall-clock (perf_counter_ns) per iteration until should_stop says so."""
+def time_iterations(timed_step: Callable[[], float], settings: dict[str, Any]) -> tuple[list[float], str]:
+    """Call ``timed_step`` (one iteration, returning its time in ms) until should_stop says so."""
     times: list[float] = []
     started = time.perf_counter_ns()
     while not (reason := should_stop(times, started, settings)):
+        times.append(float(timed_step()))
+    return times, reason
+
+
+def time_cpu_iterations(step: Callable[[], None], settings: dict[str, Any]) -> tuple[list[float], str]:
+    """Wall-clock (perf_counter_ns) per iteration until should_stop says so."""
+
+    def timed() -> float:
         t0 = time.perf_counter_ns()
         step()
-        times.append((time.perf_counter_ns() - t0) / 1e6)
-    return times, reason
+        return (time.perf_counter_ns() - t0) / 1e6
+
+    return time_iterations(timed, settings)
 
 
 def measure_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Measurement:
@@ -131,4 +140,10 @@ def measure_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Measuremen
                        {"threads": torch.get_num_threads()})
 
 
-MEASURE: dict[str, Callable[[dict[str, Any], dict[str, Any]], Measurement]] = {"cpu": measure_on_cpu}
+from perfzoo.profiling.cuda import measure_on_cuda  # noqa: E402 - cuda.py imports this module lazily
+
+MEASURE: dict[str, Callable[[dict[str, Any], dict[str, Any]], Measurement]] = {
+    "cpu": measure_on_cpu,
+    "cuda": measure_on_cuda,
+}
+"""Measurement function per device kind (what an isolated worker runs)."""

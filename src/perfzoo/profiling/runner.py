@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,27 +17,48 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
+from perfzoo.io import InputError
 from perfzoo.profiling.worker import Outcome, run_isolated
 
 TRACE_COLUMNS = [
     "model_id", "config_id", "mode", "batch", "repeat", "iter", "time_ms", "status", "message",
     "peak_mem_mb", "n_warmup", "stop_reason", "threads",
 ]
+"""Columns every trace file has (what the dataset stage requires)."""
+ENERGY_TRACE_COLUMNS = [
+    "power_limit_w", "power_limit_swept", "mem_allocated_mb", "mem_reserved_mb", "nvml_mem_used_mb",
+    "window_s", "window_iters", "window_energy_counter_j", "window_energy_samples_j", "energy_disagreement",
+    "power_source", "sensor_errors", "energy_message",
+]
+"""Per-config power, memory and energy-window columns written after :data:`TRACE_COLUMNS` (NaN on cpu).
+
+``power_limit_w`` is the limit a sweep set (``power_limit_swept`` True), else the limit in force read by
+the worker (NaN on cpu); ``window_energy_*_j`` are the energies of the whole energy window of
+``window_iters`` steps lasting ``window_s`` (counter, and integrated samples); ``energy_disagreement`` is
+(samples - counter) / counter; ``energy_message`` says why an energy is NaN.
+"""
 SENSOR_COLUMNS = [
     "model_id", "mode", "batch", "repeat", "t_ns", "power_w", "gpu_util", "mem_util", "sm_clock_mhz",
     "mem_clock_mhz", "temp_c", "mem_used_mb", "power_limit_w",
 ]
 STATUSES = ("ok", "oom", "error", "timeout")
+_FLOAT_ENERGY_COLUMNS = [c for c in ENERGY_TRACE_COLUMNS
+                         if c not in ("power_limit_swept", "power_source", "energy_message")]
 
 
 @dataclass(frozen=True)
 class Task:
+    """One measurement: a config, its repetition and (in a power-limit sweep) the limit set for it."""
+
     config: dict[str, Any]
     repeat: int
+    power_limit_w: float | None = None
 
     @property
     def key(self) -> str:
-        return f"{self.config['config_id']}/{self.repeat}"
+        """Journal key: ``config_id/repeat``, plus ``/<limit>W`` in a sweep."""
+        base = f"{self.config['config_id']}/{self.repeat}"
+        return base if self.power_limit_w is None else f"{base}/{self.power_limit_w:g}W"
 
 
 def is_repeated(config_id: str, repeat_every: int) -> bool:
@@ -49,6 +72,20 @@ def plan_tasks(configs: pd.DataFrame, repeat_every: int) -> list[Task]:
     first = [Task(r, 0) for r in rows]
     second = [Task(r, 1) for r in rows if is_repeated(r["config_id"], repeat_every)]
     return first + second
+
+
+def plan_sweep_tasks(configs: pd.DataFrame, orders: list[list[float]]) -> list[Task]:
+    """Tasks of a power-limit sweep: per repetition, per limit in that repetition's order, every config."""
+    rows = configs.to_dict("records")
+    return [Task(r, repetition, float(limit)) for repetition, order in enumerate(orders)
+            for limit in order for r in rows]
+
+
+def sweep_seed(device: str, configs: pd.DataFrame) -> int:
+    """Seed of a shard's sweep orders: stable for (device, shard configs), so a resumed job replays them."""
+    from perfzoo.zoo import stable_id
+
+    return int(stable_id({"device": device, "configs": sorted(configs["config_id"])})[:8], 16)
 
 
 class Journal:
@@ -98,23 +135,33 @@ def fingerprint(device: str, settings: dict[str, Any], configs: pd.DataFrame) ->
 def outcome_rows(task: Task, outcome: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Trace rows of one task: one per measured iteration, or one status row when it failed."""
     c = task.config
+    swept = task.power_limit_w is not None
     base = {"model_id": c["model_id"], "config_id": c["config_id"], "mode": c["mode"], "batch": c["batch"],
-            "repeat": task.repeat, "status": outcome["status"], "message": outcome["message"]}
+            "repeat": task.repeat, "status": outcome["status"], "message": outcome["message"],
+            "power_limit_w": task.power_limit_w if swept else math.nan, "power_limit_swept": swept}
     m = outcome.get("measurement")
     if outcome["status"] != "ok" or not m:
         yield {**base, "iter": 0, "time_ms": float("nan")}
         return
+    extra = m.get("extra") or {}
     per_config = {"peak_mem_mb": m["peak_mem_mb"], "n_warmup": m["n_warmup"],
-                  "stop_reason": m["stop_reason"], "threads": m["extra"].get("threads")}
+                  "stop_reason": m["stop_reason"], "threads": extra.get("threads")}
+    per_config.update({k: extra[k] for k in ENERGY_TRACE_COLUMNS if k in extra and k != "power_limit_swept"})
+    if swept:
+        per_config["power_limit_w"] = task.power_limit_w  # the key; the limit read back is in the sensors
     for i, t in enumerate(m["times_ms"]):
         yield {**base, **per_config, "iter": i, "time_ms": t}
 
 
 def traces_frame(tasks: list[Task], done: dict[str, dict[str, Any]]) -> pd.DataFrame:
     rows = [row for task in tasks for row in outcome_rows(task, done[task.key])]
-    df = pd.DataFrame(rows, columns=TRACE_COLUMNS)
+    df = pd.DataFrame(rows, columns=[*TRACE_COLUMNS, *ENERGY_TRACE_COLUMNS])
+    df["power_limit_swept"] = df["power_limit_swept"].astype(object).fillna(False).astype(bool)
+    df["power_source"] = df["power_source"].astype(object)
+    df["energy_message"] = df["energy_message"].astype(object).fillna("")
     return df.astype({"batch": "int64", "repeat": "int64", "iter": "int64", "time_ms": "float64",
-                      "peak_mem_mb": "float64", "n_warmup": "float64", "threads": "float64"})
+                      "peak_mem_mb": "float64", "n_warmup": "float64", "threads": "float64",
+                      **{c: "float64" for c in _FLOAT_ENERGY_COLUMNS}})
 
 
 def sensors_frame(tasks: list[Task], done: dict[str, dict[str, Any]]) -> pd.DataFrame:
@@ -126,40 +173,170 @@ def sensors_frame(tasks: list[Task], done: dict[str, dict[str, Any]]) -> pd.Data
                 model_id=task.config["model_id"], mode=task.config["mode"], batch=task.config["batch"],
                 repeat=task.repeat))
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=SENSOR_COLUMNS)
-    return df.reindex(columns=SENSOR_COLUMNS).astype({c: "float64" for c in SENSOR_COLUMNS[4:]})
+    df = df.reindex(columns=SENSOR_COLUMNS)
+    return df.astype({"batch": "int64", "repeat": "int64", "t_ns": "int64",
+                      **{c: "float64" for c in SENSOR_COLUMNS[5:]}})
+
+
+def _measurement_settings(device_cfg: dict[str, Any]) -> dict[str, Any]:
+    """What the device entry contributes to how a cuda config is measured (part of the fingerprint)."""
+    return {
+        "gpu_index": int(device_cfg.get("gpu_index", 0)),
+        "sample_hz": float(device_cfg.get("sample_hz", 50.0)),
+        "min_window_s": float(device_cfg.get("min_window_s", 2.0)),
+        "power_limits_w": [float(x) for x in device_cfg.get("power_limits_w") or []],
+        "sweep_repetitions": int(device_cfg.get("sweep_repetitions", 1)),
+        "cooldown_band_c": device_cfg.get("cooldown_band_c"),
+    }
 
 
 def profile_shard(
     configs: pd.DataFrame, device: str, device_cfg: dict[str, Any], settings: dict[str, Any],
-    journal_path: Path, progress: bool = True,
+    journal_path: Path, progress: bool = True, *, nvml_lib: Any | None = None, cuda_backend: Any | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
-    """Measure every task of the shard not already in the journal; return traces, sensors, metadata."""
+    """Measure every task of the shard not already in the journal; return traces, sensors, metadata.
+
+    kind cuda: the device is checked (NVML, CUDA, GPU name) and any power limits validated against the
+    GPU's allowed range before anything is measured; a power-limit sweep is run here, in the parent
+    (:class:`~perfzoo.profiling.nvml.PowerLimitSweep`: the original limit is restored on every exit path,
+    SIGTERM included), with a fresh seeded order of limits per repetition; between configs the GPU cools
+    down (:func:`~perfzoo.profiling.nvml.cooldown`). ``nvml_lib`` and ``cuda_backend`` substitute the NVML
+    and CUDA boundaries (tests).
+    """
     from perfzoo.hardware import check_device
 
-    identity = check_device(device, device_cfg)
+    kind = device_cfg["kind"]
+    identity = (check_device(device, device_cfg, nvml_lib=nvml_lib, backend=cuda_backend) if kind == "cuda"
+                else check_device(device, device_cfg))
     started = time.time()
-    tasks = plan_tasks(configs, settings["repeat_every"])
-    journal = Journal(journal_path, fingerprint(device, settings, configs))
-    done = journal.load()
-    resumed = sum(1 for t in tasks if t.key in done)
-    todo = [t for t in tasks if t.key not in done]
-    for task in tqdm(todo, desc=f"profile {device}/{configs['shard'].iloc[0] if len(configs) else '-'}",
-                     disable=not progress, file=sys.stderr, mininterval=1):
-        outcome = run_isolated(device_cfg["kind"], task.config, settings)
-        entry = {"key": task.key, **_outcome_dict(outcome)}
-        journal.append(entry)
-        done[task.key] = entry
-        if settings.get("cooldown_s"):
-            time.sleep(settings["cooldown_s"])
+    shard = configs["shard"].iloc[0] if "shard" in configs and len(configs) else "-"
+    if kind != "cuda":
+        tasks = plan_tasks(configs, settings["repeat_every"])
+        journal = Journal(journal_path, fingerprint(device, settings, configs))
+        done = journal.load()
+        resumed = sum(1 for t in tasks if t.key in done)
+        todo = _run_tasks(tasks, done, journal, kind, settings, f"profile {device}/{shard}", progress)
+        extra_meta: dict[str, Any] = {}
+    else:
+        tasks, done, resumed, todo, extra_meta = _profile_cuda(
+            configs, device, device_cfg, settings, journal_path, identity, progress, nvml_lib, shard)
     traces = traces_frame(tasks, done)
     meta = {
         "device": device, "device_config": device_cfg, "identity": identity, "host": socket.gethostname(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "started": started, "finished": time.time(),
         "settings": settings, "tasks": len(tasks), "tasks_resumed_from_journal": resumed,
         "tasks_measured_now": len(todo), "rows": len(traces),
-        "status_counts": traces.drop_duplicates(["config_id", "repeat"])["status"].value_counts().to_dict(),
+        "status_counts": traces.drop_duplicates(["config_id", "repeat", "power_limit_w"])["status"]
+        .value_counts().to_dict(),
+        **extra_meta,
     }
     return traces, sensors_frame(tasks, done), meta
+
+
+def _run_tasks(
+    tasks: list[Task], done: dict[str, dict[str, Any]], journal: Journal, kind: str, settings: dict[str, Any],
+    desc: str, progress: bool, before_task: Any = None,
+) -> list[Task]:
+    """Measure the tasks not yet in ``done`` (journalled one by one); return those measured now."""
+    todo = [t for t in tasks if t.key not in done]
+    for task in tqdm(todo, desc=desc, disable=not progress, file=sys.stderr, mininterval=1):
+        entry_extra = before_task(task) if before_task is not None else {}
+        task_settings = settings if task.power_limit_w is None else {**settings, "power_limit_w": task.power_limit_w}
+        outcome = run_isolated(kind, task.config, task_settings)
+        entry = {"key": task.key, **_outcome_dict(outcome), **entry_extra}
+        journal.append(entry)
+        done[task.key] = entry
+        if settings.get("cooldown_s"):
+            time.sleep(settings["cooldown_s"])
+    return todo
+
+
+def _profile_cuda(
+    configs: pd.DataFrame, device: str, device_cfg: dict[str, Any], settings: dict[str, Any], journal_path: Path,
+    identity: dict[str, Any], progress: bool, nvml_lib: Any | None, shard: str,
+) -> tuple[list[Task], dict[str, dict[str, Any]], int, list[Task], dict[str, Any]]:
+    from perfzoo.profiling import nvml
+    from perfzoo.profiling.cuda import probe_counter_period_s
+
+    measurement = _measurement_settings(device_cfg)
+    limits = measurement["power_limits_w"]
+    low, high = identity.get("power_limit_min_w"), identity.get("power_limit_max_w")
+    if limits and low is not None and high is not None:
+        nvml.validate_power_limits(device, limits, float(low), float(high))
+    gpu = nvml.open_device(int(identity.get("nvml_index", measurement["gpu_index"])), lib=nvml_lib)
+    try:
+        period, period_reason = probe_counter_period_s(gpu)
+        worker_settings = {**settings, **{k: measurement[k] for k in ("gpu_index", "sample_hz", "min_window_s")},
+                           "nvml_index": gpu.index, "counter_period_s": period}
+        journal = Journal(journal_path, fingerprint(device, {**settings, "device": measurement}, configs))
+        done = journal.load()
+        band = measurement["cooldown_band_c"]
+        cooldowns: list[dict[str, Any]] = []
+
+        def cool(task: Task) -> dict[str, Any]:
+            result = nvml.cooldown(gpu, band_c=band, timeout_s=float(settings.get("cooldown_timeout_s", 300)))
+            if band is not None:
+                cooldowns.append(result)
+            return {"cooldown": result} if band is not None else {}
+
+        desc = f"profile {device}/{shard}"
+        meta: dict[str, Any] = {"counter_period_s": period, "counter_period_reason": period_reason}
+        if not limits:
+            tasks = plan_tasks(configs, settings["repeat_every"])
+            resumed = sum(1 for t in tasks if t.key in done)
+            todo = _run_tasks(tasks, done, journal, "cuda", worker_settings, desc, progress, cool)
+        else:
+            tasks, resumed, todo, meta["power_limit_sweep"] = _sweep(
+                configs, device, gpu, measurement, settings, worker_settings, journal, done, desc, progress, cool)
+        meta["cooldowns"] = {"band_c": band, "configs": len(cooldowns),
+                             "waited_s": sum(c["waited_s"] for c in cooldowns),
+                             "not_within_band": [c["reason"] for c in cooldowns if c["within_band"] is False]}
+        return tasks, done, resumed, todo, meta
+    finally:
+        gpu.close()
+
+
+def _sweep(
+    configs: pd.DataFrame, device: str, gpu: Any, measurement: dict[str, Any], settings: dict[str, Any],
+    worker_settings: dict[str, Any], journal: Journal, done: dict[str, dict[str, Any]], desc: str,
+    progress: bool, cool: Any,
+) -> tuple[list[Task], int, list[Task], dict[str, Any]]:
+    """Run the power-limit sweep of a shard; fall back to the limit in force if limits cannot be set."""
+    from perfzoo.profiling.nvml import PowerLimitSweep
+
+    sweep = PowerLimitSweep(gpu, measurement["power_limits_w"], measurement["sweep_repetitions"],
+                            seed=sweep_seed(device, configs), device=device)
+    tasks = plan_sweep_tasks(configs, sweep.orders)
+    resumed = sum(1 for t in tasks if t.key in done)
+    todo: list[Task] = []
+    with sweep:
+        for repetition, limit_w in sweep:
+            batch = [t for t in tasks if t.repeat == repetition and t.power_limit_w == float(limit_w)]
+            todo += _run_tasks(batch, done, journal, "cuda", worker_settings,
+                               f"{desc} rep {repetition} @ {limit_w:g} W", progress, cool)
+    try:
+        limit_after_w: float | None = gpu.lib.power_limit_mw(gpu.handle) / 1000.0
+    except Exception:  # noqa: BLE001 - only a record
+        limit_after_w = None
+    info = {"limits_w": list(measurement["power_limits_w"]), "repetitions": measurement["sweep_repetitions"],
+            "seed": sweep.seed, "orders": sweep.orders, "visited": [list(v) for v in sweep.visited],
+            "original_limit_w": None if sweep.original_mw is None else sweep.original_mw / 1000.0,
+            "limit_after_w": limit_after_w, "skipped_reason": sweep.skipped_reason}
+    if not sweep.skipped_reason:
+        return tasks, resumed, todo, info
+    visited = {(r, float(w)) for r, w in sweep.visited}
+    if visited:  # the limit could be set before and not any more: the rest cannot be measured as planned
+        for task in tasks:
+            if task.key not in done and (task.repeat, task.power_limit_w) not in visited:
+                done[task.key] = {"key": task.key, "status": "error", "measurement": None,
+                                  "message": f"power limit {task.power_limit_w:g} W not set: {sweep.skipped_reason}"}
+        return tasks, resumed, todo, info
+    warnings.warn(f"device '{device}': configs are measured at the power limit in force "
+                  f"({sweep.skipped_reason})", RuntimeWarning, stacklevel=2)
+    tasks = plan_tasks(configs, settings["repeat_every"])
+    resumed = sum(1 for t in tasks if t.key in done)
+    todo = _run_tasks(tasks, done, journal, "cuda", worker_settings, desc, progress, cool)
+    return tasks, resumed, todo, info
 
 
 def _outcome_dict(outcome: Outcome) -> dict[str, Any]:

@@ -1,0 +1,455 @@
+"""Audit: re-hash the provenance chain of any workflow output or prediction, and explain predictions.
+
+Every perfzoo output records the sha256 of the files it was made from: Parquet files in their schema
+metadata (:func:`perfzoo.provenance.read_provenance`), JSON files under ``provenance`` (hardware,
+trace metadata, predictions) or ``meta`` (fitted models), the report in ``provenance.json``. The
+recorded paths are relative to the workflow directory (``results/...``). :func:`audit` follows those
+records recursively from one file down to the raw traces, re-hashes every file it reaches and gives each
+link a status:
+
+``OK``
+    the file exists and its sha256 is the one every referring file recorded;
+``CHANGED``
+    the file exists but its sha256 differs from a recorded one (edited, regenerated or tampered);
+``MISSING``
+    the file is gone.
+
+A prediction record also carries the flattened chain (``provenance.chain``), so the raw traces behind
+it are checked even when an intermediate file (the dataset) has been deleted.
+
+:func:`explain` lists, for a prediction, the profiled configurations nearest to the predicted one in
+standardised log-feature space: the measurements the fitted predictors mostly interpolate from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import types
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perfzoo.io import InputError
+
+OK, CHANGED, MISSING = "OK", "CHANGED", "MISSING"
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_PATH_SUFFIXES = (".parquet", ".json", ".jsonl", ".csv", ".py", ".yaml", ".yml", ".png", ".html", ".tsv")
+#: keys of big or unrelated sections that never hold provenance records
+_SKIP_KEYS = frozenset({"folds", "payload", "features", "feature_rows", "table", "devices", "warnings"})
+EXPLAIN_LABELS = ("latency_ms", "throughput", "peak_mem_mb", "mean_power_w", "energy_per_sample_j")
+
+
+# --------------------------------------------------------------------------- reading records
+
+
+def _looks_like_path(key: str) -> bool:
+    return "/" in key or key.endswith(_PATH_SUFFIXES)
+
+
+def recorded_hashes(obj: Any) -> list[tuple[str, str]]:
+    """Every ``(path, sha256)`` pair recorded in a provenance structure, in document order."""
+    pairs: list[tuple[str, str]] = []
+
+    def walk(node: Any, depth: int) -> None:
+        if depth > 8:
+            return
+        if isinstance(node, Mapping):
+            for key, value in node.items():
+                if isinstance(value, str) and _HEX64.match(value) and _looks_like_path(str(key)):
+                    pairs.append((str(key), value))
+                elif key not in _SKIP_KEYS:
+                    walk(value, depth + 1)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value, depth + 1)
+
+    if isinstance(obj, Mapping) and isinstance(obj.get("provenance"), Mapping):
+        walk(obj["provenance"], 0)
+    elif isinstance(obj, Mapping) and isinstance(obj.get("meta"), Mapping):
+        walk(obj["meta"], 0)
+    else:
+        walk(obj, 0)
+    return pairs
+
+
+def read_record(path: str | Path) -> Any:
+    """The provenance-bearing document of ``path``: Parquet schema metadata or the JSON document."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        from perfzoo.provenance import read_provenance
+
+        return read_provenance(path)
+    if path.suffix == ".json":
+        try:
+            return json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"{path}: unreadable JSON ({type(exc).__name__}: {exc})") from None
+    return None
+
+
+def file_inputs(path: str | Path) -> list[tuple[str, str]] | None:
+    """Recorded ``(path, sha256)`` inputs of a file; None for a file type that carries none."""
+    record = read_record(path)
+    return None if record is None else recorded_hashes(record)
+
+
+def _has_record(record: Any) -> bool:
+    """Whether a document carries a provenance record at all (possibly with no inputs)."""
+    if not isinstance(record, Mapping) or not record:
+        return False
+    return any(key in record for key in ("provenance", "meta", "inputs"))
+
+
+def _workdir_hint(record: Any) -> list[Path]:
+    if isinstance(record, Mapping):
+        prov = record.get("provenance")
+        if isinstance(prov, Mapping) and isinstance(prov.get("workdir"), str):
+            return [Path(prov["workdir"])]
+    return []
+
+
+def resolve(key: str, referrer: Path, hints: Iterable[Path] = ()) -> Path:
+    """Where the recorded path ``key`` lies: relative paths are tried against every ancestor folder of
+    the referring file, then the hints (the recorded workflow directory) and the current directory."""
+    p = Path(key)
+    if p.is_absolute():
+        return p
+    # the referring file's own tree first: the nearest ancestor holding the file, or its top folder
+    # (``results/``) when the file is gone; then the recorded workflow folder and the current one
+    for bases in (Path(os.path.abspath(referrer)).parents, [*(Path(h) for h in hints), Path.cwd()]):
+        for base in bases:
+            if (base / p).exists() or (len(p.parts) > 1 and (base / p.parts[0]).is_dir()):
+                return base / p
+    return Path.cwd() / p
+
+
+# --------------------------------------------------------------------------- audit
+
+
+@dataclass
+class Link:
+    """One file of the chain: what the files referring to it recorded, and what it hashes to now."""
+
+    key: str
+    path: Path
+    depth: int
+    actual: str | None
+    recorded: dict[str, list[str]] = field(default_factory=dict)  # sha256 -> referring files
+    note: str = ""
+
+    @property
+    def status(self) -> str:
+        if self.actual is None:
+            return MISSING
+        return OK if set(self.recorded) == {self.actual} else CHANGED
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.key,
+            "resolved": str(self.path),
+            "status": self.status,
+            "sha256": self.actual,
+            "recorded": self.recorded,
+            "note": self.note,
+        }
+
+
+@dataclass
+class AuditResult:
+    """The audited file and every link of its provenance chain (first-seen order)."""
+
+    root: Path
+    links: list[Link]
+
+    @property
+    def broken(self) -> list[Link]:
+        return [link for link in self.links if link.status != OK]
+
+    @property
+    def ok(self) -> bool:
+        return not self.broken
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.ok else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": str(self.root), "ok": self.ok, "links": [link.to_dict() for link in self.links]}
+
+    def to_text(self) -> str:
+        lines = [f"audit of {self.root}"]
+        for link in self.links:
+            indent = "  " * link.depth
+            line = f"{link.status:<8} {indent}{link.key}"
+            by = sorted({ref for refs in link.recorded.values() for ref in refs})
+            if link.status == CHANGED:
+                bad = {sha: refs for sha, refs in link.recorded.items() if sha != link.actual}
+                recorded = "; ".join(f"{sha[:12]}… by {', '.join(refs)}" for sha, refs in bad.items())
+                line += f"  (recorded {recorded}; now {link.actual[:12] if link.actual else '-'}…)"
+            elif link.status == MISSING:
+                line += f"  (not found at {link.path}; recorded by {', '.join(by)})"
+            if link.note:
+                line += f"  [{link.note}]"
+            lines.append(line)
+        counts = {s: sum(link.status == s for link in self.links) for s in (OK, CHANGED, MISSING)}
+        summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        if not self.links:
+            lines.append("no recorded inputs (a source file of the workflow): nothing to check")
+        else:
+            verdict = "chain intact" if self.ok else "chain BROKEN"
+            lines.append(f"{verdict}: {len(self.links)} links ({summary})")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+
+def _sha(path: Path, cache: dict[Path, str | None]) -> str | None:
+    from perfzoo.provenance import sha256_file
+
+    if path not in cache:
+        try:
+            cache[path] = sha256_file(path) if path.is_file() else None
+        except OSError:
+            cache[path] = None
+    return cache[path]
+
+
+def _walk(
+    root: Path, pairs: list[tuple[str, str]], hints: list[Path], root_name: str
+) -> tuple[dict[str, Link], dict[Path, str | None]]:
+    """Breadth-first walk of the recorded inputs, merging links that resolve to the same file."""
+    links: dict[str, Link] = {}
+    hashes: dict[Path, str | None] = {}
+    expanded = {Path(os.path.abspath(root))}
+    queue: deque[tuple[Path, list[tuple[str, str]], int, str]] = deque([(root, pairs, 0, root_name)])
+    while queue:
+        parent, parent_pairs, depth, parent_name = queue.popleft()
+        for key, sha in parent_pairs:
+            path = Path(os.path.abspath(resolve(key, parent, hints)))
+            link = links.get(str(path))
+            if link is None:
+                link = links[str(path)] = Link(key, path, depth, _sha(path, hashes))
+            refs = link.recorded.setdefault(sha, [])
+            if parent_name not in refs:
+                refs.append(parent_name)
+            if link.actual is None or path in expanded:
+                continue
+            expanded.add(path)
+            try:
+                child = file_inputs(path)
+            except InputError as exc:
+                link.note = f"unreadable, its own inputs not checked: {str(exc).split(': ', 1)[-1][:120]}"
+                continue
+            if child:
+                queue.append((path, child, depth + 1, key))
+    return links, hashes
+
+
+def audit(path: str | Path, workdir: str | Path | None = None) -> AuditResult:
+    """Re-hash the whole provenance chain of ``path`` (a prediction JSON or any workflow output)."""
+    root = Path(path)
+    if not root.is_file():
+        raise InputError(f"{path}: file not found")
+    record = read_record(root)
+    pairs = recorded_hashes(record) if record is not None else []
+    if not pairs and not _has_record(record):
+        raise InputError(
+            f"{path}: carries no provenance record (expected a perfzoo output: a Parquet file "
+            "with provenance metadata, or a JSON file with 'provenance' or 'meta')"
+        )
+    hints = [Path(workdir)] if workdir is not None else _workdir_hint(record)
+    chain = _chain_pairs(record)
+    direct = recorded_hashes({"inputs": record["provenance"].get("inputs", {})}) if chain else pairs
+    links, hashes = _walk(root, direct, hints, str(path))
+    for key, sha in chain:  # the flattened chain a prediction carries: reaches files behind a missing one
+        file = Path(os.path.abspath(resolve(key, root, hints)))
+        link = links.get(str(file))
+        if link is None:
+            link = links[str(file)] = Link(
+                key, file, 1, _sha(file, hashes), note="checked through the recorded chain"
+            )
+        refs = link.recorded.setdefault(sha, [])
+        if f"{path} (chain)" not in refs and not refs:
+            refs.append(f"{path} (chain)")
+    return AuditResult(root, sorted(links.values(), key=lambda link: link.depth))
+
+
+def _chain_pairs(record: Any) -> list[tuple[str, str]]:
+    """The ``provenance.chain`` (and ``traces``) pairs of a prediction record."""
+    prov = record.get("provenance") if isinstance(record, Mapping) else None
+    if not isinstance(prov, Mapping):
+        return []
+    return [
+        (k, v)
+        for part in ("chain", "traces")
+        if isinstance(prov.get(part), Mapping)
+        for k, v in prov[part].items()
+        if isinstance(v, str) and _HEX64.match(v)
+    ]
+
+
+def provenance_chain(inputs: Mapping[str, Path | str], workdir: str | Path) -> dict[str, str]:
+    """``{path: sha256}`` of every file behind ``inputs``, as recorded in provenance metadata (recursive).
+
+    Used by :mod:`perfzoo.predict` so that a prediction carries the hashes of the raw traces behind it.
+    Files are not re-hashed here, only their records read.
+    """
+    chain: dict[str, str] = {}
+    seen: set[Path] = set()
+    queue: deque[Path] = deque(Path(p) for p in inputs.values())
+    while queue:
+        path = Path(os.path.abspath(queue.popleft()))
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        try:
+            pairs = file_inputs(path) or []
+        except InputError:
+            continue
+        for key, sha in pairs:
+            chain.setdefault(key, sha)
+            queue.append(resolve(key, path, [Path(workdir)]))
+    return dict(sorted(chain.items()))
+
+
+# --------------------------------------------------------------------------- explain
+
+
+def _prediction_record(path: Path) -> dict[str, Any]:
+    record = read_record(path) if path.suffix == ".json" else None
+    if not isinstance(record, Mapping) or "feature_rows" not in record or "dataset" not in record:
+        raise InputError(
+            f"{path}: --explain needs a prediction record (written by `perfzoo predict --output`, "
+            "`perfzoo predict --json` or the workflow's results/predictions/*.json)"
+        )
+    return dict(record)
+
+
+def _log_standardised(train: Any, query: Any) -> tuple[Any, Any]:
+    """Signed log1p of both matrices, NaN imputed with the training median, standardised by training."""
+    import numpy as np
+
+    a = np.sign(train) * np.log1p(np.abs(train))
+    q = np.sign(query) * np.log1p(np.abs(query))
+    with np.errstate(all="ignore"):
+        med = np.nanmedian(np.where(np.isfinite(a), a, np.nan), axis=0)
+    med = np.where(np.isfinite(med), med, 0.0)
+    a = np.where(np.isfinite(a), a, med)
+    q = np.where(np.isfinite(q), q, med)
+    mean, std = a.mean(axis=0), a.std(axis=0)
+    std[~(std > 0)] = 1.0
+    return (a - mean) / std, (q - mean) / std
+
+
+def explain(path: str | Path, k: int = 5) -> Any:
+    """The ``k`` profiled configurations nearest to each device row of a prediction record.
+
+    Distance: Euclidean in the predictors' numeric feature space after signed log1p and standardisation
+    by the dataset (divided by the square root of the number of features). Candidates are the dataset
+    rows of the same device where it has any, else all rows. Returns a DataFrame: device, rank,
+    distance, the row's identity and its measured labels.
+    """
+    import numpy as np
+    import pandas as pd
+
+    from perfzoo.dataset import feature_columns
+    from perfzoo.io import read_parquet
+
+    if int(k) < 1:
+        raise InputError(f"--explain: k must be >= 1, got {k}")
+    path = Path(path)
+    record = _prediction_record(path)
+    dataset_key = record["dataset"]["path"]
+    dataset_path = resolve(dataset_key, path, _workdir_hint(record))
+    if not dataset_path.is_file():
+        raise InputError(f"{dataset_key}: dataset of the prediction not found (looked at {dataset_path})")
+    data = read_parquet(dataset_path)
+    rows = pd.DataFrame.from_dict(record["feature_rows"], orient="index")
+    cols = [c for c in feature_columns(data) if c in rows.columns]
+    if not cols:
+        raise InputError(f"{path}: no feature column in common with {dataset_key}")
+    train = data[cols].apply(pd.to_numeric, errors="coerce").to_numpy(float)
+    query = rows[cols].apply(pd.to_numeric, errors="coerce").to_numpy(float)
+    ztrain, zquery = _log_standardised(train, query)
+    out = []
+    for i, device in enumerate(rows.index):
+        same = (data["device"] == device).to_numpy()
+        candidates = np.flatnonzero(same) if same.any() else np.arange(len(data))
+        dist = np.sqrt(((ztrain[candidates] - zquery[i]) ** 2).mean(axis=1))
+        order = candidates[np.argsort(dist, kind="stable")][: int(k)]
+        for rank, j in enumerate(order, start=1):
+            row = data.iloc[j]
+            entry = {
+                "device": device,
+                "rank": rank,
+                "distance": float(np.sqrt(((ztrain[j] - zquery[i]) ** 2).mean())),
+                "row_id": row["row_id"],
+                "label": row.get("label"),
+                "family": row.get("family"),
+                "mode": row["mode"],
+                "batch": int(row["batch"]),
+                "same_device": bool(same.any()),
+            }
+            entry.update(
+                {label: float(row[label]) if label in row.index else np.nan for label in EXPLAIN_LABELS}
+            )
+            out.append(entry)
+    table = pd.DataFrame(out)
+    table.attrs.update(
+        dataset=str(dataset_path),
+        features=cols,
+        dataset_changed=_dataset_changed(dataset_path, record["dataset"].get("sha256")),
+    )
+    return table
+
+
+def _dataset_changed(path: Path, recorded: str | None) -> bool:
+    from perfzoo.provenance import sha256_file
+
+    return recorded is not None and sha256_file(path) != recorded
+
+
+def format_explain(table: Any) -> str:
+    """Text rendering of :func:`explain`'s table, one block per device."""
+    n_features = len(table.attrs.get("features", []))
+    title = f"nearest profiled configurations (standardised log-feature distance over {n_features} features"
+    lines = [f"{title} of {table.attrs.get('dataset')})"]
+    if table.attrs.get("dataset_changed"):
+        lines.append(
+            "note: the dataset changed since the prediction was made; distances use the current file"
+        )
+    for device, group in table.groupby("device", sort=False):
+        scope = "rows of this device" if group["same_device"].iloc[0] else "all rows (device never profiled)"
+        lines.append(f"device {device} ({scope}):")
+        lines.append(
+            f"  {'#':>2} {'distance':>8}  {'label':<28} {'mode':<9} {'batch':>5} "
+            f"{'latency ms':>11} {'peak MB':>9} {'J/sample':>9}"
+        )
+        for r in group.itertuples():
+            lines.append(
+                f"  {r.rank:>2} {r.distance:>8.3f}  {str(r.label)[:28]:<28} {r.mode:<9} {r.batch:>5} "
+                f"{_num(r.latency_ms):>11} {_num(r.peak_mem_mb):>9} {_num(r.energy_per_sample_j):>9}"
+            )
+    return "\n".join(lines)
+
+
+def _num(value: float) -> str:
+    import math
+
+    return "-" if value is None or not math.isfinite(value) else f"{value:.4g}"
+
+
+class _CallableModule(types.ModuleType):
+    """``perfzoo.audit`` is both this module and, called, :func:`audit` (see perfzoo/__init__.py)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> AuditResult:
+        return audit(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,174 @@
+"""Command line: ``perfzoo predict MODEL ...`` and ``perfzoo audit [--explain] FILE``.
+
+Exit codes: 0 success; 1 ``audit`` found a broken provenance link; 2 bad input (one line on stderr).
+Heavy modules (torch, pandas, scikit-learn) are imported only by the subcommand that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+EXIT_OK, EXIT_BROKEN, EXIT_BAD_INPUT = 0, 1, 2
+
+PREDICT_EPILOG = """\
+MODEL is timm:NAME, torchvision:NAME, mlp:NAME, transformer:NAME or path/to/model.py:function (a
+factory returning an nn.Module; --input is then required).
+
+examples:
+  perfzoo predict timm:resnet50 --batch 8 --input 3,224,224
+  perfzoo predict torchvision:vit_b_16 --mode training --batch 32 --objective energy --json
+  perfzoo predict models/net.py:build --input 128 --devices a100,h100 --latency-target 20
+  perfzoo predict timm:resnet50 --output resnet50.json && perfzoo audit resnet50.json
+"""
+
+AUDIT_EPILOG = """\
+FILE is a prediction record (perfzoo predict --output, results/predictions/*.json) or any workflow output
+(Parquet with provenance metadata, models.json, hardware/trace JSON, report/provenance.json). Each link of
+its provenance chain is printed as OK, CHANGED or MISSING; the exit status is 1 if any link is broken.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"perfzoo: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from perfzoo import __version__
+
+    parser = _Parser(
+        prog="perfzoo",
+        description="Predict time, memory and energy of PyTorch models on the "
+        "profiled devices, and audit any output back to its raw traces.",
+    )
+    parser.add_argument("--version", action="version", version=f"perfzoo {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser(
+        "predict",
+        help="predict a model on every device",
+        epilog=PREDICT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    p.add_argument(
+        "--input",
+        dest="input_shape",
+        metavar="SHAPE",
+        help="per-sample input: 3,224,224 for images, a sequence length for token models "
+        "(default 3,224,224 for timm/torchvision)",
+    )
+    p.add_argument("--mode", choices=("inference", "training"), default="inference")
+    p.add_argument("--devices", metavar="A,B", help="devices to predict (default: every configured device)")
+    p.add_argument(
+        "--objective",
+        choices=("time", "energy", "edp", "cost"),
+        default="time",
+        help="what the recommended device minimises (default time)",
+    )
+    p.add_argument(
+        "--latency-target",
+        type=float,
+        metavar="MS",
+        dest="latency_target_ms",
+        help="devices (and MIG profiles) slower than this are not recommended",
+    )
+    p.add_argument(
+        "--results", default="results", metavar="DIR", help="workflow results folder (default results)"
+    )
+    p.add_argument(
+        "--config", default="config.yaml", metavar="FILE", help="workflow config (default config.yaml)"
+    )
+    p.add_argument(
+        "--num-classes",
+        type=int,
+        metavar="N",
+        help="classifier head size (default: the config's zoo.num_classes)",
+    )
+    p.add_argument("--json", action="store_true", help="print the prediction record as JSON")
+    p.add_argument("--output", metavar="FILE", help="also write the prediction record (JSON) to FILE")
+
+    a = sub.add_parser(
+        "audit",
+        help="re-hash the provenance chain of a file",
+        epilog=AUDIT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    a.add_argument("file", metavar="FILE")
+    a.add_argument(
+        "--explain",
+        action="store_true",
+        help="list the profiled configurations nearest to a prediction instead",
+    )
+    a.add_argument("-k", type=int, default=5, help="rows per device for --explain (default 5)")
+    a.add_argument("--json", action="store_true", help="print the result as JSON")
+    return parser
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from perfzoo.predict import predict
+
+    result = predict(
+        args.model,
+        batch=args.batch,
+        input_shape=args.input_shape,
+        mode=args.mode,
+        devices=args.devices,
+        objective=args.objective,
+        latency_target_ms=args.latency_target_ms,
+        results=args.results,
+        config=args.config,
+        num_classes=args.num_classes,
+    )
+    if args.output:
+        result.save(args.output)
+    print(result.to_json() if args.json else result.to_text())
+    return EXIT_OK
+
+
+def _audit(args: argparse.Namespace) -> int:
+    import json
+
+    if args.explain:
+        from perfzoo.audit import explain, format_explain
+
+        table = explain(args.file, k=args.k)
+        if args.json:
+            print(table.to_json(orient="records", indent=2))
+        else:
+            print(format_explain(table))
+        return EXIT_OK
+    from perfzoo.audit import audit
+
+    result = audit(args.file)
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result.to_text())
+    return result.exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (the console script passes it to ``sys.exit``)."""
+    args = build_parser().parse_args(argv)
+    from perfzoo.io import InputError
+
+    try:
+        return _predict(args) if args.command == "predict" else _audit(args)
+    except InputError as exc:
+        print(f"perfzoo: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
+        print(f"perfzoo: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("perfzoo: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,447 @@
+"""Import measurement tables people already have into a perfzoo dataset (traces of kind ``external``).
+
+Input: a CSV file in long format, one measured number per row::
+
+    model,device,batch,mode,precision,n_gpus,metric,value,unit
+    resnet50,NVIDIA A100-SXM4-80GB,64,training,fp32,1,latency,212.5,ms
+
+Required columns: ``model, device, batch, mode, metric, value, unit``. Optional columns:
+``precision`` (default ``fp32``), ``n_gpus`` (default 1), ``family`` (default: the model name's
+leading letters, ``resnet50`` → ``resnet``, ``vit_base_patch16_224`` → ``vit``) and ``resolution``
+(square image side used to featurise timm/torchvision models, default 224). Lines starting with
+``#`` before the header are comments; blank lines are skipped. Column names are case-insensitive.
+
+Output: one row per ``(model_id, device, mode, batch)`` like ``results/dataset/dataset.parquet``:
+
+* labels in perfzoo units: ``latency_ms`` (per batch step), ``throughput`` (samples/s),
+  ``peak_mem_mb`` (MB = 2^20 bytes), ``mean_power_w``, ``energy_j`` (per batch step),
+  ``energy_per_sample_j`` and ``edp`` (``energy_j`` * latency in s, J·s). A label the table lacks is
+  NaN; ``latency_ms``/``throughput`` and ``energy_j``/``energy_per_sample_j`` are derived from each
+  other (``throughput = batch / latency_ms * 1000``, ``energy_per_sample_j = energy_j / batch``)
+  when only one of a pair is given, and ``derived_labels`` names the derived ones.
+* ``device`` is the GPU's name in the spec table (``perfzoo.hardware_specs``), so the same GPU
+  spelled two ways is one device; ``device_reported`` keeps the spelling of the file.
+  Hardware features come from the spec sheet: ``hw_peak_gflops`` (FP32 non-tensor peak * 1000),
+  ``hw_mem_bw_gbs``, ``hw_cores`` (SM count), ``hw_mem_gb``, ``hw_n_gpus`` and extras
+  ``hw_spec_peak_tf32_tflops``, ``hw_spec_peak_fp16_tflops``, ``hw_spec_tdp_w`` (NaN where the GPU
+  has no such unit). Leave-one-device-out therefore works on imported rows.
+* ``model_id`` is ``stable_id`` of (model, precision, n_gpus, resolution): precision and GPU count
+  are not in the dataset key, so they are part of the configuration's identity.
+* model features (``perfzoo.dataset.MODEL_FEATURES``) are computed on the meta device for names
+  timm or torchvision know (``timm:NAME``/``torchvision:NAME`` picks the library; else torchvision
+  first), with 1000 classes and the row's precision (fp16/bf16 build the model in that dtype;
+  fp32/tf32/amp/mixed in float32). Otherwise they are NaN and ``feature_missing_reason`` says why.
+* provenance: ``source_file``, ``source_sha256``, ``source_rows`` (1-based data rows that
+  gave the numbers of the row), ``trace_kind == "external"``.
+
+Units: time ``s, ms, us (µs), ns`` → ms; memory ``B, KB, KiB, MB, MiB, GB,
+GiB`` → MB where *every* prefix is binary: MB and MiB are both 2^20 bytes and GB/GiB 2^30 (perfzoo's
+``peak_mem_mb`` is measured in MiB, as torch and nvidia-smi report it, and tables that write "MB"
+almost always mean MiB); power ``mW, W, kW, MW``; energy ``mJ, J, kJ, MJ, Wh, kWh, MWh`` (``MW``,
+``MJ``, ``MWh`` are read case-sensitively as mega; every other unit is case-insensitive); throughput
+``samples/s, images/s, img/s, sequences/s`` (per sample) and ``it/s, iter/s, batches/s`` (batch
+steps per second, multiplied by the batch size).
+
+Bad rows raise ``InputError`` with one line naming the file, the 1-based data row (and its line in
+the file) and the offending value: an unknown metric, unit, mode or device (a GPU absent from the
+spec table), a non-numeric or non-positive value, or the same number given twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import re
+import sys
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from perfzoo.dataset import KEY, MODEL_FEATURES, add_roofline_features
+from perfzoo.hardware_specs import lookup_gpu
+from perfzoo.io import InputError
+from perfzoo.provenance import provenance, sha256_file, write_table
+from perfzoo.zoo import stable_id
+
+TRACE_KIND = "external"
+REQUIRED_COLUMNS = ("model", "device", "batch", "mode", "metric", "value", "unit")
+OPTIONAL_COLUMNS = {"precision": "fp32", "n_gpus": "1", "family": "", "resolution": "224"}
+NUM_CLASSES = 1000
+LABELS = ("latency_ms", "throughput", "peak_mem_mb", "mean_power_w", "energy_j", "energy_per_sample_j", "edp")
+
+METRICS: dict[str, str] = {
+    **dict.fromkeys(("latency", "latency_ms", "time", "step_time", "batch_time", "iteration_time",
+                     "time_per_batch", "time_per_iteration"), "latency_ms"),
+    **dict.fromkeys(("throughput", "throughput_samples_s"), "throughput"),
+    **dict.fromkeys(("peak_mem", "peak_memory", "memory", "peak_mem_mb", "max_memory"), "peak_mem_mb"),
+    **dict.fromkeys(("power", "mean_power", "avg_power", "average_power", "mean_power_w"), "mean_power_w"),
+    **dict.fromkeys(("energy", "energy_j", "energy_per_batch", "energy_per_step", "energy_per_iteration"),
+                    "energy_j"),
+    **dict.fromkeys(("energy_per_sample", "energy_per_sample_j"), "energy_per_sample_j"),
+}
+_MB = 1.0  # MB and MiB: 2^20 bytes
+UNITS: dict[str, dict[str, float]] = {
+    "latency_ms": {"s": 1e3, "sec": 1e3, "ms": 1.0, "us": 1e-3, "µs": 1e-3, "μs": 1e-3, "ns": 1e-6},
+    "peak_mem_mb": {"b": _MB / 2**20, "kb": _MB / 1024, "kib": _MB / 1024, "mb": _MB, "mib": _MB,
+                    "gb": _MB * 1024, "gib": _MB * 1024},
+    "mean_power_w": {"mw": 1e-3, "w": 1.0, "kw": 1e3},
+    "energy_j": {"mj": 1e-3, "j": 1.0, "kj": 1e3, "wh": 3600.0, "kwh": 3.6e6},
+    "energy_per_sample_j": {"mj": 1e-3, "j": 1.0, "kj": 1e3, "wh": 3600.0, "kwh": 3.6e6},
+    "throughput": {"samples/s": 1.0, "sample/s": 1.0, "images/s": 1.0, "image/s": 1.0, "img/s": 1.0,
+                   "sequences/s": 1.0, "seq/s": 1.0},
+}
+PER_BATCH_THROUGHPUT_UNITS = ("it/s", "iter/s", "iters/s", "iterations/s", "batches/s", "steps/s")
+MODES = {"inference": "inference", "infer": "inference", "eval": "inference",
+         "training": "training", "train": "training"}
+PRECISION_DTYPES = {"fp32": "float32", "float32": "float32", "tf32": "float32", "amp": "float32",
+                    "mixed": "float32", "fp16": "float16", "float16": "float16", "half": "float16",
+                    "bf16": "bfloat16", "bfloat16": "bfloat16"}
+HW_EXTRAS = ("peak_tf32_tflops", "peak_fp16_tflops", "tdp_w")
+
+
+# --------------------------------------------------------------------------- reading and checking rows
+
+
+# Mega-prefixed units whose lower-case spelling would read as milli: matched case-sensitively first.
+MEGA_UNITS: dict[str, dict[str, float]] = {
+    "mean_power_w": {"MW": 1e6},
+    "energy_j": {"MJ": 1e6, "MWh": 3.6e9},
+    "energy_per_sample_j": {"MJ": 1e6, "MWh": 3.6e9},
+}
+
+
+def _unit_key(unit: str) -> str:
+    key = re.sub(r"\s+", "", unit.strip().lower())
+    return key[:-4] + "/s" if key.endswith("/sec") else key
+
+
+def convert(label: str, value: float, unit: str, batch: int) -> float:
+    """``value`` in ``unit`` expressed in perfzoo's unit of ``label``; KeyError for an unknown unit."""
+    mega = MEGA_UNITS.get(label, {}).get(unit.strip())
+    if mega is not None:
+        return value * mega
+    key = _unit_key(unit)
+    if label == "throughput" and key in PER_BATCH_THROUGHPUT_UNITS:
+        return value * batch
+    return value * UNITS[label][key]
+
+
+def _units_of(label: str) -> list[str]:
+    units = [*UNITS[label], *MEGA_UNITS.get(label, {})]
+    return [*units, *PER_BATCH_THROUGHPUT_UNITS] if label == "throughput" else units
+
+
+def _read_rows(path: Path) -> list[tuple[int, int, dict[str, str]]]:
+    """(1-based data row, file line, row dict with lower-case keys) of every non-blank data line."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not a UTF-8 text file ({exc.reason} at byte {exc.start})") from None
+    lines = text.splitlines()
+    start = 0
+    while start < len(lines) and (not lines[start].strip() or lines[start].lstrip().startswith("#")):
+        start += 1
+    if start == len(lines):
+        raise InputError(f"{path}: no header line")
+    reader = csv.reader(lines[start:])
+    header = [h.strip().lower() for h in next(reader)]
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing:
+        raise InputError(f"{path}: missing columns {missing} (required: {', '.join(REQUIRED_COLUMNS)})")
+    rows, n = [], 0
+    for values in reader:
+        line = start + reader.line_num
+        if not any(v.strip() for v in values):
+            continue
+        n += 1
+        if len(values) != len(header):
+            raise InputError(f"{path}: row {n} (line {line}): {len(values)} fields, "
+                             f"the header has {len(header)}")
+        row = {k: v.strip() for k, v in zip(header, values, strict=True)}
+        given = {k: v for k, v in row.items() if v or k in REQUIRED_COLUMNS}  # empty optional → default
+        rows.append((n, line, {**OPTIONAL_COLUMNS, **given}))
+    if not rows:
+        raise InputError(f"{path}: no data rows")
+    return rows
+
+
+def _positive_int(value: str, what: str, where: str) -> int:
+    try:
+        number = float(value)
+    except ValueError:
+        raise InputError(f"{where}: {what} {value!r} is not a number") from None
+    if not number.is_integer() or number < 1:
+        raise InputError(f"{where}: {what} {value!r} is not a positive integer")
+    return int(number)
+
+
+@lru_cache(maxsize=256)
+def _gpu(device: str) -> dict[str, Any]:
+    return lookup_gpu(device)
+
+
+def _check_row(row: dict[str, str], where: str) -> dict[str, Any]:
+    """One long-format measurement in perfzoo units, or InputError naming ``where`` and the value."""
+    if not row["model"]:
+        raise InputError(f"{where}: empty model name")
+    try:
+        spec = _gpu(row["device"])
+    except InputError as exc:
+        raise InputError(f"{where}: device {row['device']!r} is not in the GPU spec table ({exc})") from None
+    mode = MODES.get(row["mode"].lower())
+    if mode is None:
+        raise InputError(f"{where}: unknown mode {row['mode']!r} (expected inference or training)")
+    batch = _positive_int(row["batch"], "batch", where)
+    n_gpus = _positive_int(row["n_gpus"], "n_gpus", where)
+    resolution = _positive_int(row["resolution"], "resolution", where)
+    label = METRICS.get(row["metric"].strip().lower())
+    if label is None:
+        raise InputError(f"{where}: unknown metric {row['metric']!r} (known: {', '.join(sorted(METRICS))})")
+    try:
+        value = float(row["value"])
+    except ValueError:
+        raise InputError(f"{where}: value {row['value']!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise InputError(f"{where}: value {row['value']!r} is not a positive finite number")
+    try:
+        converted = convert(label, value, row["unit"], batch)
+    except KeyError:
+        raise InputError(f"{where}: unknown unit {row['unit']!r} for metric {row['metric']!r} "
+                         f"(expected one of: {', '.join(_units_of(label))})") from None
+    return {"model": row["model"], "device": spec["name"], "device_reported": row["device"], "mode": mode,
+            "batch": batch, "precision": row["precision"].lower(), "n_gpus": n_gpus, "resolution": resolution,
+            "family_given": row["family"], "label_name": label, "value": converted}
+
+
+# --------------------------------------------------------------------------- building the table
+
+
+def family_from_name(model: str) -> str:
+    """The name's leading letters, lower case: ``timm:resnet50`` → ``resnet``, ``ViT-B/16`` → ``vit``."""
+    name = model.split(":", 1)[1] if model.startswith(("timm:", "torchvision:")) else model
+    match = re.match(r"[A-Za-z]+", name)
+    return match.group(0).lower() if match else name.lower()
+
+
+def _families(long: pd.DataFrame, path: Path) -> dict[str, str]:
+    families = {}
+    for model, g in long.groupby("model", sort=True):
+        given = g.loc[g["family_given"] != "", ["family_given", "data_row"]].drop_duplicates("family_given")
+        if len(given) > 1:
+            rows = ", ".join(map(str, given["data_row"]))
+            raise InputError(f"{path}: model {model!r} is given different families "
+                             f"{list(given['family_given'])} (rows {rows})")
+        families[model] = given["family_given"].iloc[0] if len(given) else family_from_name(str(model))
+    return families
+
+
+CONFIG = ["model", "precision", "n_gpus", "resolution"]
+
+
+def _wide(long: pd.DataFrame, path: Path) -> pd.DataFrame:
+    keys = [*CONFIG, "device", "mode", "batch"]
+    dup = long[long.duplicated([*keys, "label_name"], keep=False)]
+    if len(dup):
+        first = dup.groupby([*keys, "label_name"], sort=False)["data_row"].apply(list).iloc[0]
+        raise InputError(f"{path}: rows {', '.join(map(str, first))} give the same "
+                         f"{dup['label_name'].iloc[0]} of one configuration twice")
+    wide = long.pivot_table(index=keys, columns="label_name", values="value", aggfunc="first")
+    wide = wide.reindex(columns=[c for c in LABELS if c != "edp"]).reset_index()
+    wide.columns.name = None
+    rows = long.groupby(keys)["data_row"].apply(lambda r: ",".join(map(str, sorted(r)))).rename("source_rows")
+    reported = long.groupby(keys)["device_reported"].first()
+    wide = wide.merge(rows.reset_index(), on=keys).merge(reported.reset_index(), on=keys)
+    return _derive(wide)
+
+
+def _derive(wide: pd.DataFrame) -> pd.DataFrame:
+    derived = [[] for _ in range(len(wide))]
+
+    def fill(target: str, values: pd.Series) -> None:
+        gap = wide[target].isna() & values.notna()
+        for i in np.flatnonzero(gap.to_numpy()):
+            derived[i].append(target)
+        wide.loc[gap, target] = values[gap]
+
+    fill("throughput", wide["batch"] / wide["latency_ms"] * 1000)
+    fill("latency_ms", wide["batch"] / wide["throughput"] * 1000)
+    fill("energy_per_sample_j", wide["energy_j"] / wide["batch"])
+    fill("energy_j", wide["energy_per_sample_j"] * wide["batch"])
+    wide["edp"] = wide["energy_j"] * wide["latency_ms"] / 1000
+    for i, row in enumerate(wide[["energy_j", "latency_ms"]].itertuples(index=False)):
+        if pd.notna(row.energy_j) and pd.notna(row.latency_ms):
+            derived[i].append("edp")
+    wide["derived_labels"] = [",".join(d) for d in derived]
+    return wide
+
+
+def hardware_columns(device: str, n_gpus: int = 1) -> dict[str, float]:
+    """Spec-sheet hardware features of one GPU of ``device`` (a spec-table or NVML name)."""
+    spec = _gpu(device)
+
+    def num(key: str) -> float:
+        return math.nan if spec.get(key) is None else float(spec[key])
+
+    return {"hw_peak_gflops": num("peak_fp32_tflops") * 1000, "hw_mem_bw_gbs": num("mem_bw_gbs"),
+            "hw_cores": num("sm_count"), "hw_mem_gb": num("mem_gb"), "hw_n_gpus": float(n_gpus),
+            **{f"hw_spec_{k}": num(k) for k in HW_EXTRAS}}
+
+
+@lru_cache(maxsize=2)
+def _library_names(library: str) -> frozenset[str]:
+    if library == "timm":
+        import timm
+
+        return frozenset(timm.list_models())
+    import torchvision.models
+
+    return frozenset(torchvision.models.list_models())
+
+
+def resolve_builder(model: str) -> tuple[str, str] | None:
+    """(builder, name) for a timm/torchvision model name, else None."""
+    if ":" in model:
+        library, _, name = model.partition(":")
+        if library in ("timm", "torchvision") and name.split(".", 1)[0] in _library_names(library):
+            return library, name
+        return None
+    for library in ("torchvision", "timm"):
+        if model.split(".", 1)[0] in _library_names(library):
+            return library, model
+    return None
+
+
+def model_features(model: str, precision: str, resolution: int, mode: str, batch: int,
+                   model_id: str = "") -> tuple[dict[str, Any], str]:
+    """(features, "") of a timm/torchvision model featurised on the meta device, or ({}, reason)."""
+    import torch
+
+    from perfzoo.builders import build_model
+    from perfzoo.features import featurise
+
+    resolved = resolve_builder(model)
+    if resolved is None:
+        return {}, f"{model!r} is not a timm or torchvision model name"
+    dtype = PRECISION_DTYPES.get(precision)
+    if dtype is None:
+        return {}, f"precision {precision!r} is not featurised (known: {', '.join(sorted(PRECISION_DTYPES))})"
+    builder, name = resolved
+    shape = (3, resolution, resolution)
+
+    def build() -> Any:
+        return build_model(builder, name, {}, NUM_CLASSES, shape).to(getattr(torch, dtype))
+
+    try:
+        feats, _ = featurise(build, shape, batch, mode, dtype, model_id)
+    except InputError as exc:
+        return {}, str(exc)
+    return {k: feats[k] for k in MODEL_FEATURES if k in feats}, ""
+
+
+def _add_model_features(data: pd.DataFrame, progress: bool) -> pd.DataFrame:
+    from tqdm import tqdm
+
+    configs = data[[*CONFIG, "mode", "batch", "model_id"]].drop_duplicates(["model_id", "mode", "batch"])
+    rows = []
+    for c in tqdm(configs.to_dict("records"), desc="features", file=sys.stderr, disable=not progress,
+                  mininterval=1):
+        feats, reason = model_features(c["model"], c["precision"], c["resolution"], c["mode"], c["batch"],
+                                       c["model_id"])
+        rows.append({"model_id": c["model_id"], "mode": c["mode"], "batch": c["batch"], **feats,
+                     "feature_missing_reason": reason})
+    table = pd.DataFrame(rows).reindex(columns=["model_id", "mode", "batch", *MODEL_FEATURES,
+                                                "feature_missing_reason"])
+    for col in MODEL_FEATURES:
+        table[col] = pd.to_numeric(table[col], errors="coerce").astype("float64")
+    return data.merge(table, on=["model_id", "mode", "batch"], how="left")
+
+
+def import_external(csv_path: str | Path, featurise_models: bool = True,
+                    progress: bool = False) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """(dataset-like table, provenance record) of an external measurement CSV; see the module docstring.
+
+    ``featurise_models=False`` skips the meta-device featurisation (features NaN with a reason).
+    """
+    path = Path(csv_path)
+    records = []
+    for n, line, row in _read_rows(path):
+        records.append({**_check_row(row, f"{path}: row {n} (line {line})"), "data_row": n})
+    long = pd.DataFrame(records)
+    families = _families(long, path)
+    data = _wide(long, path)
+    data["model_id"] = [stable_id({"source": TRACE_KIND, "model": r.model, "precision": r.precision,
+                                   "n_gpus": int(r.n_gpus), "resolution": int(r.resolution)})
+                        for r in data.itertuples(index=False)]
+    data["family"] = data["model"].map(families)
+    data["name"] = data["model"]
+    data["label"] = [f"{r.model}@{r.precision}" + (f"x{r.n_gpus}" if r.n_gpus > 1 else "")
+                     for r in data.itertuples(index=False)]
+    data["builder"] = TRACE_KIND
+    data["trace_kind"] = TRACE_KIND
+    sha = sha256_file(path)
+    data["source_file"] = str(path)
+    data["source_sha256"] = sha
+    data["energy_missing_reason"] = np.where(data["energy_j"].isna(), "no energy in the imported table", "")
+    hw = pd.DataFrame([{"device": d, "n_gpus": n, **hardware_columns(d, n)}
+                       for d, n in sorted(set(zip(data["device"], data["n_gpus"], strict=True)))])
+    data = data.merge(hw, on=["device", "n_gpus"], how="left")
+    if featurise_models:
+        data = _add_model_features(data, progress)
+    else:
+        data = data.assign(**{c: math.nan for c in MODEL_FEATURES},
+                           feature_missing_reason="model features not computed (featurise_models=False)")
+    data["is_training"] = (data["mode"] == "training").astype(float)
+    data = add_roofline_features(data)
+    data.insert(0, "row_id", data[KEY].astype(str).agg("|".join, axis=1))
+    data = data.drop(columns=["model"])
+    front = ["row_id", *KEY, "family", "name", "label", "builder", "precision", "n_gpus", "resolution",
+             "device_reported", *LABELS, "derived_labels", "energy_missing_reason"]
+    data = data[front + [c for c in data.columns if c not in front]]
+    data = data.sort_values("row_id").reset_index(drop=True)
+    prov = provenance([path], {"import": TRACE_KIND, "featurise_models": featurise_models,
+                               "num_classes": NUM_CLASSES})
+    prov["source"] = {"path": str(path), "sha256": sha, "kind": TRACE_KIND, "data_rows": len(long),
+                      "dataset_rows": len(data)}
+    return data, prov
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def build_parser(prog: str = "perfzoo-import") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Import an external measurement CSV (model, device, batch, mode, precision, "
+                               "n_gpus, metric, value, unit) into a perfzoo dataset table.")
+    parser.add_argument("csv", help="measurement table (long format, one number per row)")
+    parser.add_argument("-o", "--output", required=True, help="output Parquet file (dataset-like table)")
+    parser.add_argument("--no-features", action="store_true",
+                        help="skip featurising timm/torchvision models on the meta device")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def external_main(argv: Sequence[str] | None = None) -> int:
+    """``perfzoo-import CSV -o OUT.parquet``: 0 on success; bad input prints one line and returns 2."""
+    args = build_parser().parse_args(argv)
+    try:
+        data, prov = import_external(args.csv, featurise_models=not args.no_features, progress=not args.quiet)
+    except InputError as exc:
+        print(f"perfzoo-import: error: {exc}", file=sys.stderr)
+        return 2
+    write_table(args.output, data, prov)
+    featurised = int((data["feature_missing_reason"] == "").sum())
+    print(f"perfzoo-import: {len(data)} rows ({data['device'].nunique()} devices, "
+          f"{data['model_id'].nunique()} model configs, {featurised} featurised) -> {args.output}",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(external_main())

@@ -1,0 +1,173 @@
+"""Importing external measurement tables: unit conversion, spec-sheet hardware features, row-named errors."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import perfzoo.provenance
+from perfzoo.external import LABELS, convert, external_main, family_from_name, import_external
+from perfzoo.hardware_specs import lookup_gpu
+from perfzoo.io import InputError
+from perfzoo.provenance import read_provenance
+from perfzoo.splits import make_split, split_notes
+
+FIXTURE = Path(__file__).parent / "fixtures" / "external_measurements.csv"
+HEADER = "model,device,batch,mode,precision,n_gpus,metric,value,unit"
+# Two GPUs of the spec table, one named as NVML reports it, one by its table name. Numbers are made up.
+ROWS = [
+    "resnet18,NVIDIA A100-SXM4-80GB,32,inference,fp32,1,latency,0.0125,s",
+    "resnet18,NVIDIA A100-SXM4-80GB,32,inference,fp32,1,peak_memory,1.5,GB",
+    "resnet18,NVIDIA A100-SXM4-80GB,32,inference,fp32,1,power,0.25,kW",
+    "resnet18,NVIDIA A100-SXM4-80GB,32,inference,fp32,1,energy,0.001,Wh",
+    "resnet18,H100 SXM,32,inference,fp32,1,latency,6400,us",
+    "resnet18,H100 SXM,32,inference,fp32,1,peak_memory,1536,MiB",
+    "resnet18,H100 SXM,32,inference,fp32,1,energy,2.5,kJ",
+    "resnet18,H100 SXM,32,training,fp16,1,throughput,40,it/s",
+    "inhouse_cnn,H100 SXM,8,training,fp32,2,throughput,900,images/s",
+]
+
+
+@pytest.fixture(autouse=True)
+def _no_git(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(perfzoo.provenance, "code_version", lambda: "test")
+
+
+def write_csv(tmp_path: Path, rows: list[str], header: str = HEADER, name: str = "m.csv") -> Path:
+    path = tmp_path / name
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+def test_import_converts_units_and_adds_spec_hardware_features(tmp_path: Path) -> None:
+    data, prov = import_external(write_csv(tmp_path, ROWS))
+    assert len(data) == 4 and not data["row_id"].duplicated().any()
+    assert sorted(data["device"].unique()) == ["A100 SXM4 80GB", "H100 SXM"]
+    a100 = data[(data["device"] == "A100 SXM4 80GB")].iloc[0]
+    assert a100["device_reported"] == "NVIDIA A100-SXM4-80GB" and a100["family"] == "resnet"
+    assert a100["latency_ms"] == pytest.approx(12.5)
+    assert a100["peak_mem_mb"] == pytest.approx(1.5 * 1024)  # GB read as 2^30 bytes = 1024 MB (MiB)
+    assert a100["mean_power_w"] == pytest.approx(250)
+    assert a100["energy_j"] == pytest.approx(3.6)
+    assert a100["throughput"] == pytest.approx(32 / 12.5 * 1000)  # derived from latency
+    assert a100["energy_per_sample_j"] == pytest.approx(3.6 / 32)
+    assert a100["edp"] == pytest.approx(3.6 * 0.0125)
+    assert set(a100["derived_labels"].split(",")) == {"throughput", "energy_per_sample_j", "edp"}
+    h100 = data[(data["device"] == "H100 SXM") & (data["mode"] == "inference")].iloc[0]
+    assert h100["latency_ms"] == pytest.approx(6.4) and h100["peak_mem_mb"] == pytest.approx(1536)
+    assert h100["energy_j"] == pytest.approx(2500) and math.isnan(h100["mean_power_w"])
+    train = data[(data["model_id"] != h100["model_id"]) & (data["name"] == "resnet18")].iloc[0]
+    assert train["throughput"] == pytest.approx(40 * 32)  # it/s x batch = samples/s
+    assert train["latency_ms"] == pytest.approx(25.0) and train["precision"] == "fp16"
+    for _, row in data.iterrows():
+        spec = lookup_gpu(row["device"])
+        assert row["hw_peak_gflops"] == pytest.approx(spec["peak_fp32_tflops"] * 1000)
+        assert row["hw_mem_bw_gbs"] == spec["mem_bw_gbs"] and row["hw_cores"] == spec["sm_count"]
+        assert row["hw_mem_gb"] == spec["mem_gb"] and row["hw_spec_tdp_w"] == spec["tdp_w"]
+        assert row["trace_kind"] == "external" and row["source_sha256"] == prov["source"]["sha256"]
+    assert set(LABELS) <= set(data.columns)
+    assert data.select_dtypes("number").columns.str.startswith("hw_").sum() == 8
+    key = data[["model_id", "device", "mode", "batch"]].astype(str)
+    assert data["row_id"].equals(key.agg("|".join, axis=1))
+
+
+def test_known_models_are_featurised_others_get_a_reason(tmp_path: Path) -> None:
+    data, _ = import_external(write_csv(tmp_path, ROWS))
+    known = data[data["name"] == "resnet18"]
+    assert (known["feature_missing_reason"] == "").all() and (known["flops"] > 0).all()
+    fp16 = known[known["precision"] == "fp16"].iloc[0]
+    fp32 = known[known["precision"] == "fp32"].iloc[0]
+    assert fp16["weight_bytes"] == pytest.approx(fp32["weight_bytes"] / 2, rel=1e-3)  # built in float16
+    assert fp16["flops"] > fp16["flops_fw"]  # training step counts the backward pass
+    other = data[data["name"] == "inhouse_cnn"].iloc[0]
+    assert math.isnan(other["flops"]) and "not a timm or torchvision model" in other["feature_missing_reason"]
+    assert other["hw_n_gpus"] == 2 and other["label"] == "inhouse_cnn@fp32x2"
+    skipped, _ = import_external(write_csv(tmp_path, ROWS), featurise_models=False)
+    assert skipped["flops"].isna().all() and (skipped["feature_missing_reason"] != "").all()
+
+
+def test_imported_rows_support_leave_one_device_out(tmp_path: Path) -> None:
+    data, _ = import_external(write_csv(tmp_path, ROWS), featurise_models=False)
+    split = make_split("leave_one_device_out", data, {"seed": 1337})
+    assert sorted(split["fold"].unique()) == ["A100 SXM4 80GB", "H100 SXM"]
+    assert split_notes("leave_one_device_out", data, {}) == []
+
+
+def test_sha256_in_provenance_is_the_files_hash(tmp_path: Path) -> None:
+    path = write_csv(tmp_path, ROWS)
+    _, prov = import_external(path, featurise_models=False)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert prov["source"]["sha256"] == digest and prov["inputs"][str(path)] == digest
+    assert prov["source"]["kind"] == "external" and prov["source"]["data_rows"] == len(ROWS)
+
+
+@pytest.mark.parametrize(("bad_row", "expected"), [
+    ("resnet18,NVIDIA Z9000,32,inference,fp32,1,latency,3,ms", "row 3 (line 4): device 'NVIDIA Z9000'"),
+    ("resnet18,T4,32,inference,fp32,1,latency,3,fortnights", "row 3 (line 4): unknown unit 'fortnights'"),
+    ("resnet18,T4,32,inference,fp32,1,flux,3,ms", "row 3 (line 4): unknown metric 'flux'"),
+    ("resnet18,T4,32,inference,fp32,1,latency,fast,ms", "row 3 (line 4): value 'fast'"),
+    ("resnet18,T4,32,inference,fp32,1,latency,-2,ms", "row 3 (line 4): value '-2'"),
+    ("resnet18,T4,0,inference,fp32,1,latency,2,ms", "row 3 (line 4): batch '0'"),
+    ("resnet18,T4,32,sleeping,fp32,1,latency,2,ms", "row 3 (line 4): unknown mode 'sleeping'"),
+    ("resnet18,T4,32,inference,fp32,1,latency,2,GB", "unknown unit 'GB' for metric 'latency'"),
+])
+def test_bad_rows_raise_input_error_naming_row_and_value(tmp_path: Path, bad_row: str, expected: str) -> None:
+    path = write_csv(tmp_path, [ROWS[0], ROWS[1], bad_row, ROWS[4]])
+    with pytest.raises(InputError) as err:
+        import_external(path, featurise_models=False)
+    message = str(err.value)
+    assert expected in message and str(path) in message and "\n" not in message
+
+
+def test_rows_count_data_rows_not_comments_or_blank_lines(tmp_path: Path) -> None:
+    path = tmp_path / "c.csv"
+    path.write_text(f"# example\n\n{HEADER}\n{ROWS[0]}\n\n{ROWS[0].replace('A100-SXM4-80GB', 'B999')}\n")
+    with pytest.raises(InputError, match=r"row 2 \(line 6\): device 'NVIDIA B999'"):
+        import_external(path, featurise_models=False)
+
+
+def test_missing_columns_duplicates_and_family_conflicts_are_named(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"missing columns \['unit'\]"):
+        import_external(write_csv(tmp_path, ["x,T4,1,inference,fp32,1,latency,2"],
+                                  header="model,device,batch,mode,precision,n_gpus,metric,value"))
+    with pytest.raises(InputError, match="rows 1, 2 give the same latency_ms"):
+        import_external(write_csv(tmp_path, [ROWS[0], ROWS[0].replace("0.0125,s", "12,ms")]),
+                        featurise_models=False)
+    rows = ["a1,T4,1,inference,fp32,1,latency,2,ms,cnn", "a1,T4,2,inference,fp32,1,latency,3,ms,mlp"]
+    with pytest.raises(InputError, match="model 'a1' is given different families"):
+        import_external(write_csv(tmp_path, rows, header=HEADER + ",family"), featurise_models=False)
+
+
+def test_optional_columns_default_and_family_column_wins(tmp_path: Path) -> None:
+    rows = ["netA,T4,4,train,,,latency,10,ms,convnets", "netA,T4,4,train,,,energy,5,MJ,"]
+    data, _ = import_external(write_csv(tmp_path, rows, header=HEADER + ",family"), featurise_models=False)
+    row = data.iloc[0]
+    assert row["family"] == "convnets" and row["precision"] == "fp32" and row["n_gpus"] == 1
+    assert row["mode"] == "training" and row["energy_j"] == pytest.approx(5e6)  # MJ is mega, mJ milli
+    assert convert("energy_j", 5, "mJ", 1) == pytest.approx(5e-3)
+    assert convert("peak_mem_mb", 1, "MB", 1) == convert("peak_mem_mb", 1, "MiB", 1) == 1.0
+    assert convert("throughput", 3, "samples/sec", 8) == 3 and convert("throughput", 3, "it/s", 8) == 24
+    assert family_from_name("vit_base_patch16_224") == "vit" and family_from_name("timm:resnet50") == "resnet"
+
+
+def test_example_fixture_parses(tmp_path: Path) -> None:
+    data, _ = import_external(FIXTURE, featurise_models=False)
+    assert len(data) == 4 and data["device"].nunique() == 3
+
+
+def test_cli_writes_table_with_provenance_and_reports_bad_input(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path, out = write_csv(tmp_path, ROWS), tmp_path / "out" / "ext.parquet"
+    assert external_main([str(path), "-o", str(out), "--no-features", "--quiet"]) == 0
+    table = pd.read_parquet(out)
+    assert len(table) == 4
+    assert read_provenance(out)["source"]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    bad = write_csv(tmp_path, [ROWS[0].replace("latency", "flux")], name="bad.csv")
+    assert external_main([str(bad), "-o", str(tmp_path / "bad.parquet"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("perfzoo-import: error:") and "row 1" in err[-1]
+    assert not (tmp_path / "bad.parquet").exists()

@@ -1,0 +1,599 @@
+"""perfzoo predict: API, CLI, intervals, warnings, recommendations, provenance and bad input.
+
+The workflow outputs are built programmatically with the package functions the rule scripts call
+(zoo → features → traces → dataset → split → fit → evaluate), on two devices: ``cpu`` (no energy
+sensor) and ``a100`` (a cuda device whose energy labels are filled in), so that energy, MIG and cost
+paths are exercised without a GPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from conftest import ROOT
+
+CONFIG: dict[str, Any] = {
+    "devices": {
+        "cpu": {"kind": "cpu", "threads": 1, "price_per_hour": 0.12},
+        "a100": {
+            "kind": "cuda",
+            "gpu_name": "A100-SXM4-40GB",
+            "spec": "A100 SXM4 40GB",
+            "price_per_hour": 3.0,
+            "carbon_intensity_g_per_kwh": 300,
+            "power_limits_w": [250, 400],
+        },
+    },
+    "zoo": {
+        "num_classes": 10,
+        "families": {
+            "mlp": {
+                "builder": "mlp",
+                "input_shape": [64],
+                "batch_sizes": [1, 4, 8],
+                "models": [
+                    {"name": "mlp_small", "kwargs": {"in_features": 64, "hidden": [32, 32]}},
+                    {"name": "mlp", "variant": "wide", "kwargs": {"in_features": 64, "hidden": [256]}},
+                    {"name": "mlp", "variant": "deep", "kwargs": {"in_features": 64, "hidden": [64, 64, 64]}},
+                ],
+            },
+            "transformer": {
+                "builder": "transformer",
+                "sequence_lengths": [8],
+                "batch_sizes": [1, 4, 8],
+                "models": [{"name": "encoder", "kwargs": {"d_model": 32, "heads": 2, "layers": 1}}],
+            },
+        },
+    },
+    "shards": {"size": 16},
+    "splits": {"schemes": ["random"], "seed": 1337, "random_fractions": [0.7, 0.15, 0.15]},
+    "fit": {
+        "targets": ["latency_ms", "peak_mem_mb", "energy_per_sample_j"],
+        "regressors": ["linear", "random_forest"],
+        "seed": 0,
+    },
+}
+HARDWARE = {
+    "cpu": {
+        "device": "cpu",
+        "kind": "cpu",
+        "name": "Test CPU",
+        "cores_used": 1,
+        "memory_gb": 16.0,
+        "measured_gemm_gflops_fp32": 50.0,
+        "measured_copy_gbs": 10.0,
+        "energy_sensor": None,
+        "energy_missing_reason": "no energy sensor read on kind 'cpu' (RAPL is not used)",
+    },
+    "a100": {
+        "device": "a100",
+        "kind": "cuda",
+        "name": "NVIDIA A100-SXM4-40GB",
+        "sm_count": 108,
+        "memory_gb": 40.0,
+        "measured_gemm_gflops_fp32": 19000.0,
+        "measured_copy_gbs": 1300.0,
+        "energy_sensor": "nvml",
+    },
+}
+_BUILT: dict[str, Path] = {}
+
+
+def _synthetic_traces(manifest: pd.DataFrame, features: pd.DataFrame, device: str) -> pd.DataFrame:
+    """Five measured iterations per config: time grows with FLOPs and bytes; the a100 is faster."""
+    from perfzoo.profiling.runner import TRACE_COLUMNS
+
+    rng = np.random.default_rng(0 if device == "cpu" else 1)
+    feats = features.set_index(["model_id", "mode", "batch"])
+    speed = 1.0 if device == "cpu" else 0.05
+    rows = []
+    for cfg in manifest.to_dict("records"):
+        f = feats.loc[(cfg["model_id"], cfg["mode"], cfg["batch"])]
+        base = speed * (0.05 + f["flops"] / 2e8 + f["activation_bytes"] / 5e8)
+        mem = 40.0 + f["train_mem_estimate_bytes"] / 2**20 * (1.5 if device == "cpu" else 1.2)
+        for it in range(5):
+            rows.append(
+                {
+                    "model_id": cfg["model_id"],
+                    "config_id": cfg["config_id"],
+                    "mode": cfg["mode"],
+                    "batch": cfg["batch"],
+                    "repeat": 0,
+                    "iter": it,
+                    "time_ms": base * (1 + 0.02 * rng.standard_normal()),
+                    "status": "ok",
+                    "message": "",
+                    "peak_mem_mb": mem,
+                    "n_warmup": 1,
+                    "stop_reason": "ci",
+                    "threads": 1,
+                }
+            )
+    return pd.DataFrame(rows, columns=TRACE_COLUMNS)
+
+
+def build_workflow_outputs(workdir: Path) -> Path:
+    """Write config.yaml and results/ of a finished (tiny) workflow run into ``workdir``."""
+    from perfzoo.dataset import build_dataset
+    from perfzoo.evaluate import metrics_table
+    from perfzoo.features import featurise_manifest
+    from perfzoo.fitting import fit_split, save_models
+    from perfzoo.io import write_json
+    from perfzoo.provenance import provenance, write_table
+    from perfzoo.splits import make_split
+    from perfzoo.zoo import expand_zoo, manifest_frame
+
+    cwd = os.getcwd()
+    os.chdir(workdir)  # the workflow records paths relative to its directory
+    try:
+        (workdir / "config.yaml").write_text(yaml.safe_dump(CONFIG))
+        manifest = manifest_frame(expand_zoo(CONFIG))
+        write_table("results/zoo/manifest.parquet", manifest, provenance([], {"zoo": CONFIG["zoo"]}))
+        models, _ = featurise_manifest(manifest, CONFIG["zoo"]["num_classes"], progress=False)
+        write_table("results/features/models.parquet", models, provenance(["results/zoo/manifest.parquet"]))
+        traces, hardware = [], []
+        for device, hw in HARDWARE.items():
+            path = f"results/traces/{device}/s0000.parquet"
+            write_table(
+                path,
+                _synthetic_traces(manifest, models, device),
+                provenance(["results/zoo/manifest.parquet"], {"device": CONFIG["devices"][device]}),
+            )
+            traces.append(path)
+            hardware.append(f"results/hardware/{device}.json")
+            write_json(
+                hardware[-1], {**hw, "provenance": provenance([], {"device": CONFIG["devices"][device]})}
+            )
+        data, noise, _ = build_dataset(manifest, models, traces, hardware)
+        gpu = (
+            data["device"] == "a100"
+        )  # the GPU's energy labels, as the NVML path of the dataset stage gives them
+        data.loc[gpu, "mean_power_w"] = 80 + 30 * np.log1p(data.loc[gpu, "flops"] / 1e6)
+        data.loc[gpu, "energy_j"] = data.loc[gpu, "mean_power_w"] * data.loc[gpu, "latency_ms"] / 1e3
+        data.loc[gpu, "energy_per_sample_j"] = data.loc[gpu, "energy_j"] / data.loc[gpu, "batch"]
+        data.loc[gpu, "edp"] = data.loc[gpu, "energy_j"] * data.loc[gpu, "latency_ms"] / 1e3
+        data.loc[gpu, "energy_missing_reason"] = None
+        prov = provenance(
+            ["results/zoo/manifest.parquet", "results/features/models.parquet", *traces, *hardware]
+        )
+        write_table("results/dataset/dataset.parquet", data, prov)
+        write_table("results/dataset/noise_floor.parquet", noise, prov)
+        split = make_split("random", data, CONFIG["splits"])
+        write_table("results/splits/random.parquet", split, provenance(["results/dataset/dataset.parquet"]))
+        held = []
+        for target in CONFIG["fit"]["targets"]:
+            for regressor in CONFIG["fit"]["regressors"]:
+                stem = f"results/fit/{target}/{regressor}/random"
+                params = {"n_estimators": 50} if regressor == "random_forest" else None
+                predictions, fitted, notes = fit_split(data, split, target, regressor, params)
+                prov = provenance(
+                    ["results/dataset/dataset.parquet", "results/splits/random.parquet"],
+                    {"target": target, "regressor": regressor, "split": "random", "notes": notes},
+                )
+                save_models(f"{stem}.models.json", fitted, prov)
+                write_table(f"{stem}.predictions.parquet", predictions, prov)
+                held.append(f"{stem}.predictions.parquet")
+        frames = [pd.read_parquet(p) for p in held]
+        write_table(
+            "results/evaluate/metrics.parquet",
+            metrics_table(pd.concat(frames, ignore_index=True), noise),
+            provenance([*held, "results/dataset/noise_floor.parquet"]),
+        )
+    finally:
+        os.chdir(cwd)
+    return workdir
+
+
+@pytest.fixture(scope="session")
+def workflow_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished tiny workflow run (built once per test session, shared by test_audit.py)."""
+    if "dir" not in _BUILT:
+        _BUILT["dir"] = build_workflow_outputs(tmp_path_factory.mktemp("workflow"))
+    return _BUILT["dir"]
+
+
+@pytest.fixture
+def run_dir(workflow_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(workflow_dir)
+    return workflow_dir
+
+
+def perfzoo_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run(
+        [sys.executable, "-m", "perfzoo", *args],
+        cwd=cwd,
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+
+
+def _mlp() -> Any:
+    from torch import nn
+
+    return nn.Sequential(nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 10))
+
+
+def _assert_intervals_bracket(table: pd.DataFrame) -> int:
+    checked = 0
+    for key in (
+        "latency_ms",
+        "throughput",
+        "peak_mem_mb",
+        "energy_per_sample_j",
+        "edp",
+        "cost_per_1k_samples",
+        "carbon_g_per_1k_samples",
+    ):
+        for row in table.itertuples():
+            v, lo, hi = getattr(row, key), getattr(row, f"{key}_lo"), getattr(row, f"{key}_hi")
+            if math.isfinite(v):
+                assert math.isfinite(lo) and math.isfinite(hi), (row.device, key)
+                assert lo <= v <= hi, (row.device, key, lo, v, hi)
+                checked += 1
+    return checked
+
+
+# --------------------------------------------------------------------------- API
+
+
+def test_predict_module_instance_per_device_with_intervals(run_dir: Path) -> None:
+    import perfzoo
+
+    model = _mlp()
+    result = perfzoo.predict(model, batch=4, input_shape=(64,))
+    table = result.table.set_index("device")
+    assert list(table.index) == ["a100", "cpu"]
+    assert (table["latency_ms"] > 0).all() and (table["peak_mem_mb"] > 0).all()
+    assert table.loc["a100", "latency_ms"] < table.loc["cpu", "latency_ms"]
+    assert _assert_intervals_bracket(result.table) >= 10
+    lat = result.record["devices"]["cpu"]["quantities"]["latency_ms"]
+    assert lat["lo"] < lat["hi"] and "tree predictions" in lat["interval"]  # random forest wins on this data
+    # the user's module is not touched: weights stay real, on the CPU
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    assert result.record["features"]["params"] == sum(p.numel() for p in model.parameters())
+
+
+def test_energy_missing_on_cpu_with_reason_never_zero(run_dir: Path) -> None:
+    from perfzoo.predict import predict
+
+    result = predict(_mlp(), batch=4, input_shape=64)
+    cpu = result.record["devices"]["cpu"]["quantities"]
+    a100 = result.record["devices"]["a100"]["quantities"]
+    for key in ("energy_per_sample_j", "edp", "carbon_g_per_1k_samples", "mean_power_w"):
+        assert cpu[key]["value"] is None and "no energy sensor" in cpu[key]["missing"], key
+    assert a100["energy_per_sample_j"]["value"] > 0 and a100["carbon_g_per_1k_samples"]["value"] > 0
+    assert a100["edp"]["source"].startswith("derived") and a100["edp"]["value"] > 0
+    row = result.table.set_index("device").loc["cpu"]
+    assert math.isnan(row["energy_per_sample_j"]) and "no energy sensor" in row["missing"]
+    # cost: price per device-hour x predicted time for 1000 samples
+    lat = a100["latency_ms"]["value"]
+    assert a100["cost_per_1k_samples"]["value"] == pytest.approx(3.0 * lat * 1000 / 4 / 3.6e6)
+
+
+def test_objectives_mig_and_power_cap(run_dir: Path) -> None:
+    from perfzoo.predict import predict
+
+    energy = predict(_mlp(), batch=8, input_shape=64, objective="energy")
+    assert energy.recommendation["device"] == "a100"
+    assert "energy_per_sample_j missing" in energy.recommendation["excluded"]["cpu"]
+    time = predict(_mlp(), batch=8, input_shape=64, objective="time", latency_target_ms=1e-9)
+    assert (
+        time.recommendation["device"] is None
+        and "exceeds the target" in time.recommendation["excluded"]["a100"]
+    )
+    mig = energy.record["devices"]["a100"]["mig"]
+    assert mig["gpu"] == "A100-40GB" and mig["profile"] == "1g.5gb"  # a tiny MLP fits the smallest slice
+    assert energy.record["devices"]["cpu"]["mig"] is None
+    cap = energy.record["devices"]["a100"]["power_cap"]
+    assert cap["power_cap_w"] is None and "power-limit feature" in cap["reason"]
+    assert energy.record["devices"]["cpu"]["power_cap"] is None
+
+
+def test_predictor_choice_and_fold_average(run_dir: Path) -> None:
+    from perfzoo.fitting import regressor_inputs
+    from perfzoo.predict import predict
+
+    metrics = pd.read_parquet("results/evaluate/metrics.parquet")
+    result = predict(_mlp(), batch=4, input_shape=64)
+    for target, chosen in result.record["predictors"].items():
+        rows = metrics[(metrics["target"] == target) & (metrics["split"] == "random")]
+        assert chosen["regressor"] == rows.sort_values("mape").iloc[0]["regressor"], target
+        assert chosen["validation_mape"] == pytest.approx(rows["mape"].min())
+    assert set(result.record["missing_targets"]) >= {"throughput", "mean_power_w"}
+    assert "fit.targets" in result.record["missing_targets"]["throughput"]
+    # the point value is the chosen file's fold models applied to the recorded feature row
+    from perfzoo.predict import _load_models
+
+    folds, _ = _load_models(Path(result.record["predictors"]["latency_ms"]["path"]))
+    X = pd.DataFrame([result.record["feature_rows"]["cpu"]])
+    expected = np.mean([m.predict(regressor_inputs(X)) for m in folds.values()])
+    assert result.record["devices"]["cpu"]["quantities"]["latency_ms"]["value"] == pytest.approx(expected)
+
+
+def test_out_of_range_batch_warns(run_dir: Path) -> None:
+    from perfzoo.predict import predict
+
+    inside = predict(_mlp(), batch=4, input_shape=64)
+    assert not any("batch" in w for w in inside.warnings)
+    big = predict(_mlp(), batch=512, input_shape=64)
+    assert any("batch 512 is beyond the largest profiled batch (8)" in w for w in big.warnings)
+    assert any(w.startswith("flops") for w in big.warnings)
+
+
+def test_unprofiled_family_warns(run_dir: Path) -> None:
+    from torch import nn
+
+    from perfzoo.predict import predict
+
+    class ConvNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3)
+            self.head = nn.Linear(8, 10)
+
+        def forward(self, x: Any) -> Any:
+            return self.head(self.conv(x).mean(dim=(2, 3)))
+
+    result = predict(ConvNet(), batch=1, input_shape="3,16,16")
+    assert any("ConvNet" in w and "never profiled" in w for w in result.warnings)
+    assert not any("never profiled" in w for w in predict("mlp:mlp_small", input_shape=64).warnings)
+
+
+def test_predict_to_file_record(run_dir: Path, tmp_path: Path) -> None:
+    from perfzoo.predict import predict_to_file
+    from perfzoo.provenance import sha256_file
+
+    out = predict_to_file(
+        {"name": "mlp:mlp_small", "batch": 4, "input": [64], "mode": "training"},
+        run_dir / "results/predictions/mlp_small.json",
+        "results",
+        copy.deepcopy(CONFIG),
+    )
+    text = out.read_text()
+    assert "NaN" not in text
+    record = json.loads(text)
+    assert record["model"]["mode"] == "training" and record["model"]["batch"] == 4
+    prov = record["provenance"]
+    for device in ("cpu", "a100"):
+        trace = f"results/traces/{device}/s0000.parquet"
+        assert prov["traces"][trace] == sha256_file(trace)
+    for p in record["predictors"].values():
+        assert prov["inputs"][p["path"]] == sha256_file(p["path"]) == p["sha256"]
+        assert p["dataset_sha256"] == sha256_file("results/dataset/dataset.parquet")
+    assert prov["config"]["devices"]["a100"]["price_per_hour"] == 3.0
+    assert prov["code_version"] and prov["packages"]["torch"]
+    assert not list(out.parent.glob(".*.tmp"))  # written atomically
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_unknown_name_lists_close_names(run_dir: Path) -> None:
+    from perfzoo.io import InputError
+    from perfzoo.predict import predict
+
+    with pytest.raises(InputError, match="did you mean: mlp_small"):
+        predict("mlp:mlp_smal", input_shape=64)
+    with pytest.raises(InputError, match=r"unknown torchvision model 'resnt50' \(did you mean: .*resnet50"):
+        predict("torchvision:resnt50")
+
+
+def test_raising_factory_is_located(run_dir: Path, tmp_path: Path) -> None:
+    from perfzoo.io import InputError
+    from perfzoo.predict import predict
+
+    model_file = tmp_path / "net.py"
+    model_file.write_text(
+        textwrap.dedent("""\
+        from torch import nn
+
+
+        def helper():
+            raise ValueError("width must be even")
+
+
+        def build():
+            return helper()
+
+
+        class Bad(nn.Module):
+            def forward(self, x):
+                return x.view(-1, 7)[:, :3].unsqueeze(0) @ x.new_zeros(5, 5)
+
+
+        def build_bad_forward():
+            return Bad()
+        """)
+    )
+    with pytest.raises(InputError) as err:
+        predict(f"{model_file}:build", input_shape=64)
+    message = str(err.value)
+    assert f"{model_file}:5: ValueError: width must be even" in message and "\n" not in message
+    with pytest.raises(InputError) as err:
+        predict(f"{model_file}:build_bad_forward", input_shape=64)
+    assert f"{model_file}:14: RuntimeError" in str(err.value) and "meta device" in str(err.value)
+    with pytest.raises(InputError, match="defines no function 'buld'.*did you mean: build"):
+        predict(f"{model_file}:buld", input_shape=64)
+
+
+def test_empty_results_names_the_workflow_target(tmp_path: Path) -> None:
+    from perfzoo.io import InputError
+    from perfzoo.predict import predict
+
+    (tmp_path / "results").mkdir()
+    with pytest.raises(InputError) as err:
+        predict("mlp:mlp_small", input_shape=64, results=tmp_path / "results")
+    assert "results/evaluate/metrics.parquet" in str(err.value) and "snakemake --cores all" in str(err.value)
+
+
+def test_bad_options(run_dir: Path) -> None:
+    from perfzoo.io import InputError
+    from perfzoo.predict import parse_input, predict
+
+    assert parse_input("3,224,224") == (3, 224, 224) and parse_input(128) == (128,)
+    with pytest.raises(InputError, match="--input"):
+        parse_input("3,two,2")
+    with pytest.raises(InputError, match="--devices: unknown device 'a10'.*a100"):
+        predict(_mlp(), input_shape=64, devices="a10")
+    with pytest.raises(InputError, match="--objective"):
+        predict(_mlp(), input_shape=64, objective="speed")
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_predict_factory_file(run_dir: Path, tmp_path: Path) -> None:
+    model_file = tmp_path / "factory.py"
+    model_file.write_text(
+        "from torch import nn\n\n\ndef build():\n"
+        "    return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))\n"
+    )
+    out = tmp_path / "prediction.json"
+    proc = perfzoo_cli(
+        "predict",
+        f"{model_file}:build",
+        "--input",
+        "64",
+        "--batch",
+        "8",
+        "--objective",
+        "energy",
+        "--output",
+        str(out),
+        cwd=run_dir,
+    )
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(out.read_text())
+    assert record["recommendation"]["device"] == "a100"
+    assert record["features"]["params"] == 64 * 32 + 32 + 32 * 10 + 10
+    assert record["provenance"]["inputs"][str(model_file)]  # the factory file is hashed too
+    text = proc.stdout
+    assert "device cpu (cpu)" in text and "device a100 (cuda)" in text and "MIG profile" in text
+    assert "recommended device (energy): a100" in text
+    cpu_block = text.split("device cpu (cpu)")[1].split("recommended device")[0]
+    assert "energy per sample (J)           missing  not measured on cpu: no energy sensor" in cpu_block
+
+
+def test_cli_bad_input_is_one_line_exit_2(run_dir: Path) -> None:
+    proc = perfzoo_cli("predict", "mlp:mlp_smal", "--input", "64", cwd=run_dir)
+    assert proc.returncode == 2
+    assert (
+        proc.stderr.count("\n") == 1
+        and "mlp_small" in proc.stderr
+        and proc.stderr.startswith("perfzoo: error:")
+    )
+    proc = perfzoo_cli("predict", "mlp:mlp_small", "--batch", "zero", cwd=run_dir)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+
+
+def test_import_perfzoo_is_cheap_and_predict_callable() -> None:
+    code = (
+        "import sys, perfzoo; heavy = [m for m in ('torch', 'pandas', 'sklearn') if m in sys.modules]; "
+        "import perfzoo.predict, perfzoo.audit; "
+        "print(heavy, callable(perfzoo.predict), callable(perfzoo.audit))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        check=False,
+    )
+    assert out.stdout.strip() == "[] True True", out.stderr
+
+
+def test_featurise_worker_reports_file_and_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child process that featurises for the CLI reports a raising factory the same way."""
+    from perfzoo.predict import _worker_main, resolve_model
+
+    model_file = tmp_path / "broken.py"
+    model_file.write_text("def build():\n    raise KeyError('no such layer')\n")
+    request, out = tmp_path / "request.json", tmp_path / "out.json"
+    spec = resolve_model(f"{model_file}:build", 64)
+    request.write_text(
+        json.dumps({"spec": spec.to_dict(), "batch": 1, "mode": "inference", "num_classes": 10})
+    )
+    monkeypatch.setattr(sys, "argv", ["-c", str(request), str(out)])
+    _worker_main()
+    assert f"{model_file}:2: KeyError: 'no such layer'" in json.loads(out.read_text())["error"]
+
+
+class _Stub:
+    """A fitted-regressor stand-in whose prediction depends on the power limit."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        self.feature_names_ = ["power_limit_w", "flops"]
+
+    def predict(self, X: pd.DataFrame) -> np.ndarray:
+        return self.fn(X["power_limit_w"].to_numpy(float))
+
+
+def test_power_cap_sweep_picks_lowest_energy_meeting_the_target() -> None:
+    from perfzoo.predict import Predictor, _power_cap, _row_quantities, _target_predictions, _with_roofline
+
+    def stub(target: str, fn: Any) -> Predictor:
+        return Predictor(
+            target,
+            "stub",
+            "random",
+            Path(f"{target}.models.json"),
+            {"0": _Stub(fn)},
+            {},
+            5.0,
+            10,
+            np.array([0.9, 1.0, 1.1]),
+            "test",
+        )
+
+    predictors = {
+        "energy_per_sample_j": stub("energy_per_sample_j", lambda w: 1 + ((w - 300) / 100) ** 2),
+        "latency_ms": stub("latency_ms", lambda w: 3000 / w),
+    }
+    row = {
+        "flops": 1e9,
+        "weight_bytes": 1e6,
+        "activation_bytes": 1e6,
+        "is_training": 0.0,
+        "batch": 4,
+        "hw_peak_gflops": 1e4,
+        "hw_mem_bw_gbs": 1e3,
+        "power_limit_w": 400.0,
+    }
+    cfg = {"kind": "cuda", "power_limits_w": [200, 300, 400]}
+    base = _with_roofline(pd.DataFrame([row]))
+    q = _row_quantities(0, "gpu", _target_predictions(base, predictors), predictors, {}, {}, 4, cfg, None)
+    assert (
+        q["energy_per_sample_j"]["lo"] <= q["energy_per_sample_j"]["value"] <= q["energy_per_sample_j"]["hi"]
+    )
+    ctx = {
+        "predictors": predictors,
+        "missing": {},
+        "gaps": {},
+        "batch": 4,
+        "objective": "energy",
+        "latency_target_ms": 12.0,
+    }
+    assert (
+        _power_cap("gpu", row, cfg, q, ctx)["power_cap_w"] == 300
+    )  # 200 W: lowest energy, but 15 ms > 12 ms
+    assert _power_cap("gpu", row, cfg, q, {**ctx, "latency_target_ms": 8.0})["power_cap_w"] == 400
+    none = _power_cap("gpu", row, cfg, q, {**ctx, "latency_target_ms": 1.0})
+    assert none["power_cap_w"] is None and "latency target" in none["reason"]
