@@ -24,6 +24,10 @@ include: "rules/evaluate.smk"
 include: "rules/report.smk"
 
 
+onstart:
+    check_slurm_requests()
+
+
 rule all:
     input:
         all_targets,

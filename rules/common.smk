@@ -88,23 +88,29 @@ def check_slurm_requests():
             )
 
 
+def requested_device_names():
+    """Device names mentioned by the command line's targets (profile_<d>, trace_<d>, results/traces/<d>/...)."""
+    settings = workflow.dag_settings
+    words = list(settings.targets) if settings is not None and settings.targets else sys.argv[1:]
+    for word in words:
+        rule_name = word.split(":")[0]
+        for prefix in ("profile_", "trace_", "hardware_"):
+            if rule_name.startswith(prefix):
+                yield word, rule_name[len(prefix) :]
+        parts = Path(word).parts
+        if len(parts) > 2 and parts[:2] in (("results", "traces"), ("results", "hardware")):
+            yield word, parts[2].removesuffix(".json")
+
+
 def check_requested_devices():
     """Targets naming a device that is not configured get the list of configured devices."""
-    settings = workflow.dag_settings
-    for target in settings.targets if settings is not None else ():
-        parts = Path(target).parts
-        name = parts[2] if len(parts) > 2 and parts[:2] in (("results", "traces"), ("results", "hardware")) else None
-        for prefix in ("profile_", "trace_", "hardware_"):
-            if target.startswith(prefix):
-                name = target[len(prefix) :]
-        name = name.removesuffix(".json") if name else name
-        if name is not None and name not in DEVICES:
+    for target, name in requested_device_names():
+        if name not in DEVICES:
             raise WorkflowError(
                 f"unknown device {name!r} in target {target!r}; configured devices: {', '.join(DEVICES)}"
             )
 
 
-check_slurm_requests()
 check_requested_devices()
 
 

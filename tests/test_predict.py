@@ -318,9 +318,9 @@ def test_predictor_choice_and_fold_average(run_dir: Path) -> None:
     assert set(result.record["missing_targets"]) >= {"throughput", "mean_power_w"}
     assert "fit.targets" in result.record["missing_targets"]["throughput"]
     # the point value is the chosen file's fold models applied to the recorded feature row
-    from perfzoo.predict import _load_models
+    from perfzoo.fitting import load_models
 
-    folds, _ = _load_models(Path(result.record["predictors"]["latency_ms"]["path"]))
+    folds, _ = load_models(Path(result.record["predictors"]["latency_ms"]["path"]))
     X = pd.DataFrame([result.record["feature_rows"]["cpu"]])
     expected = np.mean([m.predict(regressor_inputs(X)) for m in folds.values()])
     assert result.record["devices"]["cpu"]["quantities"]["latency_ms"]["value"] == pytest.approx(expected)

@@ -161,6 +161,14 @@ def test_device_without_partition_is_rejected(cluster, tmp_path) -> None:
     config = cluster_config()
     del config["devices"]["cpugpu"]["slurm"]["partition"]
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    proc = snakemake(tmp_path, "-n")
+    proc = snakemake(tmp_path, "results/zoo/manifest.parquet")
     assert proc.returncode != 0
-    assert "cpugpu" in proc.stderr and "partition" in proc.stderr
+    assert "devices.cpugpu.slurm.partition" in proc.stderr
+    assert not (tmp_path / "results").exists()  # rejected before any job ran
+
+
+def test_unknown_device_target_lists_the_configured_devices(cluster, tmp_path) -> None:
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cluster_config()))
+    proc = snakemake(tmp_path, "profile_a10")
+    assert proc.returncode != 0
+    assert "unknown device 'a10'" in proc.stderr and "configured devices: cpu, cpugpu" in proc.stderr

@@ -21,8 +21,8 @@ samples = energy x carbon_intensity_g_per_kwh. A quantity whose inputs are missi
 reason; it is never reported as 0.
 
 Speed. When torch is not imported yet, the featurisation runs in a child Python process (torch,
-torchvision/timm imports and the meta-device step) while this process loads the predictors, which
-roughly halves the wall time of ``perfzoo predict`` on two cores.
+torchvision/timm imports and the meta-device step) while this process loads the predictors (scikit-learn,
+skops): on two cores the two halves of ``perfzoo predict`` overlap.
 """
 
 from __future__ import annotations
@@ -120,13 +120,11 @@ def parse_input(value: Any, where: str = "--input") -> tuple[int, ...] | None:
     """``"3,224,224"``, ``"3x224x224"``, ``128``, ``[3, 224, 224]`` → a per-sample shape (None: None)."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
-    if isinstance(value, str):
-        parts = [p for p in re.split(r"[,x×\s]+", value.strip().strip("()[]")) if p]
-    elif isinstance(value, int | np.integer):
-        parts = [value]
-    else:
-        parts = list(value)
     try:
+        if isinstance(value, str):
+            parts = [p for p in re.split(r"[,x×\s]+", value.strip().strip("()[]")) if p]
+        else:
+            parts = [value] if isinstance(value, int | np.integer) else list(value)
         shape = tuple(int(str(p).strip()) for p in parts)
         if not shape or any(d < 1 for d in shape):
             raise ValueError
@@ -186,7 +184,7 @@ def resolve_model(model: Any, input_shape: Any = None) -> ModelSpec:
     else:
         builder = next((b for b in ("torchvision", "timm") if text in _library_names(b)), "")
         if not builder:
-            names = [*_library_names("torchvision"), *_library_names("timm")]
+            names = sorted({*_library_names("torchvision"), *_library_names("timm")})
             raise InputError(
                 f"model {text!r}: unknown model; expected timm:NAME, torchvision:NAME or "
                 f"path/to/model.py:function{suggest(text, names)}"
@@ -369,34 +367,36 @@ class _Featuriser:
                 stdin=subprocess.DEVNULL,
                 env=env,
             )
-        except OSError:
-            self.proc = None
+        except OSError:  # no child process: featurise in this one
+            self.log.close()
+            self.tmp.cleanup()
 
     def result(self) -> dict[str, Any]:
         if self.proc is None:
             return featurise_model(*self.args)
-        self.proc.wait()
         try:
+            self.proc.wait()
             out = json.loads(self.out.read_text()) if self.out.exists() else {}
+            log = Path(self.tmp.name) / "log.txt"
+            lines = (
+                [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+                if "ok" not in out
+                else []
+            )
         finally:
             self.close()
         if "error" in out:
             raise InputError(out["error"])
-        if "ok" not in out:
-            log = Path(self.tmp.name) / "log.txt"
-            tail = (
-                [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-                if log.exists()
-                else []
-            )
+        if "ok" not in out:  # the child died without a result (a crash, or killed for memory)
             raise InputError(
                 f"model {self.args[0].text}: featurisation failed (exit {self.proc.returncode}): "
-                f"{tail[-1] if tail else 'no output'}"
+                f"{lines[-1] if lines else 'no output'}"
             )
         return out["ok"]
 
     def close(self) -> None:
-        if self.proc is not None:
+        """Stop the child if it still runs (an error elsewhere) and remove its files; idempotent."""
+        if self.proc is not None and not self.log.closed:
             if self.proc.poll() is None:
                 self.proc.kill()
                 self.proc.wait()
@@ -474,7 +474,8 @@ def _choose_file(
     if len(rows):
         preferred = rows[rows["split"] == PREFERRED_SPLIT]
         best = (preferred if len(preferred) else rows).sort_values(["mape", "regressor", "split"]).iloc[0]
-        return str(best["regressor"]), str(best["split"]), float(best["mape"]), int(best["n"])
+        n = pd.to_numeric(best.get("n"), errors="coerce")
+        return str(best["regressor"]), str(best["split"]), float(best["mape"]), None if pd.isna(n) else int(n)
     files = sorted(
         (results / "fit" / target).glob("*/*.models.json"),
         key=lambda p: (p.name != f"{PREFERRED_SPLIT}.models.json", str(p)),
@@ -486,6 +487,7 @@ def _choose_file(
 
 def load_predictors(results: Path, data: pd.DataFrame) -> tuple[dict[str, Predictor], dict[str, str]]:
     """The chosen predictor of every target, and the reason for every target without one."""
+    from perfzoo.fitting import load_models
     from perfzoo.io import read_parquet
 
     metrics = read_parquet(results / "evaluate" / "metrics.parquet")
@@ -499,36 +501,17 @@ def load_predictors(results: Path, data: pd.DataFrame) -> tuple[dict[str, Predic
             missing[target] = _no_predictor_reason(results, data, target)
             continue
         path = results / "fit" / target / regressor / f"{split}.models.json"
-        folds, meta = _load_models(path)
+        try:
+            folds, meta = load_models(path)
+        except InputError as exc:  # one unreadable predictor file: that target is missing, the rest stand
+            missing[target] = str(exc)
+            continue
         if not folds:
             missing[target] = f"{path} holds no fitted fold ({meta.get('config', {}).get('notes', '')})"
             continue
         ratios, ratio_set = _held_out_ratios(path.with_name(f"{split}.predictions.parquet"))
         found[target] = Predictor(target, regressor, split, path, folds, meta, score, n, ratios, ratio_set)
     return found, missing
-
-
-def _load_models(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """:func:`perfzoo.fitting.load_models`, falling back to dispatching each fold on its stored ``kind``
-    (``load_models`` builds folds with the base class, which takes no parameters)."""
-    from perfzoo.fitting import load_models
-
-    try:
-        return load_models(path)
-    except InputError as exc:
-        if "parameters do not match regressor ''" not in str(exc):
-            raise
-    from perfzoo.io import read_json
-    from perfzoo.regressors import REGISTRY
-
-    doc = read_json(path)
-    folds = {}
-    for fold, d in doc["folds"].items():
-        cls = REGISTRY.get(d.get("kind"))
-        if cls is None:
-            raise InputError(f"{path}:{fold}: unknown regressor kind {d.get('kind')!r}")
-        folds[fold] = cls.from_document(d, source=f"{path}:{fold}")
-    return folds, doc["meta"]
 
 
 def _no_predictor_reason(results: Path, data: pd.DataFrame, target: str) -> str:
@@ -648,10 +631,14 @@ def _present(q: dict[str, Any] | None) -> bool:
 
 def _target_predictions(X: pd.DataFrame, predictors: Mapping[str, Predictor]) -> dict[str, Any]:
     """target -> (point, lo, hi, method) arrays over the rows of X, or the reason it failed."""
+    import warnings
+
     out: dict[str, Any] = {}
     for target, pred in predictors.items():
-        try:
-            out[target] = pred.predict(X)
+        try:  # overflow far outside the training range gives inf, reported per quantity
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                out[target] = pred.predict(X)
         except Exception as exc:  # noqa: BLE001 - a predictor that cannot handle these rows is reported
             out[target] = f"{pred.path}: prediction failed ({_one_line(exc)})"
     return out
@@ -702,7 +689,9 @@ def _row_quantities(
             point, lo, hi, method = tp[target]
             p = predictors[target]
             if not (math.isfinite(point[i]) and point[i] > 0):
-                q[target] = _miss(f"{p.path} predicted {point[i]:.4g}, outside the valid range (> 0)")
+                why = "a number > 0" if math.isfinite(point[i]) else "a finite number (it overflows this far"
+                why += "" if math.isfinite(point[i]) else " outside the profiled range)"
+                q[target] = _miss(f"{p.path} predicted {point[i]:.4g} instead of {why}")
             else:
                 q[target] = _q(point[i], lo[i], hi[i], f"{p.regressor}/{p.split}", method)
 
@@ -951,9 +940,7 @@ def _recommend(
         "latency_target_ms": latency_target_ms,
     }
     if not ranked:
-        result["reason"] = f"no device has a usable {metric} prediction" + (
-            f" ({'; '.join(f'{d}: {r}' for d, r in excluded.items())})" if excluded else ""
-        )
+        result["reason"] = "no device qualifies (see 'excluded' for why each device was left out)"
         return result
     best = ranked[0][1]
     b = quantities[best][metric]
@@ -1230,6 +1217,92 @@ def _key(path: Path, workdir: Path) -> str:
         return str(absolute)
 
 
+def _provenance(
+    results: Path,
+    workdir: Path,
+    predictors: Mapping[str, Predictor],
+    hw_files: Mapping[str, Path],
+    devices: Sequence[str],
+    spec: ModelSpec,
+) -> tuple[dict[str, str], dict[str, str], dict[str, Any], list[str]]:
+    """(sha256 of every file read, recorded chain behind them, predictor records, warnings)."""
+    from perfzoo.audit import provenance_chain
+    from perfzoo.provenance import sha256_file
+
+    metrics, dataset = results / "evaluate" / "metrics.parquet", results / "dataset" / "dataset.parquet"
+    inputs = {_key(metrics, workdir): metrics, _key(dataset, workdir): dataset}
+    for p in predictors.values():
+        inputs[_key(p.path, workdir)] = p.path
+        held = p.path.with_name(f"{p.split}.predictions.parquet")
+        if held.is_file():
+            inputs[_key(held, workdir)] = held
+    inputs.update({_key(hw_files[d], workdir): hw_files[d] for d in devices if d in hw_files})
+    if spec.file:
+        inputs[_key(Path(spec.file), workdir)] = Path(spec.file)
+    hashes = {k: sha256_file(p) for k, p in sorted(inputs.items())}
+    chain = provenance_chain(inputs, workdir)
+    records, warnings = {}, []
+    for target, p in predictors.items():
+        key = _key(p.path, workdir)
+        fitted_on = dict(p.meta.get("inputs", {}))
+        dataset_sha = next((v for k, v in fitted_on.items() if k.endswith("dataset.parquet")), None)
+        if dataset_sha is not None and dataset_sha != hashes[_key(dataset, workdir)]:
+            warnings.append(
+                f"{key} was fitted on a different {_key(dataset, workdir)} than the current one; "
+                f"{RUN_WORKFLOW.replace('first', 'to refit')}"
+            )
+        records[target] = {
+            "path": key,
+            "sha256": hashes[key],
+            "regressor": p.regressor,
+            "split": p.split,
+            "folds": sorted(p.folds),
+            "validation_mape": p.mape,
+            "validation_n": p.n_scored,
+            "interval": "tree members" if p.is_ensemble else "held-out residual ratios",
+            "fitted_on": fitted_on,
+            "dataset_sha256": dataset_sha,
+            "code_version": p.meta.get("code_version"),
+        }
+    return hashes, chain, records, warnings
+
+
+def _device_entries(
+    names: Sequence[str],
+    rows: Mapping[str, dict[str, Any]],
+    device_missing: Mapping[str, str],
+    X: pd.DataFrame,
+    configured: Mapping[str, Any],
+    hardware: Mapping[str, Any],
+    config_path: str | None,
+    ctx: dict[str, Any],
+) -> dict[str, Any]:
+    """Quantities, MIG profile and power cap of every device (in ``names`` order)."""
+    predictors = ctx["predictors"]
+    tp = _target_predictions(X, predictors) if rows else {}
+    entries: dict[str, Any] = {}
+    for i, d in enumerate(rows):
+        settings = _device_settings(configured.get(d) or {}, hardware.get(d))
+        q = _row_quantities(
+            i, d, tp, predictors, ctx["missing"], ctx["gaps"], ctx["batch"], settings, config_path
+        )
+        entries[d] = {
+            "kind": _kind(settings, hardware.get(d)),
+            "quantities": q,
+            "mig": _mig(settings, hardware.get(d), q, ctx["latency_target_ms"]),
+            "power_cap": _power_cap(d, rows[d], settings, q, ctx),
+        }
+    for d, why in device_missing.items():
+        entries[d] = {
+            "kind": _kind(configured.get(d) or {}, hardware.get(d)),
+            "missing": why,
+            "quantities": {k: _miss(why) for k in QUANTITIES},
+            "mig": None,
+            "power_cap": None,
+        }
+    return {d: entries[d] for d in names}
+
+
 def predict(
     model_or_name: Any,
     batch: int = 1,
@@ -1244,9 +1317,15 @@ def predict(
 ) -> Prediction:
     """Predict latency/step time, throughput, peak memory, power, energy, EDP, cost and carbon of a model
     on every device, with intervals, a recommended device for ``objective`` (time, energy, edp, cost),
-    MIG profiles and power caps, extrapolation warnings and provenance. See the module docstring."""
+    MIG profiles and power caps, extrapolation warnings and provenance. See the module docstring.
+
+    ``model_or_name``: ``timm:NAME``, ``torchvision:NAME``, ``mlp:NAME``, ``transformer:NAME``,
+    ``path/to/model.py:function``, an ``nn.Module`` instance or a function building one.
+    ``input_shape``: per sample, e.g. ``(3, 224, 224)``, ``"3,224,224"`` or a sequence length.
+    ``results``/``config``: the workflow's results folder and config (path or dict).
+    """
     from perfzoo.io import read_json, read_parquet
-    from perfzoo.provenance import code_version, package_versions, sha256_file
+    from perfzoo.provenance import code_version, package_versions
 
     batch, latency_target_ms = _check_options(batch, mode, objective, latency_target_ms)
     results = Path(results)
@@ -1255,18 +1334,23 @@ def predict(
     cfg, config_path = _load_config(config, results)
     if num_classes is None:
         num_classes = int((cfg.get("zoo") or {}).get("num_classes") or DEFAULT_NUM_CLASSES)
+    # the featurisation (torch, timm/torchvision, the meta-device step) overlaps with everything
+    # below when it runs in a child process
     featuriser = _Featuriser(spec, batch, mode, num_classes, parallel="torch" not in sys.modules)
     try:
         workdir = Path(os.path.abspath(results)).parent
         configured = cfg.get("devices") or {}
         hw_files = {p.stem: p for p in sorted((results / "hardware").glob("*.json"))}
         names = _select_devices(devices, configured, hw_files)
-        dataset_path = results / "dataset" / "dataset.parquet"
-        data = read_parquet(dataset_path)
+        data = read_parquet(results / "dataset" / "dataset.parquet")
         predictors, missing_targets = load_predictors(results, data)
         if not predictors:
             raise InputError(f"{results / 'fit'}: no fitted predictor for any target; {RUN_WORKFLOW}")
         hardware = {d: read_json(hw_files[d]) for d in names if d in hw_files}
+        hashes, chain, predictor_records, stale = _provenance(
+            results, workdir, predictors, hw_files, names, spec
+        )
+        packages, version = package_versions(), code_version()
         featurised = featuriser.result()
     finally:
         featuriser.close()
@@ -1280,122 +1364,54 @@ def predict(
             device_missing[d] = row
         else:
             rows[d] = row
-    gaps = _label_gaps(data)
-    quantities: dict[str, dict[str, dict[str, Any]]] = {}
     X = _with_roofline(pd.DataFrame(list(rows.values()))) if rows else pd.DataFrame()
-    tp = _target_predictions(X, predictors) if rows else {}
     ctx = {
         "predictors": predictors,
         "missing": missing_targets,
-        "gaps": gaps,
+        "gaps": _label_gaps(data),
         "batch": batch,
         "objective": objective,
         "latency_target_ms": latency_target_ms,
     }
-    device_entries: dict[str, Any] = {}
-    for i, d in enumerate(rows):
-        dcfg = _device_settings(configured.get(d) or {}, hardware.get(d))
-        q = _row_quantities(i, d, tp, predictors, missing_targets, gaps, batch, dcfg, config_path)
-        quantities[d] = q
-        device_entries[d] = {
-            "kind": _kind(dcfg, hardware.get(d)),
-            "quantities": q,
-            "mig": _mig(dcfg, hardware.get(d), q, latency_target_ms),
-            "power_cap": _power_cap(d, rows[d], dcfg, q, ctx),
-        }
-    for d, why in device_missing.items():
-        device_entries[d] = {
-            "kind": _kind(configured.get(d) or {}, hardware.get(d)),
-            "missing": why,
-            "quantities": {k: _miss(why) for k in QUANTITIES},
-            "mig": None,
-            "power_cap": None,
-        }
-    device_entries = {d: device_entries[d] for d in names}
+    entries = _device_entries(names, rows, device_missing, X, configured, hardware, config_path, ctx)
+    quantities = {d: e["quantities"] for d, e in entries.items() if "missing" not in e}
     memory_mb = {
         d: float(h["memory_gb"]) * 1024
         for d, h in hardware.items()
         if isinstance(h.get("memory_gb"), int | float)
     }
     recommendation = _recommend(names, quantities, objective, latency_target_ms, memory_mb)
-    warnings = _range_warnings(spec, featurised["class_name"], feats, batch, mode, data, names)
-
-    # provenance: every file read, and every file behind them as their provenance records say
-    from perfzoo.audit import provenance_chain
-
-    inputs: dict[str, Path] = {
-        _key(results / "evaluate" / "metrics.parquet", workdir): results / "evaluate" / "metrics.parquet",
-        _key(dataset_path, workdir): dataset_path,
-    }
-    for p in predictors.values():
-        inputs[_key(p.path, workdir)] = p.path
-        held = p.path.with_name(f"{p.split}.predictions.parquet")
-        if held.is_file():
-            inputs[_key(held, workdir)] = held
-    for d in hardware:
-        inputs[_key(hw_files[d], workdir)] = hw_files[d]
-    if spec.file:
-        inputs[_key(Path(spec.file), workdir)] = Path(spec.file)
-    hashes = {k: sha256_file(p) for k, p in sorted(inputs.items())}
-    chain = provenance_chain(inputs, workdir)
-    dataset_key = _key(dataset_path, workdir)
-    predictor_records = {}
-    for target, p in predictors.items():
-        fitted_on = {k: v for k, v in p.meta.get("inputs", {}).items()}
-        dataset_sha = next((v for k, v in fitted_on.items() if k.endswith("dataset.parquet")), None)
-        if dataset_sha is not None and dataset_sha != hashes[dataset_key]:
-            warnings.append(
-                f"{_key(p.path, workdir)} was fitted on a different {dataset_key} than the current one; "
-                f"{RUN_WORKFLOW.replace('first', 'to refit')}"
-            )
-        predictor_records[target] = {
-            "path": _key(p.path, workdir),
-            "sha256": hashes[_key(p.path, workdir)],
-            "regressor": p.regressor,
-            "split": p.split,
-            "folds": sorted(p.folds),
-            "validation_mape": p.mape,
-            "validation_n": p.n_scored,
-            "interval": "tree members" if p.is_ensemble else "held-out residual ratios",
-            "fitted_on": fitted_on,
-            "dataset_sha256": dataset_sha,
-            "code_version": p.meta.get("code_version"),
-        }
-    config_subset = {
-        "devices": {d: configured.get(d, {}) for d in names},
-        "zoo": {"num_classes": num_classes},
-        "config_file": config_path,
-    }
+    warnings = [*_range_warnings(spec, featurised["class_name"], feats, batch, mode, data, names), *stale]
+    dataset_key = _key(results / "dataset" / "dataset.parquet", workdir)
+    model = {**spec.to_dict(), "batch": batch, "mode": mode, "num_classes": num_classes}
     record: dict[str, Any] = {
-        "model": {
-            **spec.to_dict(),
-            "batch": batch,
-            "mode": mode,
-            "num_classes": num_classes,
-            "class_name": featurised["class_name"],
-        },
+        "model": {**model, "class_name": featurised["class_name"]},
         "objective": objective,
         "latency_target_ms": latency_target_ms,
         "features": feats,
-        "devices": device_entries,
+        "devices": entries,
         "recommendation": recommendation,
         "warnings": warnings,
         "predictors": predictor_records,
         "missing_targets": missing_targets,
         "dataset": {"path": dataset_key, "sha256": hashes[dataset_key]},
-        "feature_rows": {d: {k: v for k, v in X.iloc[i].items()} for i, d in enumerate(rows)},
+        "feature_rows": {d: dict(X.iloc[i].items()) for i, d in enumerate(rows)},
         "units": UNITS,
         "provenance": {
             "inputs": hashes,
             "chain": chain,
             "traces": {k: v for k, v in chain.items() if "/traces/" in f"/{k}"},
-            "config": config_subset,
-            "code_version": code_version(),
-            "packages": package_versions(),
+            "config": {
+                "devices": {d: configured.get(d, {}) for d in names},
+                "zoo": {"num_classes": num_classes},
+                "config_file": config_path,
+            },
+            "code_version": version,
+            "packages": packages,
             "workdir": str(workdir),
         },
     }
-    return Prediction(_clean(record), _table(device_entries))
+    return Prediction(_clean(record), _table(entries))
 
 
 def _table(entries: Mapping[str, Any]) -> pd.DataFrame:

@@ -1,0 +1,61 @@
+# Per-layer forward/backward timings on the CPU devices, for the per-layer models of Gianniti et al.:
+#   snakemake layers_<device>          time the layers of a sample of the zoo on that CPU device
+#   snakemake gianniti_coefficients    the seed's coefficient table, per timed device
+LAYER_DEVICES = [d for d in DEVICES if config["devices"][d]["kind"] == "cpu"]
+
+
+for _device in LAYER_DEVICES:
+
+    rule:
+        name:
+            f"layers_{_device}"
+        input:
+            pkg("profiling", "builders.py", "stats.py"),
+            manifest="results/zoo/manifest.parquet",
+        output:
+            timings=f"results/layers/{_device}.parquet",
+        params:
+            name=_device,
+            device=config["devices"][_device],
+            profiling=config["profiling"],
+            num_classes=config["zoo"]["num_classes"],
+            families=config["fit"].get("gianniti_families", []),
+            max_configs=config["fit"].get("gianniti_max_configs", 24),
+            layer_iters=config["fit"].get("gianniti_layer_iters", 10),
+        threads: device_threads(_device)
+        resources:
+            **device_resources(_device),
+            runtime=runtime_for_attempt(_device),
+        log:
+            f"logs/layers/{_device}.log",
+        benchmark:
+            f"benchmarks/layers/{_device}.tsv"
+        conda:
+            "../envs/perfzoo.yaml"
+        script:
+            "../workflow/scripts/layers.py"
+
+
+rule gianniti_coefficients:
+    """Per-category linear models t = b0 + b1 * c of layer time on Gianniti complexity (seed 004)."""
+    input:
+        pkg("gianniti.py", "regressors.py"),
+        timings=expand("results/layers/{device}.parquet", device=LAYER_DEVICES),
+        layers="results/features/layers.parquet",
+    output:
+        table="results/gianniti/coefficients.parquet",
+        csv=report(
+            "results/gianniti/coefficients.csv",
+            caption="../report/gianniti_coefficients.rst",
+            category="Gianniti per-layer models",
+            labels={"table": "layer coefficients"},
+        ),
+    localrule: True
+    log:
+        "logs/gianniti/coefficients.log",
+    benchmark:
+        "benchmarks/gianniti/coefficients.tsv"
+    conda:
+        "../envs/perfzoo.yaml"
+    script:
+        "../workflow/scripts/layers.py"
