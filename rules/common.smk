@@ -155,5 +155,41 @@ def model_files(wildcards=None):
     )
 
 
+CPU_DEVICES = [d for d in DEVICES if config["devices"][d]["kind"] == "cpu"]
+
+
+def layer_timing_files():
+    return expand("results/layers/{device}.parquet", device=CPU_DEVICES)
+
+
+def layer_inputs(wildcards):
+    """Per-layer timings and complexities, needed only by the per-layer (Gianniti) regressor."""
+    if wildcards.regressor != "gianniti_layer":
+        return []
+    return ["results/features/layers.parquet", *layer_timing_files()]
+
+
+def regressor_params(wildcards):
+    if wildcards.regressor != "gianniti_layer":
+        return {}
+    return {"layers_path": "results/features/layers.parquet", "timings_path": layer_timing_files()}
+
+
+PREDICTIONS = sorted(config.get("predict", {}))
+
+
+def prediction_spec(wildcards):
+    """The `predict:` entry of one name, in the form perfzoo.predict expects."""
+    entry = dict(config["predict"][wildcards.name])
+    return {**entry, "name": entry.pop("model")}
+
+
+def prediction_records(wildcards=None):
+    return expand("results/predictions/{name}.json", name=PREDICTIONS)
+
+
 def all_targets(wildcards):
-    return ["results/report/index.html"]
+    targets = ["results/report/index.html", *prediction_records(), *energy_targets()]
+    if CPU_DEVICES:
+        targets.append("results/gianniti/coefficients.csv")
+    return targets

@@ -1,7 +1,7 @@
 # Per-layer forward/backward timings on the CPU devices, for the per-layer models of Gianniti et al.:
 #   snakemake layers_<device>          time the layers of a sample of the zoo on that CPU device
 #   snakemake gianniti_coefficients    the seed's coefficient table, per timed device
-LAYER_DEVICES = [d for d in DEVICES if config["devices"][d]["kind"] == "cpu"]
+LAYER_DEVICES = CPU_DEVICES
 
 
 for _device in LAYER_DEVICES:

@@ -7,7 +7,7 @@ for _device in DEVICES:
         name:
             f"hardware_{_device}"
         input:
-            pkg("hardware.py", "hardware_specs.py", "profiling/nvml.py"),
+            pkg("hardware.py", "hardware_specs.py", "mig.py", "profiling"),
         output:
             f"results/hardware/{_device}.json",
         params:
@@ -30,7 +30,7 @@ for _device in DEVICES:
         name:
             f"trace_{_device}"
         input:
-            pkg("profiling", "builders.py", "hardware.py", "stats.py", "zoo.py"),
+            pkg("profiling", "builders.py", "hardware.py", "hardware_specs.py", "energy.py", "stats.py", "zoo.py"),
             manifest="results/zoo/manifest.parquet",
         output:
             traces=f"results/traces/{_device}/{{shard}}.parquet",

@@ -12,23 +12,21 @@ import math
 import socket
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import FAULTY
 
 from perfzoo import energy
 from perfzoo.hardware import check_device, describe_device, hardware_features
 from perfzoo.io import InputError
 from perfzoo.profiling import cuda, measure, nvml, runner
 from perfzoo.profiling.cuda import measure_on_cuda, window_energy_from_samples
-from perfzoo.profiling.nvml import NvmlError, NvmlNoPermission, NvmlNotSupported
+from perfzoo.profiling.nvml import NvmlError, NvmlNoPermission
 from perfzoo.profiling.worker import Outcome
 from perfzoo.zoo import expand_zoo, manifest_frame
-
-from conftest import FAULTY
 
 MIB = 1024 * 1024
 ORIGINAL_MW = 250_000
@@ -208,6 +206,15 @@ def test_window_is_at_least_the_counter_period() -> None:
     assert m.extra["window_target_s"] == 0.4 and m.extra["window_s"] >= 0.4
 
 
+@pytest.mark.parametrize("underestimate", [1, 10])
+def test_window_does_not_overshoot_when_event_times_underestimate_the_step(underestimate: int) -> None:
+    gpu = nvml.open_device(0, lib=FakeNvml())
+    result = cuda.energy_window(lambda: time.sleep(0.002), gpu, FakeCuda(), "cpu", window_s=0.3, sample_hz=50.0,
+                                iteration_ms=2.0 / underestimate)
+    assert 0.3 <= result["window_s"] < 0.3 * 1.5
+    assert result["window_iters"] * 0.002 <= result["window_s"]
+
+
 def test_nvml_error_mid_run_gives_nan_energy_and_records_the_error() -> None:
     fake = FakeNvml(lose_after_power_reads=8)  # the GPU falls off the bus during the energy window
     m = measure_on_cuda(tiny_spec(), cuda_settings(counter_period_s=0.02), backend=FakeCuda(), nvml_lib=fake)
@@ -299,6 +306,11 @@ def test_gpu_name_mismatch_names_both() -> None:
     assert "A100" in str(info.value) and "NVIDIA H100 80GB HBM3" in str(info.value)
 
 
+def test_cuda_device_name_is_checked_too() -> None:
+    with pytest.raises(InputError, match=r"'A100'.*'Tesla V100-SXM2-32GB'"):
+        check_device("a100", CUDA_DEVICE, nvml_lib=FakeNvml(), backend=FakeCuda(name="Tesla V100-SXM2-32GB"))
+
+
 def test_identity_has_versions_and_the_uuid_matched_nvml_index() -> None:
     ident = check_device("a100", CUDA_DEVICE, nvml_lib=FakeNvml(), backend=FakeCuda())
     assert ident["name"] == "NVIDIA A100-SXM4-40GB" and ident["uuid"] == "GPU-1111bbbb-1111"
@@ -322,7 +334,7 @@ def test_describe_cuda_device_with_fakes(monkeypatch) -> None:
     assert set(hw["measured_gemm_tflops"]) == {"fp32", "tf32", "fp16", "bf16"}
     assert all(v > 0 for v in hw["measured_gemm_tflops"].values())
     assert hw["measured_copy_gbs"] > 0 and hw["sm_count"] == 108 and hw["memory_gb"] == 40.0
-    assert hw["spec"]["name"].startswith("A100") and [p["name"] for p in hw["mig_profiles"]][0] == "1g.5gb"
+    assert hw["spec"]["name"].startswith("A100") and hw["mig_profiles"][0]["name"] == "1g.5gb"
     assert hw["carbon_intensity_g_per_kwh"] == 300.0 and hw["energy_sensor"] == "nvml"
     feats = hardware_features(hw)
     assert feats == {"hw_peak_gflops": hw["measured_gemm_tflops"]["fp32"] * 1000,
@@ -413,7 +425,7 @@ def test_sweep_not_permitted_is_skipped_and_configs_measured_at_the_limit_in_for
 ) -> None:
     fake = in_process_worker["fake"] = FakeNvml(can_set=False)
     with pytest.warns(RuntimeWarning, match="not permitted"):
-        traces, sensors, meta = runner.profile_shard(
+        traces, _, meta = runner.profile_shard(
             two_configs(config), "a100", sweep_device(), SETTINGS, tmp_path / "j.jsonl", progress=False,
             nvml_lib=fake, cuda_backend=FakeCuda())
     assert "Insufficient Permissions" in meta["power_limit_sweep"]["skipped_reason"]

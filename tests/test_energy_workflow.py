@@ -14,14 +14,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from conftest import ROOT, tiny_config
 
 from perfzoo.dataset import aggregate_runs, build_dataset, energy_labels, noise_floor
 from perfzoo.hardware import NO_ENERGY_SENSOR
 from perfzoo.io import write_json
 from perfzoo.profiling.runner import ENERGY_TRACE_COLUMNS, TRACE_COLUMNS, Task, sensors_frame, traces_frame
 from perfzoo.zoo import expand_zoo, manifest_frame
-
-from conftest import ROOT, tiny_config
 
 GPU_HW = {"kind": "cuda", "energy_sensor": "nvml", "energy_missing_reason": None, "carbon_intensity_g_per_kwh": 300.0,
           "measured_gemm_gflops_fp32": 19500.0, "measured_copy_gbs": 1300.0, "sm_count": 108, "memory_gb": 40.0}
@@ -155,7 +154,8 @@ def _synthetic_sweep(manifest: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
 def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "snakemake", "-s", str(workdir / "Snakefile"), "--cores", "1", *args]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=600, env=env,
+                          check=False)
     if proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
     return proc

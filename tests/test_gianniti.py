@@ -38,8 +38,15 @@ TRUE_BETAS = {
     "loss": (0.05, 2e-6, 0.03, 1e-6),
     "other": (0.004, 0.0, 0.002, 0.0),
 }
-TYPES = {"conv_fc": "Conv2d", "norm": "BatchNorm2d", "pool_s1": "MaxPool2d", "pool_s2": "MaxPool2d",
-         "relu_drop": "ReLU", "loss": "Loss", "other": "Flatten"}
+TYPES = {
+    "conv_fc": "Conv2d",
+    "norm": "BatchNorm2d",
+    "pool_s1": "MaxPool2d",
+    "pool_s2": "MaxPool2d",
+    "relu_drop": "ReLU",
+    "loss": "Loss",
+    "other": "Flatten",
+}
 
 
 def synthetic_tables(n_models: int = 6, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -48,7 +55,17 @@ def synthetic_tables(n_models: int = 6, seed: int = 0) -> tuple[pd.DataFrame, pd
     features, timings = [], []
     for m in range(n_models):
         model_id = f"m{m}"
-        sequence = ["conv_fc", "norm", "relu_drop", "pool_s2", "conv_fc", "relu_drop", "pool_s1", "other", "conv_fc"]
+        sequence = [
+            "conv_fc",
+            "norm",
+            "relu_drop",
+            "pool_s2",
+            "conv_fc",
+            "relu_drop",
+            "pool_s1",
+            "other",
+            "conv_fc",
+        ]
         sequence = sequence + list(rng.choice(sequence, size=4))
         for mode in ("inference", "training"):
             for batch in (1, 8):
@@ -58,14 +75,35 @@ def synthetic_tables(n_models: int = 6, seed: int = 0) -> tuple[pd.DataFrame, pd
                     name = "act" if cat == "relu_drop" else ("loss" if cat == "loss" else f"layer{idx}")
                     c_fw = 0 if cat == "other" else int(rng.integers(1_000, 5_000_000)) * batch
                     c_bw = 0 if cat == "other" else int(c_fw * rng.uniform(1.0, 2.5))
-                    features.append({"model_id": model_id, "mode": mode, "batch": batch, "layer_idx": idx,
-                                     "name": name, "type": TYPES[cat], "category": "other" if cat == "loss" else cat,
-                                     "c_fw": c_fw, "c_bw": c_bw, "out_bytes": 4, "flops": 0.0})
+                    features.append(
+                        {
+                            "model_id": model_id,
+                            "mode": mode,
+                            "batch": batch,
+                            "layer_idx": idx,
+                            "name": name,
+                            "type": TYPES[cat],
+                            "category": "other" if cat == "loss" else cat,
+                            "c_fw": c_fw,
+                            "c_bw": c_bw,
+                            "out_bytes": 4,
+                            "flops": 0.0,
+                        }
+                    )
                     b0f, b1f, b0b, b1b = TRUE_BETAS[cat]
-                    timings.append({"model_id": model_id, "mode": mode, "batch": batch, "name": name,
-                                    "type": TYPES[cat], "fw_ms": b0f + b1f * c_fw,
-                                    "bw_ms": b0b + b1b * c_bw if mode == "training" else math.nan,
-                                    "status": "ok", "message": ""})
+                    timings.append(
+                        {
+                            "model_id": model_id,
+                            "mode": mode,
+                            "batch": batch,
+                            "name": name,
+                            "type": TYPES[cat],
+                            "fw_ms": b0f + b1f * c_fw,
+                            "bw_ms": b0b + b1b * c_bw if mode == "training" else math.nan,
+                            "status": "ok",
+                            "message": "",
+                        }
+                    )
     feats = pd.DataFrame(features, columns=LAYER_COLUMNS)
     times = pd.DataFrame(timings)
     times["occurrence"] = times.groupby(["model_id", "mode", "batch", "name"]).cumcount()
@@ -88,8 +126,14 @@ def exact_sum(feats: pd.DataFrame, model_id: str, mode: str, batch: int) -> floa
 def test_fit_recovers_known_coefficients() -> None:
     feats, times = synthetic_tables()
     table = fit_layer_coefficients(times.sample(frac=1.0, random_state=1), feats)  # order must not matter
-    assert list(table.columns[:6]) == ["category", "beta0_fw_ms", "beta1_fw_ms_per_op", "beta0_bw_ms",
-                                       "beta1_bw_ms_per_op", "n_layers"]
+    assert list(table.columns[:6]) == [
+        "category",
+        "beta0_fw_ms",
+        "beta1_fw_ms_per_op",
+        "beta0_bw_ms",
+        "beta1_bw_ms_per_op",
+        "n_layers",
+    ]
     assert table["category"].tolist()[:5] == ["conv_fc", "norm", "pool_s1", "pool_s2", "relu_drop"]
     assert table["category"].tolist()[-1] == "pooled"
     fitted = table.set_index("category")
@@ -105,11 +149,12 @@ def test_fit_with_noise_and_negative_slopes_clipped() -> None:
     rng = np.random.default_rng(0)
     times["fw_ms"] *= rng.normal(1.0, 0.01, len(times))
     # a category whose time falls with complexity: its slope is clipped to 0, intercept = mean time
-    pool = with_occurrence(feats).merge(times, on=["model_id", "mode", "batch", "name", "occurrence"])
+    key_cols = ["model_id", "mode", "batch", "name", "occurrence"]
+    pool = with_occurrence(feats).merge(times, on=key_cols)
     pool = pool[pool["category"] == "pool_s1"]
-    fall = dict(zip(zip(pool["model_id"], pool["mode"], pool["batch"], pool["name"], pool["occurrence"]),
-                    1.0 - pool["c_fw"] / pool["c_fw"].max(), strict=True))
-    keys = list(zip(times["model_id"], times["mode"], times["batch"], times["name"], times["occurrence"], strict=True))
+    pool_keys = pool[key_cols].itertuples(index=False, name=None)
+    fall = dict(zip(pool_keys, 1.0 - pool["c_fw"] / pool["c_fw"].max(), strict=True))
+    keys = list(times[key_cols].itertuples(index=False, name=None))
     times["fw_ms"] = [fall.get(k, t) for k, t in zip(keys, times["fw_ms"], strict=True)]
     table = fit_layer_coefficients(times, feats).set_index("category")
     assert table.loc["conv_fc", "beta1_fw_ms_per_op"] == pytest.approx(TRUE_BETAS["conv_fc"][1], rel=0.05)
@@ -154,12 +199,24 @@ def regressor_data(tmp_path: Path) -> tuple[dict[str, str], pd.DataFrame, pd.Dat
             for batch in (1, 8):
                 total = exact_sum(feats, model_id, mode, batch)
                 for device, scale in (("cpu", 1.0), ("gpu", 0.05 if mode == "inference" else 0.08)):
-                    rows.append({"model_id": model_id, "mode": mode, "batch": batch, "device": device,
-                                 "flops": 1.0, "latency_ms": scale * total})
+                    rows.append(
+                        {
+                            "model_id": model_id,
+                            "mode": mode,
+                            "batch": batch,
+                            "device": device,
+                            "flops": 1.0,
+                            "latency_ms": scale * total,
+                        }
+                    )
     data = pd.DataFrame(rows)
     train, test = data[data["model_id"] < "m4"], data[data["model_id"] >= "m4"]
-    return {"layers_path": str(layers_path), "timings_path": str(tmp_path / "layers_cpu" / "*.parquet")}, \
-        train, test, feats
+    return (
+        {"layers_path": str(layers_path), "timings_path": str(tmp_path / "layers_cpu" / "*.parquet")},
+        train,
+        test,
+        feats,
+    )
 
 
 def test_regressor_recovers_totals_and_round_trips(tmp_path: Path) -> None:
@@ -195,7 +252,8 @@ def test_regressor_timing_match_and_errors(tmp_path: Path) -> None:
     assert reg.timing_match_ == "model"  # the timed cpu is held out: timings matched by model
     with pytest.raises(InputError, match="no layer timing"):
         GiannitiLayerRegressor(**params, timing_match="device").fit(
-            gpu_only.drop(columns="latency_ms"), gpu_only["latency_ms"])
+            gpu_only.drop(columns="latency_ms"), gpu_only["latency_ms"]
+        )
     unseen = test.drop(columns="latency_ms").assign(device="tpu")  # unseen device: global scale
     assert np.isfinite(reg.predict(unseen)).all()
     with pytest.raises(InputError, match="no layer table for model nope"):
@@ -203,8 +261,9 @@ def test_regressor_timing_match_and_errors(tmp_path: Path) -> None:
     # a new model's layer table given directly instead of layers_path
     new = feats[feats["model_id"] == "m5"].assign(model_id="new")
     X_new = test[test["model_id"] == "m5"].drop(columns="latency_ms").assign(model_id="new")
-    np.testing.assert_allclose(reg.predict(X_new, layer_features=new),
-                               reg.predict(X_new.assign(model_id="m5")))
+    np.testing.assert_allclose(
+        reg.predict(X_new, layer_features=new), reg.predict(X_new.assign(model_id="m5"))
+    )
     with pytest.raises(InputError, match="missing gianniti_layer column"):
         reg.fit(train.drop(columns=["latency_ms", "device"]), train["latency_ms"])
     assert len(load_layer_timings(params["timings_path"])) > 0
@@ -214,7 +273,7 @@ def test_regressor_timing_match_and_errors(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- measurement
 
-TINY_CNN = '''
+TINY_CNN = """
 from torch import nn
 
 
@@ -238,19 +297,35 @@ class Tiny(nn.Module):
 
 def make():
     return Tiny()
-'''
+"""
 
 
 def tiny_spec(tmp_path: Path, mode: str) -> dict:
     path = tmp_path / "tiny_cnn.py"
     path.write_text(TINY_CNN)
-    return {"builder": "python", "name": f"{path}:make", "builder_kwargs": "{}", "input_shape": "[3, 16, 16]",
-            "dtype": "float32", "batch": 2, "mode": mode, "model_id": "tiny", "config_id": f"tiny-{mode}",
-            "family": "tiny"}
+    return {
+        "builder": "python",
+        "name": f"{path}:make",
+        "builder_kwargs": "{}",
+        "input_shape": "[3, 16, 16]",
+        "dtype": "float32",
+        "batch": 2,
+        "mode": mode,
+        "model_id": "tiny",
+        "config_id": f"tiny-{mode}",
+        "family": "tiny",
+    }
 
 
-SETTINGS = {"threads": 1, "num_classes": 5, "warmup_iters": 1, "layer_iters": 3, "optimizer": "sgd",
-            "timeout_s": 60, "max_rss_mb": 4000}
+SETTINGS = {
+    "threads": 1,
+    "num_classes": 5,
+    "warmup_iters": 1,
+    "layer_iters": 3,
+    "optimizer": "sgd",
+    "timeout_s": 60,
+    "max_rss_mb": 4000,
+}
 
 
 @pytest.mark.parametrize("mode", ["inference", "training"])
@@ -260,10 +335,12 @@ def test_measure_layers_matches_featurised_layer_table(tmp_path: Path, mode: str
     spec = tiny_spec(tmp_path, mode)
     result = measure_layers_on_cpu(spec, SETTINGS)
     layers = pd.DataFrame(result.extra["layers"])
-    _, table = featurise(partial(build_model, "python", spec["name"], {}, 5, (3, 16, 16)), (3, 16, 16), 2, mode)
+    build = partial(build_model, "python", spec["name"], {}, 5, (3, 16, 16))
+    _, table = featurise(build, (3, 16, 16), 2, mode)
     table = with_occurrence(table)
-    assert list(zip(layers["name"], layers["occurrence"], strict=True)) == \
-        list(zip(table["name"], table["occurrence"], strict=True))
+    assert list(zip(layers["name"], layers["occurrence"], strict=True)) == list(
+        zip(table["name"], table["occurrence"], strict=True)
+    )
     assert list(layers["type"]) == list(table["type"])
     assert layers.loc[layers["name"] == "act", "occurrence"].tolist() == [0, 1]
     assert (layers["fw_ms"] > 0).all()
@@ -283,9 +360,17 @@ def test_measure_layers_matches_featurised_layer_table(tmp_path: Path, mode: str
 
 
 def test_select_layer_configs_spreads_over_modes() -> None:
-    rows = [{"config_id": f"c{i}", "model_id": f"m{i // 4}", "family": "cnn" if i < 40 else "mlp",
-             "builder": "torchvision" if i < 40 else "mlp", "mode": ("inference", "training")[i % 2],
-             "batch": 1 + i % 4} for i in range(48)]
+    rows = [
+        {
+            "config_id": f"c{i}",
+            "model_id": f"m{i // 4}",
+            "family": "cnn" if i < 40 else "mlp",
+            "builder": "torchvision" if i < 40 else "mlp",
+            "mode": ("inference", "training")[i % 2],
+            "batch": 1 + i % 4,
+        }
+        for i in range(48)
+    ]
     manifest = pd.DataFrame(rows)
     chosen = select_layer_configs(manifest, None, 10)
     assert len(chosen) == 10 and set(chosen["family"]) == {"cnn"}
@@ -301,8 +386,12 @@ def test_profile_layer_configs_isolated(tmp_path: Path) -> None:
 
     if "cpu_layers" not in measure.MEASURE:
         pytest.skip("measure.MEASURE['cpu_layers'] is not registered yet")
-    configs = pd.DataFrame([tiny_spec(tmp_path, "training"),
-                            {**tiny_spec(tmp_path, "inference"), "name": f"{tmp_path}/missing.py:make"}])
+    configs = pd.DataFrame(
+        [
+            tiny_spec(tmp_path, "training"),
+            {**tiny_spec(tmp_path, "inference"), "name": f"{tmp_path}/missing.py:make"},
+        ]
+    )
     table = profile_layer_configs(configs, "cpu", SETTINGS, progress=False)
     assert list(table.columns) == LAYER_TIMING_COLUMNS
     ok = table[table["status"] == "ok"]

@@ -597,3 +597,26 @@ def test_power_cap_sweep_picks_lowest_energy_meeting_the_target() -> None:
     assert _power_cap("gpu", row, cfg, q, {**ctx, "latency_target_ms": 8.0})["power_cap_w"] == 400
     none = _power_cap("gpu", row, cfg, q, {**ctx, "latency_target_ms": 1.0})
     assert none["power_cap_w"] is None and "latency target" in none["reason"]
+
+
+def test_fold_average_residual_interval_and_split_choice(tmp_path: Path) -> None:
+    from perfzoo.predict import Predictor, _choose_file
+
+    folds = {"a": _Stub(lambda w: np.full_like(w, 1.0)), "b": _Stub(lambda w: np.full_like(w, 3.0))}
+    ratios = np.linspace(0.8, 1.25, 50)  # y_pred / y_true on held-out rows
+    p = Predictor("latency_ms", "linear", "random", tmp_path / "m.json", folds, {}, 5.0, 50, ratios, "test")
+    point, lo, hi, method = p.predict(pd.DataFrame({"power_limit_w": [300.0]}))
+    r05, r95 = np.quantile(ratios, [0.05, 0.95])
+    assert point[0] == pytest.approx(2.0)  # the mean of the fold predictions
+    assert lo[0] == pytest.approx(2.0 / r95) and hi[0] == pytest.approx(2.0 / r05) and "held-out" in method
+    # the lowest MAPE of the random split wins; without a random score, the best of any split
+    metrics = pd.DataFrame({"target": "latency_ms", "regressor": ["linear", "random_forest", "xgboost"],
+                            "split": ["random", "random", "leave_one_family_out"], "mape": [9.0, 7.0, 1.0],
+                            "n": 10})  # fmt: skip
+    for regressor, split in zip(metrics["regressor"], metrics["split"], strict=True):
+        path = tmp_path / "fit" / "latency_ms" / regressor / f"{split}.models.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}")
+    assert _choose_file(metrics, tmp_path, "latency_ms")[:2] == ("random_forest", "random")
+    no_random = metrics[metrics["split"] != "random"]
+    assert _choose_file(no_random, tmp_path, "latency_ms")[:2] == ("xgboost", "leave_one_family_out")

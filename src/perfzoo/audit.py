@@ -257,11 +257,14 @@ def audit(path: str | Path, workdir: str | Path | None = None) -> AuditResult:
     if not root.is_file():
         raise InputError(f"{path}: file not found")
     record = read_record(root)
+    if record is None:  # a table, figure or page: its record sits next to it (report/provenance.json)
+        record = _sidecar_record(root)
     pairs = recorded_hashes(record) if record is not None else []
     if not pairs and not _has_record(record):
         raise InputError(
             f"{path}: carries no provenance record (expected a perfzoo output: a Parquet file "
-            "with provenance metadata, or a JSON file with 'provenance' or 'meta')"
+            "with provenance metadata, a JSON file with 'provenance' or 'meta', or a report file "
+            "next to a provenance.json)"
         )
     hints = [Path(workdir)] if workdir is not None else _workdir_hint(record)
     chain = _chain_pairs(record)
@@ -278,6 +281,21 @@ def audit(path: str | Path, workdir: str | Path | None = None) -> AuditResult:
         if f"{path} (chain)" not in refs and not refs:
             refs.append(f"{path} (chain)")
     return AuditResult(root, sorted(links.values(), key=lambda link: link.depth))
+
+
+def _sidecar_record(path: Path) -> Any:
+    """The part of the nearest ``provenance.json`` (this folder or up to two above) that describes
+    ``path``: its ``tables``/``figures`` entry named like the file, else the whole record."""
+    for folder in [path.parent, *path.parents][:3]:
+        sidecar = folder / "provenance.json"
+        if sidecar.is_file():
+            record = read_record(sidecar)
+            for section in ("tables", "figures"):
+                entry = record.get(section, {}).get(path.stem) if isinstance(record, Mapping) else None
+                if isinstance(entry, Mapping):
+                    return {"inputs": entry}
+            return record
+    return None
 
 
 def _chain_pairs(record: Any) -> list[tuple[str, str]]:

@@ -162,7 +162,8 @@ def energy_labels(labels: pd.DataFrame, hardware: dict[str, dict[str, Any]]) -> 
     rows = []
     for _, row in labels.iterrows():
         hw = hardware.get(row["device"], {})
-        no_sensor = hw.get("energy_missing_reason") or (None if hw.get("energy_sensor") else "no sensor samples")
+        no_sensor = hw.get("energy_missing_reason") or (
+            None if hw.get("energy_sensor") else "no sensor samples")
         intensity = float(hw.get("carbon_intensity_g_per_kwh") or 400.0)
         rows.append(_energy_of_run(row, no_sensor, intensity))
     columns = [*ENERGY_LABELS, "energy_source", "energy_missing_reason"]

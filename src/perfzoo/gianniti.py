@@ -98,8 +98,11 @@ def join_layer_times(layer_times: pd.DataFrame, layer_features: pd.DataFrame) ->
     """Measured layer times joined with their complexities (ok rows only; inner join on
     model_id, mode, batch, name, occurrence)."""
     _require_columns(layer_times, [*JOIN_KEY, "fw_ms", "bw_ms"], what="layer timing")
-    _require_columns(layer_features, [*CONFIG_KEY, "layer_idx", "name", "type", "category", "c_fw", "c_bw"],
-                     what="layer feature")
+    _require_columns(
+        layer_features,
+        [*CONFIG_KEY, "layer_idx", "name", "type", "category", "c_fw", "c_bw"],
+        what="layer feature",
+    )
     times = layer_times
     if "status" in times.columns:
         times = times[times["status"] == "ok"]
@@ -146,9 +149,19 @@ def fit_joined(joined: pd.DataFrame) -> pd.DataFrame:
             continue
         b0f, b1f, nf = fw.get(category, (math.nan, math.nan, 0))
         b0b, b1b, nb = bw.get(category, (math.nan, math.nan, 0))
-        rows.append({"category": category, "beta0_fw_ms": b0f, "beta1_fw_ms_per_op": b1f, "beta0_bw_ms": b0b,
-                     "beta1_bw_ms_per_op": b1b, "n_layers": nf, "n_layers_bw": nb})
-    return pd.DataFrame(rows, columns=COEFFICIENT_COLUMNS).astype({"n_layers": "int64", "n_layers_bw": "int64"})
+        rows.append(
+            {
+                "category": category,
+                "beta0_fw_ms": b0f,
+                "beta1_fw_ms_per_op": b1f,
+                "beta0_bw_ms": b0b,
+                "beta1_bw_ms_per_op": b1b,
+                "n_layers": nf,
+                "n_layers_bw": nb,
+            }
+        )
+    table = pd.DataFrame(rows, columns=COEFFICIENT_COLUMNS)
+    return table.astype({"n_layers": "int64", "n_layers_bw": "int64"})
 
 
 def fit_layer_coefficients(layer_times: pd.DataFrame, layer_features: pd.DataFrame) -> pd.DataFrame:
@@ -164,8 +177,10 @@ def fit_layer_coefficients(layer_times: pd.DataFrame, layer_features: pd.DataFra
     """
     joined = join_layer_times(layer_times, layer_features)
     if joined.empty:
-        raise InputError("gianniti: no measured layer call matches the featurised layer table "
-                         "(different models, or layer names/occurrences that do not line up)")
+        raise InputError(
+            "gianniti: no measured layer call matches the featurised layer table "
+            "(different models, or layer names/occurrences that do not line up)"
+        )
     return fit_joined(joined)
 
 
@@ -246,11 +261,15 @@ def _layer_sums_from_file(path: str | os.PathLike[str]) -> pd.DataFrame:
 
 def layer_sums(layer_features: pd.DataFrame) -> pd.DataFrame:
     """Per (model_id, mode, batch, category): ``n`` layer calls and the sums ``c_fw``, ``c_bw``."""
-    _require_columns(layer_features, [*CONFIG_KEY, "layer_idx", "name", "type", "category", "c_fw", "c_bw"],
-                     what="layer feature")
+    _require_columns(
+        layer_features,
+        [*CONFIG_KEY, "layer_idx", "name", "type", "category", "c_fw", "c_bw"],
+        what="layer feature",
+    )
     table = with_occurrence(layer_features)
     sums = table.groupby([*CONFIG_KEY, "category"], sort=True).agg(
-        n=("c_fw", "size"), c_fw=("c_fw", "sum"), c_bw=("c_bw", "sum"))
+        n=("c_fw", "size"), c_fw=("c_fw", "sum"), c_bw=("c_bw", "sum")
+    )
     sums = sums.reset_index()
     return sums.astype({"batch": "int64", "n": "float64", "c_fw": "float64", "c_bw": "float64"})
 
@@ -261,8 +280,14 @@ def layer_sums(layer_features: pd.DataFrame) -> pd.DataFrame:
 def _coefficient_dict(table: pd.DataFrame) -> dict[str, list[float]]:
     """``{category: [β0_fw, β1_fw, β0_bw, β1_bw, n_fw, n_bw]}`` (JSON-friendly)."""
     return {
-        str(r["category"]): [float(r["beta0_fw_ms"]), float(r["beta1_fw_ms_per_op"]), float(r["beta0_bw_ms"]),
-                             float(r["beta1_bw_ms_per_op"]), int(r["n_layers"]), int(r["n_layers_bw"])]
+        str(r["category"]): [
+            float(r["beta0_fw_ms"]),
+            float(r["beta1_fw_ms_per_op"]),
+            float(r["beta0_bw_ms"]),
+            float(r["beta1_bw_ms_per_op"]),
+            int(r["n_layers"]),
+            int(r["n_layers_bw"]),
+        ]
         for r in table.to_dict("records")
     }
 
@@ -313,22 +338,23 @@ class GiannitiLayerRegressor(Regressor):
     # -- helpers
 
     @staticmethod
-    def _config_keys(X: pd.DataFrame, with_device: bool) -> set[tuple[Any, ...]]:
+    def _key_tuples(frame: pd.DataFrame, with_device: bool) -> list[tuple[Any, ...]]:
+        """(model_id, mode, batch[, device]) per row, as (str, str, int[, str])."""
         cols = [*CONFIG_KEY, "device"] if with_device else CONFIG_KEY
-        frame = X[cols].astype({"batch": "int64"}).astype({c: str for c in cols if c != "batch"})
-        return set(frame.itertuples(index=False, name=None))
+        keys = frame[cols].astype({"batch": "int64"}).astype({c: str for c in cols if c != "batch"})
+        return list(keys.itertuples(index=False, name=None))
 
     def _select_timings(self, X: pd.DataFrame, timings: pd.DataFrame) -> tuple[pd.DataFrame, str]:
         if self.timing_match not in ("auto", "device", "model"):
-            raise InputError(f"gianniti_layer: timing_match must be auto, device or model, got {self.timing_match!r}")
-        timings = timings.astype({"batch": "int64"})
-        by_device = self._config_keys(X, with_device=True)
-        keys = list(zip(*(timings[c].astype(str) if c != "batch" else timings[c]
-                          for c in [*CONFIG_KEY, "device"]), strict=True))
+            raise InputError(
+                f"gianniti_layer: timing_match must be auto, device or model, got {self.timing_match!r}"
+            )
+        by_device = set(self._key_tuples(X, with_device=True))
+        keys = self._key_tuples(timings, with_device=True)
         use = np.fromiter((k in by_device for k in keys), dtype=bool, count=len(keys))
         match = "device"
         if self.timing_match == "model" or (self.timing_match == "auto" and not use.any()):
-            by_model = self._config_keys(X, with_device=False)
+            by_model = set(self._key_tuples(X, with_device=False))
             use = np.fromiter((k[:3] in by_model for k in keys), dtype=bool, count=len(keys))
             match = "model"
         return timings[use], match
@@ -339,7 +365,8 @@ class GiannitiLayerRegressor(Regressor):
     def _sum_ms(self, sums: pd.DataFrame, coefficients: dict[str, list[float]], training: bool) -> float:
         pooled = coefficients.get(POOLED, [0.0, 0.0, 0.0, 0.0, 0, 0])
         total = 0.0
-        for category, n, c_fw, c_bw in zip(sums["category"], sums["n"], sums["c_fw"], sums["c_bw"], strict=True):
+        columns = (sums["category"], sums["n"], sums["c_fw"], sums["c_bw"])
+        for category, n, c_fw, c_bw in zip(*columns, strict=True):
             coef = coefficients.get(category, pooled)
             b0f, b1f = (coef[0], coef[1]) if math.isfinite(coef[0]) else (pooled[0], pooled[1])
             total += n * b0f + b1f * c_fw
@@ -368,7 +395,10 @@ class GiannitiLayerRegressor(Regressor):
         check_is_fitted(self, "coefficients_")
         X = _check_frame(X)
         _require_columns(X, self.required_columns, what="gianniti_layer")
-        sums = layer_sums(layer_features) if layer_features is not None else _layer_sums_from_file(self.layers_path)
+        if layer_features is not None:
+            sums = layer_sums(layer_features)
+        else:
+            sums = _layer_sums_from_file(self.layers_path)
         groups = {key: g for key, g in sums.groupby(CONFIG_KEY, sort=False)}
         out = np.full(len(X), np.nan)
         rows = X[ROW_KEY].astype({"batch": "int64"}).itertuples(index=False, name=None)
@@ -407,7 +437,9 @@ class GiannitiLayerRegressor(Regressor):
         ratios = target / self.layer_sum_ms(X)
         usable = np.isfinite(ratios) & (ratios > 0)
         if not usable.any():
-            raise InputError("gianniti_layer: no training row has a positive target and a featurised layer table")
+            raise InputError(
+                "gianniti_layer: no training row has a positive target and a featurised layer table"
+            )
         devices = X["device"].astype(str).to_numpy()
         modes = X["mode"].astype(str).to_numpy()
         self.global_scale_ = self._summarise(ratios[usable])
@@ -429,7 +461,8 @@ class GiannitiLayerRegressor(Regressor):
         if missing.size:
             row = X.iloc[int(missing[0])]
             raise InputError(
-                f"gianniti_layer: no layer table for model {row['model_id']} ({row['mode']}, batch {row['batch']}) "
+                f"gianniti_layer: no layer table for model {row['model_id']} "
+                f"({row['mode']}, batch {row['batch']}) "
                 f"in {self.layers_path if layer_features is None else 'the given layer table'}"
                 f"{f' and {missing.size - 1} more rows' if missing.size > 1 else ''}"
             )
@@ -446,9 +479,20 @@ class GiannitiLayerRegressor(Regressor):
         check_is_fitted(self, "coefficients_")
         device = self.reference_device_ if device is None else device
         if device not in self.coefficients_:
-            raise InputError(f"gianniti_layer: no coefficients for device {device!r} "
-                             f"(timed devices: {', '.join(sorted(self.coefficients_))})")
-        rows = [{"category": c, "beta0_fw_ms": v[0], "beta1_fw_ms_per_op": v[1], "beta0_bw_ms": v[2],
-                 "beta1_bw_ms_per_op": v[3], "n_layers": int(v[4]), "n_layers_bw": int(v[5])}
-                for c, v in self.coefficients_[device].items()]
+            raise InputError(
+                f"gianniti_layer: no coefficients for device {device!r} "
+                f"(timed devices: {', '.join(sorted(self.coefficients_))})"
+            )
+        rows = [
+            {
+                "category": c,
+                "beta0_fw_ms": v[0],
+                "beta1_fw_ms_per_op": v[1],
+                "beta0_bw_ms": v[2],
+                "beta1_bw_ms_per_op": v[3],
+                "n_layers": int(v[4]),
+                "n_layers_bw": int(v[5]),
+            }
+            for c, v in self.coefficients_[device].items()
+        ]
         return pd.DataFrame(rows, columns=COEFFICIENT_COLUMNS)

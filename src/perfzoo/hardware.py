@@ -66,8 +66,8 @@ def check_cuda_device(
 
     def unavailable(reason: str) -> InputError:
         text = " ".join(reason.split())
-        return InputError(f"device '{device}' (kind cuda, gpu_name '{gpu_name}', gpu_index {index}) cannot be "
-                          f"profiled on host '{host}': {text}")
+        return InputError(f"device '{device}' (kind cuda, gpu_name '{gpu_name}', gpu_index {index}) "
+                          f"cannot be profiled on host '{host}': {text}")
 
     if not gpu_name:
         raise InputError(f"device '{device}': kind cuda needs 'gpu_name' in its config entry")
@@ -94,10 +94,11 @@ def check_cuda_device(
         raise unavailable(f"NVML could not read GPU {index}: {exc}") from None
     finally:
         probe.close()
-    actual = identity.get("name") or facts.get("name")
-    if not actual:
+    names = [n for n in (facts.get("name"), identity.get("name")) if n]  # what runs the model, what is read
+    if not names:
         raise unavailable("neither NVML nor CUDA reports the GPU's name")
-    nvml.check_gpu_name(str(actual), gpu_name, device)
+    for actual in names:
+        nvml.check_gpu_name(str(actual), gpu_name, device)
     identity.update(
         kind="cuda", host=host, gpu_index=index, nvml_index=nvml_index, nvml_index_source=how,
         gpu_name_pattern=gpu_name, cuda_device_name=facts.get("name"), cuda_uuid=facts.get("uuid"),

@@ -35,6 +35,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 import types
 from collections.abc import Mapping, Sequence
@@ -47,6 +48,13 @@ import numpy as np
 import pandas as pd
 
 from perfzoo.io import InputError
+
+try:  # interpreter start, for PERFZOO_TIMING
+    import psutil as _psutil
+
+    _START = _psutil.Process().create_time()
+except Exception:  # noqa: BLE001 - psutil missing or restricted: time from this import on
+    _START = time.time()
 
 TARGETS = (
     "latency_ms",
@@ -236,6 +244,19 @@ def _user_location(exc: BaseException, user_file: str | None) -> tuple[str, int]
     return (hits[-1].filename, int(hits[-1].lineno or 0)) if hits else None
 
 
+def _timing(label: str) -> None:
+    """With ``PERFZOO_TIMING=1``: wall and CPU seconds since interpreter start, on stderr."""
+    if os.environ.get("PERFZOO_TIMING"):
+        import resource
+
+        wall = time.time() - _START
+        cpu = resource.getrusage(resource.RUSAGE_SELF)
+        print(
+            f"perfzoo timing: {wall:6.2f} s wall {cpu.ru_utime + cpu.ru_stime:6.2f} s CPU  {label}",
+            file=sys.stderr,
+        )
+
+
 def _one_line(exc: BaseException) -> str:
     text = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
     return f"{type(exc).__name__}: {text[0].strip() if text else ''}"[:300]
@@ -325,59 +346,139 @@ def _worker_main() -> None:
     request = json.loads(Path(request_path).read_text())
     spec = ModelSpec(**{**request["spec"], "input_shape": tuple(request["spec"]["input_shape"])})
     try:
-        out = {"ok": featurise_model(spec, request["batch"], request["mode"], request["num_classes"])}
+        out: dict[str, Any] = {
+            "ok": featurise_model(spec, request["batch"], request["mode"], request["num_classes"])
+        }
     except InputError as exc:
         out = {"error": str(exc)}
+    out["cpu_s"] = time.process_time()
     Path(out_path).write_text(json.dumps(out))
+
+
+class _ForkedChild:
+    """A forked child featurising ``args`` (Popen-like: wait, poll, kill, returncode).
+
+    The parent has already imported pandas and torch, which the child inherits instead of importing them
+    again; the child imports timm/torchvision, featurises, writes ``out`` and leaves with ``os._exit``.
+    """
+
+    def __init__(self, args: tuple[Any, ...], out: Path, log: Any) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.returncode: int | None = None
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns
+            code = 1
+            try:
+                os.dup2(log.fileno(), 1)
+                os.dup2(log.fileno(), 2)
+                try:
+                    result: dict[str, Any] = {"ok": featurise_model(*args)}
+                except InputError as exc:
+                    result = {"error": str(exc)}
+                result["cpu_s"] = time.process_time()
+                tmp = out.with_suffix(".tmp")
+                tmp.write_text(json.dumps(result))
+                tmp.replace(out)
+                code = 0
+            except BaseException:  # noqa: BLE001 - reported through the log and the exit status
+                traceback.print_exc()
+            finally:
+                sys.stderr.flush()
+                os._exit(code)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def kill(self) -> None:
+        import signal
+
+        os.kill(self.pid, signal.SIGKILL)
+
+
+def _child_strategy(spec: ModelSpec) -> str:
+    """How to featurise: ``fork`` (this process imports torch once and a forked child featurises while this
+    one loads the predictors), ``spawn`` (a fresh interpreter does it), or ``inline`` (here, later).
+
+    Instances and build callables, and processes that imported torch before (API users, who may have
+    run torch threads), featurise inline; ``PERFZOO_PREDICT_CHILD=spawn|inline`` overrides.
+    """
+    import threading
+
+    forced = os.environ.get("PERFZOO_PREDICT_CHILD", "")
+    if spec.builder in ("instance", "callable") or "torch" in sys.modules or forced == "inline":
+        return "inline"
+    if forced != "spawn" and hasattr(os, "fork") and threading.active_count() == 1:
+        return "fork"
+    return "spawn"
 
 
 class _Featuriser:
     """Featurise in a child process started now (parallel to loading predictors), or in-process later."""
 
-    def __init__(self, spec: ModelSpec, batch: int, mode: str, num_classes: int, parallel: bool) -> None:
+    def __init__(self, spec: ModelSpec, batch: int, mode: str, num_classes: int, strategy: str) -> None:
         self.args = (spec, batch, mode, num_classes)
-        self.proc: subprocess.Popen[bytes] | None = None
-        if not parallel or spec.builder in ("instance", "callable"):
+        self.proc: subprocess.Popen[bytes] | _ForkedChild | None = None
+        if strategy == "inline":
             return
         self.tmp = tempfile.TemporaryDirectory(prefix="perfzoo-predict-")
-        request = Path(self.tmp.name) / "request.json"
-        request.write_text(
-            json.dumps(
-                {
-                    "spec": {k: v for k, v in spec.to_dict().items()},
-                    "batch": batch,
-                    "mode": mode,
-                    "num_classes": num_classes,
-                }
-            )
-        )
         self.out = Path(self.tmp.name) / "out.json"
         self.log = open(Path(self.tmp.name) / "log.txt", "wb")  # noqa: SIM115 - closed in close()
+        try:
+            self.proc = self._fork() if strategy == "fork" else self._spawn()
+        except OSError:  # no child process: featurise in this one
+            self.log.close()
+            self.tmp.cleanup()
+
+    def _fork(self) -> _ForkedChild:
+        import torch  # noqa: F401 - imported once, here, for both processes
+
+        import perfzoo.builders
+        import perfzoo.features  # noqa: F401
+
+        _timing("featurisation: torch imported, forking")
+        return _ForkedChild(self.args, self.out, self.log)
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        spec, batch, mode, num_classes = self.args
+        request = Path(self.tmp.name) / "request.json"
+        request.write_text(
+            json.dumps({"spec": spec.to_dict(), "batch": batch, "mode": mode, "num_classes": num_classes})
+        )
         src = str(Path(__file__).resolve().parents[1])
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p),
         }
         code = "from perfzoo.predict import _worker_main; _worker_main()"
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", code, str(request), str(self.out)],
-                stdout=self.log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-            )
-        except OSError:  # no child process: featurise in this one
-            self.log.close()
-            self.tmp.cleanup()
+        return subprocess.Popen(
+            [sys.executable, "-c", code, str(request), str(self.out)],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
 
     def result(self) -> dict[str, Any]:
         if self.proc is None:
             return featurise_model(*self.args)
         try:
+            _timing("featurisation: waiting for the child process")
             self.proc.wait()
             out = json.loads(self.out.read_text()) if self.out.exists() else {}
+            _timing(f"featurisation: child done ({out.get('cpu_s', math.nan):.2f} s CPU in the child)")
             log = Path(self.tmp.name) / "log.txt"
+            self.log.flush()
             lines = (
                 [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
                 if "ok" not in out
@@ -1336,14 +1437,16 @@ def predict(
         num_classes = int((cfg.get("zoo") or {}).get("num_classes") or DEFAULT_NUM_CLASSES)
     # the featurisation (torch, timm/torchvision, the meta-device step) overlaps with everything
     # below when it runs in a child process
-    featuriser = _Featuriser(spec, batch, mode, num_classes, parallel="torch" not in sys.modules)
+    featuriser = _Featuriser(spec, batch, mode, num_classes, _child_strategy(spec))
     try:
         workdir = Path(os.path.abspath(results)).parent
         configured = cfg.get("devices") or {}
         hw_files = {p.stem: p for p in sorted((results / "hardware").glob("*.json"))}
         names = _select_devices(devices, configured, hw_files)
         data = read_parquet(results / "dataset" / "dataset.parquet")
+        _timing("config, devices, dataset")
         predictors, missing_targets = load_predictors(results, data)
+        _timing("predictors loaded")
         if not predictors:
             raise InputError(f"{results / 'fit'}: no fitted predictor for any target; {RUN_WORKFLOW}")
         hardware = {d: read_json(hw_files[d]) for d in names if d in hw_files}
@@ -1351,6 +1454,7 @@ def predict(
             results, workdir, predictors, hw_files, names, spec
         )
         packages, version = package_versions(), code_version()
+        _timing("provenance")
         featurised = featuriser.result()
     finally:
         featuriser.close()
@@ -1411,6 +1515,7 @@ def predict(
             "workdir": str(workdir),
         },
     }
+    _timing("predictions")
     return Prediction(_clean(record), _table(entries))
 
 

@@ -1096,3 +1096,7 @@ class XGBoostRegressor(Regressor):
         values = np.array([gain.get(f"f{i}", 0.0) for i in range(len(self.feature_names_))])
         total = values.sum()
         return _sorted_importances(self.feature_names_, values / total if total > 0 else values)
+
+
+# The per-layer model of Gianniti et al. lives in its own module and registers itself here.
+from perfzoo import gianniti as _gianniti  # noqa: E402,F401

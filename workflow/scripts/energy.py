@@ -16,9 +16,12 @@ from perfzoo.io import read_parquet, write_json, write_text
 
 CONFIG_KEYS = ["model_id", "mode", "batch"]
 COUNTER_COLUMNS = [
-    "model_id", "mode", "batch", "repeat", "power_limit_w", "window_s", "window_iters", "window_energy_counter_j",
-    "window_energy_samples_j", "energy_disagreement", "power_source", "sensor_errors", "energy_message",
+    "model_id", "mode", "batch", "repeat", "power_limit_w", "window_s", "window_iters",
+    "window_energy_counter_j", "window_energy_samples_j", "energy_disagreement", "power_source",
+    "sensor_errors", "energy_message",
 ]
+OUTPUTS = ("runs", "summary", "fits", "counter_vs_samples", "jitter", "power_over_time", "cumulative_energy",
+           "metrics_vs_limit", "sampling_jitter")
 
 
 def _csv(path: str | Path, frame: pd.DataFrame) -> None:
@@ -45,32 +48,35 @@ def showcase(runs: pd.DataFrame) -> dict[str, Any] | None:
     if not len(ok):
         return None
     means = ok.groupby(CONFIG_KEYS, sort=True)["mean_power_w"].mean()
-    return dict(zip(CONFIG_KEYS, means.idxmax(), strict=True))
+    return {k: getattr(v, "item", lambda v=v: v)() for k, v in zip(CONFIG_KEYS, means.idxmax(), strict=True)}
+
+
+def _concat(paths: list[str], empty_columns: list[str]) -> pd.DataFrame:
+    frames = [f for f in (read_parquet(p) for p in paths) if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=empty_columns)
 
 
 def analyse(
     device: str, sensor_paths: list[str], trace_paths: list[str], manifest: pd.DataFrame, out: dict[str, str],
 ) -> dict[str, Any]:
-    """Write every table and figure of ``out`` (keys: runs, summary, fits, counter_vs_samples, jitter,
-    power_over_time, cumulative_energy, metrics_vs_limit, sampling_jitter); return what was shown."""
-    frames = [read_parquet(p) for p in sensor_paths]
-    samples = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else (
-        pd.DataFrame(columns=frames[0].columns if frames else ["t_ns", "power_w"]))
+    """Write every table and figure named in ``out`` (keys: :data:`OUTPUTS`); return what was shown."""
+    samples = _concat(sensor_paths, ["t_ns", "power_w"])
     labels = manifest[["model_id", "label"]].drop_duplicates("model_id")
-    traces = pd.concat([read_parquet(p) for p in trace_paths], ignore_index=True) if trace_paths else pd.DataFrame()
+    traces = _concat(trace_paths, ["status"])
     ok = traces[traces["status"] == "ok"] if len(traces) else traces
-    windows = (ok.drop_duplicates(["config_id", "repeat", "power_limit_w"]).reindex(columns=COUNTER_COLUMNS)
-               if len(ok) else pd.DataFrame(columns=COUNTER_COLUMNS))
+    windows = (ok.drop_duplicates(["config_id", "repeat", "power_limit_w"]) if len(ok) else ok).reindex(
+        columns=COUNTER_COLUMNS)
     _csv(out["counter_vs_samples"], _labelled(windows, labels))
 
-    runs = energy.run_energy(samples) if len(samples) else pd.DataFrame(columns=[*CONFIG_KEYS, "mean_power_w"])
+    runs = (energy.run_energy(samples) if len(samples)
+            else pd.DataFrame(columns=[*CONFIG_KEYS, "mean_power_w"]))
     summary = energy.summarize_vs_limit(runs) if len(runs) else pd.DataFrame()
     fits = energy.fits_vs_limit(summary) if len(summary) else pd.DataFrame()
     for name, frame in (("runs", runs), ("summary", summary), ("fits", fits)):
         _csv(out[name], _labelled(frame, labels))
     jitter = energy.sampling_jitter(samples) if len(samples) else {"n": 0}
-    _csv(out["jitter"], pd.DataFrame([{"device": device, **{k: v for k, v in jitter.items()
-                                                             if k not in ("counts", "edges")}}]))
+    stats = {k: v for k, v in jitter.items() if k not in ("counts", "edges")}
+    _csv(out["jitter"], pd.DataFrame([{"device": device, **stats}]))
     if jitter["n"]:
         energy.plot_sampling_jitter(samples, out["sampling_jitter"], title=f"{device}: NVML sampling rate")
     else:
@@ -97,10 +103,10 @@ def main() -> None:
     from perfzoo.provenance import provenance
 
     inputs = snakemake.input
-    out = {name: str(getattr(snakemake.output, name)) for name in snakemake.output.keys() if name != "provenance"}
-    shown = analyse(snakemake.params.device, list(inputs.sensors), list(inputs.traces),
-                    read_parquet(inputs.manifest), out)
-    prov = provenance([inputs.manifest, *inputs.sensors, *inputs.traces], {"device": snakemake.params.device})
+    device = snakemake.params.device
+    out = {name: str(getattr(snakemake.output, name)) for name in OUTPUTS}
+    shown = analyse(device, list(inputs.sensors), list(inputs.traces), read_parquet(inputs.manifest), out)
+    prov = provenance([inputs.manifest, *inputs.sensors, *inputs.traces], {"device": device})
     write_json(snakemake.output.provenance, {**prov, **shown})
 
 

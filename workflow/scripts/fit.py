@@ -11,7 +11,7 @@ def main() -> None:
     if wc.regressor == "xgboost_grid" and wc.split not in snakemake.params.grid_search_splits:
         predictions, models, notes = skipped_fit(f"grid search runs on splits {snakemake.params.grid_search_splits}")
     else:
-        predictions, models, notes = fit_split(data, split, wc.target, wc.regressor)
+        predictions, models, notes = fit_split(data, split, wc.target, wc.regressor, snakemake.params.regressor)
     prov = provenance([snakemake.input.dataset, snakemake.input.split],
                       {"target": wc.target, "regressor": wc.regressor, "split": wc.split, "notes": notes})
     save_models(snakemake.output.models, models, prov)

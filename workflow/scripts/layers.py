@@ -1,6 +1,7 @@
-"""Rules layers_<device> and gianniti_coefficients: per-layer CPU timings (seed 004) and their coefficients."""
+"""Rules layers_<device> and gianniti_coefficients: per-layer CPU timings (seed 004), their coefficients."""
+
 from perfzoo.gianniti import coefficient_table
-from perfzoo.io import read_parquet
+from perfzoo.io import read_parquet, write_text
 from perfzoo.profiling.layers import profile_layer_configs, select_layer_configs
 from perfzoo.provenance import provenance, write_table
 from perfzoo.workflow import run_step
@@ -8,13 +9,25 @@ from perfzoo.workflow import run_step
 
 def time_layers() -> None:
     params = snakemake.params
-    configs = select_layer_configs(read_parquet(snakemake.input.manifest), params.families, params.max_configs)
-    settings = dict(params.profiling, threads=snakemake.threads, num_classes=params.num_classes,
-                    layer_iters=params.layer_iters)
+    manifest = read_parquet(snakemake.input.manifest)
+    configs = select_layer_configs(manifest, params.families, params.max_configs)
+    settings = dict(
+        params.profiling,
+        threads=snakemake.threads,
+        num_classes=params.num_classes,
+        layer_iters=params.layer_iters,
+    )
     table = profile_layer_configs(configs, params.name, settings)
-    prov = provenance([snakemake.input.manifest],
-                      {"device": params.device, "settings": settings, "families": params.families,
-                       "max_configs": params.max_configs, "configs": configs["config_id"].tolist()})
+    prov = provenance(
+        [snakemake.input.manifest],
+        {
+            "device": params.device,
+            "settings": settings,
+            "families": params.families,
+            "max_configs": params.max_configs,
+            "configs": configs["config_id"].tolist(),
+        },
+    )
     write_table(snakemake.output.timings, table, prov)
 
 
@@ -22,7 +35,7 @@ def coefficients() -> None:
     table = coefficient_table(list(snakemake.input.timings), snakemake.input.layers)
     prov = provenance([*snakemake.input.timings, snakemake.input.layers])
     write_table(snakemake.output.table, table, prov)
-    table.to_csv(snakemake.output.csv, index=False, float_format="%.6g")
+    write_text(snakemake.output.csv, table.to_csv(index=False, float_format="%.6g"))
 
 
-run_step(snakemake, time_layers if "timings" in snakemake.output.keys() else coefficients)
+run_step(snakemake, time_layers if hasattr(snakemake.output, "timings") else coefficients)

@@ -67,8 +67,8 @@ class TorchCuda:
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         }
         if not torch.cuda.is_available():
-            built = f"torch {torch.__version__} built for CUDA {torch.version.cuda}" if torch.version.cuda else (
-                f"torch {torch.__version__} built without CUDA")
+            built = (f"torch {torch.__version__} built for CUDA {torch.version.cuda}" if torch.version.cuda
+                     else f"torch {torch.__version__} built without CUDA")
             return {**facts, "available": False, "reason": f"torch.cuda.is_available() is False ({built})"}
         count = torch.cuda.device_count()
         if index >= count:
@@ -299,8 +299,9 @@ def energy_window(
 ) -> dict[str, Any]:
     """Repeat ``step`` until at least ``window_s`` have passed, sampling power and reading the counter.
 
-    Steps run in chunks sized from ``iteration_ms`` (the median timed iteration) with one synchronisation
-    per chunk, so the GPU stays busy; the window is closed only after a synchronisation.
+    Steps run in chunks with one synchronisation per chunk, so the GPU stays busy: the first chunk lasts
+    about a tenth of the window by ``iteration_ms`` (the median timed iteration), later ones are sized
+    from the wall time per step observed so far. The window is closed only after a synchronisation.
     """
     from perfzoo.energy import compare_counter
 
@@ -317,10 +318,16 @@ def energy_window(
     per_iter_ns = max(iteration_ms, 1e-3) * 1e6 if math.isfinite(iteration_ms) else 1e6
     try:
         while True:
-            remaining = target_ns - (clock() - t0)
+            elapsed = clock() - t0
+            remaining = target_ns - elapsed
             if remaining <= 0 and iterations > 0:
                 break
-            chunk = max(1, min(int(math.ceil(max(remaining, 0) / per_iter_ns)), 100_000))
+            if iterations:  # calibrated on the wall clock (launch overhead included)
+                per_iter_ns = max(elapsed / iterations, 1.0)
+                chunk = math.ceil(remaining / per_iter_ns)
+            else:  # the event time may underestimate the wall time per step: start with a tenth
+                chunk = math.ceil(0.1 * target_ns / per_iter_ns)
+            chunk = max(1, min(chunk, 100_000))
             for _ in range(chunk):
                 step()
             iterations += chunk
@@ -467,7 +474,8 @@ def measure_on_cuda(
 def gemm_support(facts: dict[str, Any]) -> dict[str, str]:
     """dtype -> '' where supported, else the reason (TF32 and BF16 need compute capability >= 8.0)."""
     major = int(str(facts.get("compute_capability") or "0.0").split(".")[0])
-    needs_ampere = "" if major >= 8 else f"needs compute capability >= 8.0, device has {facts.get('compute_capability')}"
+    has = facts.get("compute_capability")
+    needs_ampere = "" if major >= 8 else f"needs compute capability >= 8.0, device has {has}"
     return {"fp32": "", "tf32": needs_ampere, "fp16": "", "bf16": needs_ampere}
 
 
@@ -483,7 +491,8 @@ def measure_gemm_tflops(
 
     cuda = _backend(backend)
     device = cuda.device(index)
-    torch_dtype = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    torch_dtype = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
+                   "bf16": torch.bfloat16}[dtype]
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high" if dtype == "tf32" else "highest")
     try:

@@ -53,13 +53,15 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from perfzoo.io import InputError
-from perfzoo.profiling.measure import Measurement, peak_rss_mb, reset_peak_rss, synthetic_batch
+
+if TYPE_CHECKING:
+    from perfzoo.profiling.measure import Measurement
 
 LAYER_ITERS = 10
 LOSS_NAME = "loss"
@@ -94,8 +96,8 @@ def _marker_class() -> type:
     return _Marker
 
 
-def _mark(tensors_in: Any, callback: Any, clone: bool) -> Any:
-    """``tensors_in`` (any pytree) with every tensor that requires grad passed through one marker."""
+def _mark(tensors_in: Any, callback: Any, clone: bool) -> tuple[Any, bool]:
+    """(``tensors_in`` with every tensor that requires grad passed through one marker, whether any did)."""
     import torch
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -285,6 +287,7 @@ def measure_layers_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Mea
     import torch
 
     from perfzoo.builders import build_model
+    from perfzoo.profiling.measure import Measurement, peak_rss_mb, reset_peak_rss, synthetic_batch
 
     torch.set_num_threads(int(settings["threads"]))
     torch.manual_seed(0)
@@ -292,8 +295,13 @@ def measure_layers_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Mea
     baseline_mb = reset_peak_rss()
     mode = spec["mode"]
     training = mode == "training"
-    model = build_model(spec["builder"], spec["name"], json.loads(spec["builder_kwargs"]),
-                        settings["num_classes"], tuple(json.loads(spec["input_shape"])))
+    model = build_model(
+        spec["builder"],
+        spec["name"],
+        json.loads(spec["builder_kwargs"]),
+        settings["num_classes"],
+        tuple(json.loads(spec["input_shape"])),
+    )
     n_inplace = disable_inplace(model)
     x, y = synthetic_batch(spec, settings["num_classes"], "cpu")
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -303,8 +311,10 @@ def measure_layers_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Mea
     timer = _LayerTimer(names, types, training)
     if training:
         model.train()
-        opt = (torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-               if settings.get("optimizer", "sgd") == "sgd" else torch.optim.Adam(model.parameters(), lr=1e-4))
+        if settings.get("optimizer", "sgd") == "sgd":
+            opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        else:
+            opt = torch.optim.Adam(model.parameters(), lr=1e-4)
 
     def step(phase: str) -> float:
         t0 = time.perf_counter_ns()
@@ -356,7 +366,7 @@ def _spread(n: int, k: int, offset: float = 0.5) -> list[int]:
     (all of them when ``k >= n``)."""
     if k >= n:
         return list(range(n))
-    return sorted({min(int(math.floor((i + offset) * n / k)), n - 1) for i in range(k)})
+    return sorted({min(math.floor((i + offset) * n / k), n - 1) for i in range(k)})
 
 
 def select_layer_configs(
@@ -418,7 +428,8 @@ def profile_layer_configs(
 
     rows: list[dict[str, Any]] = []
     records = configs.to_dict("records")
-    for config in tqdm(records, desc=f"layers {device}", disable=not progress, file=sys.stderr, mininterval=1):
+    bar = tqdm(records, desc=f"layers {device}", disable=not progress, file=sys.stderr, mininterval=1)
+    for config in bar:
         outcome = run_isolated("cpu_layers", config, settings)
         if outcome.status != "ok" or outcome.measurement is None:
             rows.append(_failed_row(config, device, outcome.status, outcome.message))
@@ -432,5 +443,14 @@ def profile_layer_configs(
                          "unhooked_step_ms": float(np.median(unhooked)) if unhooked else math.nan,
                          "n_iters": len(result["times_ms"])})  # fmt: skip
     table = pd.DataFrame(rows, columns=LAYER_TIMING_COLUMNS)
-    return table.astype({"batch": "int64", "occurrence": "int64", "n_iters": "int64", "fw_ms": "float64",
-                         "bw_ms": "float64", "step_ms": "float64", "unhooked_step_ms": "float64"})
+    return table.astype(
+        {
+            "batch": "int64",
+            "occurrence": "int64",
+            "n_iters": "int64",
+            "fw_ms": "float64",
+            "bw_ms": "float64",
+            "step_ms": "float64",
+            "unhooked_step_ms": "float64",
+        }
+    )

@@ -140,10 +140,20 @@ def measure_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Measuremen
                        {"threads": torch.get_num_threads()})
 
 
-from perfzoo.profiling.cuda import measure_on_cuda  # noqa: E402 - cuda.py imports this module lazily
+from perfzoo.profiling.cuda import measure_on_cuda
 
 MEASURE: dict[str, Callable[[dict[str, Any], dict[str, Any]], Measurement]] = {
     "cpu": measure_on_cpu,
     "cuda": measure_on_cuda,
 }
 """Measurement function per device kind (what an isolated worker runs)."""
+
+
+def _measure_layers_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Measurement:
+    """Per-layer timings (profiling/layers.py, imported lazily: it imports this module)."""
+    from perfzoo.profiling.layers import measure_layers_on_cpu
+
+    return measure_layers_on_cpu(spec, settings)
+
+
+MEASURE["cpu_layers"] = _measure_layers_on_cpu

@@ -17,7 +17,6 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
-from perfzoo.io import InputError
 from perfzoo.profiling.worker import Outcome, run_isolated
 
 TRACE_COLUMNS = [
@@ -192,7 +191,8 @@ def _measurement_settings(device_cfg: dict[str, Any]) -> dict[str, Any]:
 
 def profile_shard(
     configs: pd.DataFrame, device: str, device_cfg: dict[str, Any], settings: dict[str, Any],
-    journal_path: Path, progress: bool = True, *, nvml_lib: Any | None = None, cuda_backend: Any | None = None,
+    journal_path: Path, progress: bool = True, *, nvml_lib: Any | None = None,
+    cuda_backend: Any | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
     """Measure every task of the shard not already in the journal; return traces, sensors, metadata.
 
@@ -241,7 +241,8 @@ def _run_tasks(
     todo = [t for t in tasks if t.key not in done]
     for task in tqdm(todo, desc=desc, disable=not progress, file=sys.stderr, mininterval=1):
         entry_extra = before_task(task) if before_task is not None else {}
-        task_settings = settings if task.power_limit_w is None else {**settings, "power_limit_w": task.power_limit_w}
+        task_settings = (settings if task.power_limit_w is None
+                         else {**settings, "power_limit_w": task.power_limit_w})
         outcome = run_isolated(kind, task.config, task_settings)
         entry = {"key": task.key, **_outcome_dict(outcome), **entry_extra}
         journal.append(entry)
@@ -252,8 +253,8 @@ def _run_tasks(
 
 
 def _profile_cuda(
-    configs: pd.DataFrame, device: str, device_cfg: dict[str, Any], settings: dict[str, Any], journal_path: Path,
-    identity: dict[str, Any], progress: bool, nvml_lib: Any | None, shard: str,
+    configs: pd.DataFrame, device: str, device_cfg: dict[str, Any], settings: dict[str, Any],
+    journal_path: Path, identity: dict[str, Any], progress: bool, nvml_lib: Any | None, shard: str,
 ) -> tuple[list[Task], dict[str, dict[str, Any]], int, list[Task], dict[str, Any]]:
     from perfzoo.profiling import nvml
     from perfzoo.profiling.cuda import probe_counter_period_s
@@ -266,7 +267,8 @@ def _profile_cuda(
     gpu = nvml.open_device(int(identity.get("nvml_index", measurement["gpu_index"])), lib=nvml_lib)
     try:
         period, period_reason = probe_counter_period_s(gpu)
-        worker_settings = {**settings, **{k: measurement[k] for k in ("gpu_index", "sample_hz", "min_window_s")},
+        worker_settings = {**settings,
+                           **{k: measurement[k] for k in ("gpu_index", "sample_hz", "min_window_s")},
                            "nvml_index": gpu.index, "counter_period_s": period}
         journal = Journal(journal_path, fingerprint(device, {**settings, "device": measurement}, configs))
         done = journal.load()
@@ -274,7 +276,7 @@ def _profile_cuda(
         cooldowns: list[dict[str, Any]] = []
 
         def cool(task: Task) -> dict[str, Any]:
-            result = nvml.cooldown(gpu, band_c=band, timeout_s=float(settings.get("cooldown_timeout_s", 300)))
+            result = nvml.cooldown(gpu, band_c=band, timeout_s=float(settings.get("cooldown_timeout_s", 120)))
             if band is not None:
                 cooldowns.append(result)
             return {"cooldown": result} if band is not None else {}
@@ -287,7 +289,8 @@ def _profile_cuda(
             todo = _run_tasks(tasks, done, journal, "cuda", worker_settings, desc, progress, cool)
         else:
             tasks, resumed, todo, meta["power_limit_sweep"] = _sweep(
-                configs, device, gpu, measurement, settings, worker_settings, journal, done, desc, progress, cool)
+                configs, device, gpu, measurement, settings, worker_settings, journal, done, desc, progress,
+                cool)
         meta["cooldowns"] = {"band_c": band, "configs": len(cooldowns),
                              "waited_s": sum(c["waited_s"] for c in cooldowns),
                              "not_within_band": [c["reason"] for c in cooldowns if c["within_band"] is False]}
@@ -324,12 +327,11 @@ def _sweep(
             "limit_after_w": limit_after_w, "skipped_reason": sweep.skipped_reason}
     if not sweep.skipped_reason:
         return tasks, resumed, todo, info
-    visited = {(r, float(w)) for r, w in sweep.visited}
-    if visited:  # the limit could be set before and not any more: the rest cannot be measured as planned
+    if sweep.visited:  # the limit could be set before and not any more: the rest cannot be measured as planned
         for task in tasks:
-            if task.key not in done and (task.repeat, task.power_limit_w) not in visited:
-                done[task.key] = {"key": task.key, "status": "error", "measurement": None,
-                                  "message": f"power limit {task.power_limit_w:g} W not set: {sweep.skipped_reason}"}
+            if task.key not in done:
+                reason = f"power limit {task.power_limit_w:g} W not set: {sweep.skipped_reason}"
+                done[task.key] = {"key": task.key, "status": "error", "message": reason, "measurement": None}
         return tasks, resumed, todo, info
     warnings.warn(f"device '{device}': configs are measured at the power limit in force "
                   f"({sweep.skipped_reason})", RuntimeWarning, stacklevel=2)

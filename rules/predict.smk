@@ -1,0 +1,23 @@
+rule predict:
+    """Predict a model listed under `predict:` on every device with the fitted predictors."""
+    input:
+        pkg("predict.py", "features.py", "builders.py", "fitting.py", "regressors.py", "mig.py"),
+        dataset="results/dataset/dataset.parquet",
+        metrics="results/evaluate/metrics.parquet",
+        models=model_files,
+        fits=prediction_files,
+        hardware=hardware_files,
+    output:
+        "results/predictions/{name}.json",
+    params:
+        spec=prediction_spec,
+        config=config,
+    localrule: True
+    log:
+        "logs/predictions/{name}.log",
+    benchmark:
+        "benchmarks/predictions/{name}.tsv"
+    conda:
+        "../envs/perfzoo.yaml"
+    script:
+        "../workflow/scripts/predict.py"
