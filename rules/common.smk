@@ -181,7 +181,8 @@ PREDICTIONS = sorted(config.get("predict", {}))
 def prediction_spec(wildcards):
     """The `predict:` entry of one name, in the form perfzoo.predict expects."""
     entry = dict(config["predict"][wildcards.name])
-    return {**entry, "name": entry.pop("model")}
+    model = entry.pop("model")
+    return {**entry, "name": model}
 
 
 def prediction_records(wildcards=None):

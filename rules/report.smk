@@ -12,6 +12,7 @@ rule report:
         fits=prediction_files,
         models=model_files,
         splits=split_files,
+        records=prediction_records,
         ablation="results/evaluate/ablation.parquet",
     output:
         index="results/report/index.html",
@@ -57,6 +58,18 @@ rule report:
             caption="../report/feature_importance.rst",
             category="Accuracy",
             labels={"table": "feature importance"},
+        ),
+        hidden_family=report(
+            "results/report/tables/hidden_family.csv",
+            caption="../report/hidden_family.rst",
+            category="Accuracy",
+            labels={"table": "hidden family check"},
+        ),
+        predictions=report(
+            "results/report/tables/predictions.csv",
+            caption="../report/predictions.rst",
+            category="Predictions",
+            labels={"table": "predicted models"},
         ),
         per_family=report(
             "results/report/tables/per_family.csv",

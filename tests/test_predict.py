@@ -519,20 +519,20 @@ def test_import_perfzoo_is_cheap_and_predict_callable() -> None:
     assert out.stdout.strip() == "[] True True", out.stderr
 
 
-def test_featurise_worker_reports_file_and_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The child process that featurises for the CLI reports a raising factory the same way."""
-    from perfzoo.predict import _worker_main, resolve_model
+def test_featurise_child_process_reports_file_and_line(tmp_path: Path) -> None:
+    """The CLI featurises in a child process (forked, or a fresh interpreter): a raising factory is
+    reported the same way from there."""
+    from perfzoo.io import InputError
+    from perfzoo.predict import _Featuriser, resolve_model
 
     model_file = tmp_path / "broken.py"
     model_file.write_text("def build():\n    raise KeyError('no such layer')\n")
-    request, out = tmp_path / "request.json", tmp_path / "out.json"
     spec = resolve_model(f"{model_file}:build", 64)
-    request.write_text(
-        json.dumps({"spec": spec.to_dict(), "batch": 1, "mode": "inference", "num_classes": 10})
-    )
-    monkeypatch.setattr(sys, "argv", ["-c", str(request), str(out)])
-    _worker_main()
-    assert f"{model_file}:2: KeyError: 'no such layer'" in json.loads(out.read_text())["error"]
+    child = _Featuriser(spec, 1, "inference", 10, "spawn")
+    assert child.proc is not None
+    with pytest.raises(InputError, match=f"{model_file}:2: KeyError: 'no such layer'"):
+        child.result()
+    assert not Path(child.tmp.name).exists()  # its files are cleaned up
 
 
 class _Stub:

@@ -153,8 +153,7 @@ def _audit(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (the console script passes it to ``sys.exit``)."""
+def _run(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     from perfzoo.io import InputError
 
@@ -172,6 +171,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and the like
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line and return the exit status.
+
+    Called without ``argv`` (the ``perfzoo`` console script, ``python -m perfzoo``) it parses
+    ``sys.argv`` and, once the output is flushed, ends the process with ``os._exit``: tearing down an
+    interpreter holding torch and scikit-learn costs about a second and there is nothing left to clean up.
+    """
+    code = _run(argv)
+    if argv is not None:
+        return code
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:  # output piped into `head` and the like
+        pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -358,8 +358,10 @@ def _worker_main() -> None:
 class _ForkedChild:
     """A forked child featurising ``args`` (Popen-like: wait, poll, kill, returncode).
 
-    The parent has already imported pandas and torch, which the child inherits instead of importing them
-    again; the child imports timm/torchvision, featurises, writes ``out`` and leaves with ``os._exit``.
+    The child inherits numpy, pandas and perfzoo instead of starting an interpreter and importing them
+    again; it imports torch and timm/torchvision, featurises, writes ``out`` and leaves with ``os._exit``
+    (no cleanup of the parent's state). The parent has not imported torch: it imports it later, through
+    scikit-learn when loading the predictors, in parallel with the child.
     """
 
     def __init__(self, args: tuple[Any, ...], out: Path, log: Any) -> None:
@@ -407,8 +409,8 @@ class _ForkedChild:
 
 
 def _child_strategy(spec: ModelSpec) -> str:
-    """How to featurise: ``fork`` (this process imports torch once and a forked child featurises while this
-    one loads the predictors), ``spawn`` (a fresh interpreter does it), or ``inline`` (here, later).
+    """How to featurise: ``fork`` (a forked child featurises while this process loads the predictors),
+    ``spawn`` (a fresh interpreter does it), or ``inline`` (here, later).
 
     Instances and build callables, and processes that imported torch before (API users, who may have
     run torch threads), featurise inline; ``PERFZOO_PREDICT_CHILD=spawn|inline`` overrides.
@@ -441,12 +443,7 @@ class _Featuriser:
             self.tmp.cleanup()
 
     def _fork(self) -> _ForkedChild:
-        import torch  # noqa: F401 - imported once, here, for both processes
-
-        import perfzoo.builders
-        import perfzoo.features  # noqa: F401
-
-        _timing("featurisation: torch imported, forking")
+        _timing("featurisation: forking")
         return _ForkedChild(self.args, self.out, self.log)
 
     def _spawn(self) -> subprocess.Popen[bytes]:

@@ -17,7 +17,7 @@ import pandas as pd  # noqa: E402
 from perfzoo.io import atomic_path, write_text  # noqa: E402
 
 TABLES = ("metrics", "best", "comparison", "family_mape", "family_rmse", "ablation", "feature_importance",
-          "per_family", "noise_floor", "status_counts")
+          "hidden_family", "predictions", "per_family", "noise_floor", "status_counts")
 FIGURES = ("per_family_mape", "actual_vs_predicted", "error_cdf", "feature_importance", "batch_extrapolation",
            "latency_vs_batch", "cv_distribution")
 CAPTIONS = {
@@ -29,6 +29,10 @@ CAPTIONS = {
     "family_mape": "MAPE [%] per family and regressor (layout of seed 003 Table 5.2).",
     "family_rmse": "RMSE per family and regressor (layout of seed 003 Table 5.3).",
     "ablation": "Feature ablation (seed 003 Table 6.6): model features only vs model + hardware features.",
+    "hidden_family": "Hidden-from-training check: for each family, the best leave-one-family-out regressor's "
+                     "prediction of one of its configs with the whole family left out of training, beside the "
+                     "measured value.",
+    "predictions": "Predictions for the models listed under predict: in the config (value and interval per device).",
     "feature_importance": "Feature importance of the tree models (mean over folds of the first split), top 10.",
     "error_cdf": "Cumulative distribution of the absolute relative error per regressor (held-out rows).",
     "batch_extrapolation": "Batch-size extrapolation (seed 004): trained on small batches, predicted for larger "
@@ -222,14 +226,17 @@ def _short(inputs: dict[str, str]) -> str:
 def build_report(
     out_dir: Path, data: pd.DataFrame, predictions: pd.DataFrame, metrics: pd.DataFrame,
     per_family: pd.DataFrame, best: pd.DataFrame, noise: pd.DataFrame, statuses: pd.DataFrame,
-    ablation: pd.DataFrame, importance: pd.DataFrame, notes: list[str], prov: dict[str, Any],
+    ablation: pd.DataFrame, importance: pd.DataFrame, records: pd.DataFrame, notes: list[str],
+    prov: dict[str, Any],
 ) -> None:
     """Write tables/*.csv, figures/*.png, provenance.json and index.html under ``out_dir``."""
     from perfzoo.evaluate import comparison_table, error_quantiles, family_table
 
     tables = {"metrics": metrics, "best": best, "comparison": comparison_table(metrics),
               "family_mape": family_table(per_family, "mape"), "family_rmse": family_table(per_family, "rmse"),
-              "ablation": ablation, "feature_importance": importance, "per_family": per_family,
+              "ablation": ablation, "feature_importance": importance,
+              "hidden_family": hidden_family_table(predictions, best), "predictions": records,
+              "per_family": per_family,
               "noise_floor": noise, "status_counts": statuses}
     for name, df in tables.items():
         write_text(out_dir / "tables" / f"{name}.csv", df.to_csv(index=False, float_format="%.6g"))
@@ -250,6 +257,7 @@ SOURCES = {
     "metrics": ("metrics", "noise"), "best": ("best",), "per_family": ("per_family",), "noise_floor": ("noise",),
     "comparison": ("metrics",), "family_mape": ("per_family",), "family_rmse": ("per_family",),
     "ablation": ("ablation",), "feature_importance": ("models",), "error_cdf": ("predictions",),
+    "hidden_family": ("predictions", "best"), "predictions": ("records",),
     "batch_extrapolation": ("predictions", "dataset"),
     "status_counts": ("statuses",), "per_family_mape": ("per_family",),
     "actual_vs_predicted": ("predictions", "best"), "latency_vs_batch": ("dataset",),
@@ -317,3 +325,37 @@ def importance_table(model_files: list[str], top: int = 10) -> pd.DataFrame:
         return table
     first_split = sorted(table["split"].unique())[0]
     return table[table["split"] == first_split].reset_index(drop=True)
+
+
+def hidden_family_table(predictions: pd.DataFrame, best: pd.DataFrame) -> pd.DataFrame:
+    """Per family and target: the median-error held-out config of the best leave-one-family-out regressor."""
+    lofo = best[best["split"] == "leave_one_family_out"]
+    rows = []
+    for b in lofo.itertuples():
+        held = predictions[(predictions["split"] == b.split) & (predictions["regressor"] == b.regressor)
+                           & (predictions["target"] == b.target) & (predictions["set"] == "test")]
+        for family, g in held.groupby("family", sort=True):
+            err = (g["y_pred"] - g["y_true"]) / g["y_true"]
+            pick = g.loc[(err.abs() - err.abs().median()).abs().idxmin()]
+            rows.append({"target": b.target, "family": family, "regressor": b.regressor, "config": pick["label"],
+                         "mode": pick["mode"], "batch": int(pick["batch"]), "measured": pick["y_true"],
+                         "predicted": pick["y_pred"], "error_pct": float(err.loc[pick.name] * 100),
+                         "family_mape": float(err.abs().mean() * 100)})
+    return pd.DataFrame(rows)
+
+
+def prediction_records_table(paths: list[str]) -> pd.DataFrame:
+    """One row per (predicted model, device): the point value and interval of every predicted quantity."""
+    rows = []
+    for path in sorted(paths):
+        record = json.loads(Path(path).read_text())
+        recommended = (record.get("recommendation") or {}).get("device")
+        for device, entry in (record.get("devices") or {}).items():
+            row = {"prediction": Path(path).stem, "model": record["model"].get("text") or record["model"].get("name"),
+                   "batch": record["model"].get("batch"), "mode": record["model"].get("mode"), "device": device,
+                   "recommended": device == recommended, "warnings": len(record.get("warnings", []))}
+            for name, q in (entry.get("quantities") or {}).items():
+                if isinstance(q, dict) and "value" in q:
+                    row.update({name: q["value"], f"{name}_lo": q.get("lo"), f"{name}_hi": q.get("hi")})
+            rows.append(row)
+    return pd.DataFrame(rows)

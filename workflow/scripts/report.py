@@ -2,7 +2,13 @@
 from pathlib import Path
 
 from perfzoo.io import read_parquet
-from perfzoo.report import build_report, importance_table, report_notes, report_provenance
+from perfzoo.report import (
+    build_report,
+    importance_table,
+    prediction_records_table,
+    report_notes,
+    report_provenance,
+)
 from perfzoo.workflow import run_step
 
 
@@ -11,7 +17,7 @@ def main() -> None:
     t = {name: read_parquet(getattr(i, name)) for name in
          ("dataset", "predictions", "metrics", "per_family", "best", "noise", "statuses", "ablation")}
     build_report(Path(snakemake.output.index).parent, t["dataset"], t["predictions"], t["metrics"], t["per_family"],
-                 t["best"], t["noise"], t["statuses"], t["ablation"], importance_table(list(i.models)),
+                 t["best"], t["noise"], t["statuses"], t["ablation"], importance_table(list(i.models)), prediction_records_table(list(i.records)),
                  report_notes(t["statuses"], list(i.fits), list(i.splits)), report_provenance(i, snakemake.params.config_subset))
 
 
