@@ -374,6 +374,8 @@ class _ForkedChild:
             try:
                 os.dup2(log.fileno(), 1)
                 os.dup2(log.fileno(), 2)
+                # also where Python writes, should the caller have redirected sys.stdout/sys.stderr
+                sys.stdout = sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
                 try:
                     result: dict[str, Any] = {"ok": featurise_model(*args)}
                 except InputError as exc:
@@ -556,12 +558,18 @@ def _require_outputs(results: Path) -> None:
             )
 
 
+# Predictors that need per-layer timings of the very model they predict, which a new model lacks.
+NEEDS_PROFILED_LAYERS = ("gianniti_layer",)
+
+
 def _choose_file(
     metrics: pd.DataFrame, results: Path, target: str
 ) -> tuple[str, str, float | None, int | None]:
     """(regressor, split, mape, n) of the best-scored existing predictor file of ``target``."""
     rows = metrics[
-        (metrics["target"] == target) & np.isfinite(pd.to_numeric(metrics["mape"], errors="coerce"))
+        (metrics["target"] == target)
+        & np.isfinite(pd.to_numeric(metrics["mape"], errors="coerce"))
+        & ~metrics["regressor"].isin(NEEDS_PROFILED_LAYERS)
     ]
     rows = rows[
         [
@@ -575,7 +583,7 @@ def _choose_file(
         n = pd.to_numeric(best.get("n"), errors="coerce")
         return str(best["regressor"]), str(best["split"]), float(best["mape"]), None if pd.isna(n) else int(n)
     files = sorted(
-        (results / "fit" / target).glob("*/*.models.json"),
+        (p for p in (results / "fit" / target).glob("*/*.models.json") if p.parent.name not in NEEDS_PROFILED_LAYERS),
         key=lambda p: (p.name != f"{PREFERRED_SPLIT}.models.json", str(p)),
     )
     if files:  # fitted, but no held-out score (e.g. a split without test rows)
