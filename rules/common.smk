@@ -175,6 +175,17 @@ def regressor_params(wildcards):
     return {"layers_path": "results/features/layers.parquet", "timings_path": layer_timing_files()}
 
 
+EXTERNAL = sorted(config.get("external", {}))
+
+
+def external_table(wildcards):
+    return config["external"][wildcards.name]
+
+
+def external_rows(wildcards=None):
+    return expand("results/external/{name}.parquet", name=EXTERNAL)
+
+
 PREDICTIONS = sorted(config.get("predict", {}))
 
 

@@ -6,6 +6,7 @@ rule dataset:
         features="results/features/models.parquet",
         traces=trace_files,
         hardware=hardware_files,
+        external=external_rows,
     output:
         dataset="results/dataset/dataset.parquet",
         noise="results/dataset/noise_floor.parquet",

@@ -33,7 +33,7 @@ CAPTIONS = {
                      "prediction of one of its configs with the whole family left out of training, beside the "
                      "measured value.",
     "predictions": "Predictions for the models listed under predict: in the config (value and interval per device).",
-    "feature_importance": "Feature importance of the tree models (mean over folds of the first split), top 10.",
+    "feature_importance": "Feature importance of the tree models (mean over the folds of the random split), top 10.",
     "error_cdf": "Cumulative distribution of the absolute relative error per regressor (held-out rows).",
     "batch_extrapolation": "Batch-size extrapolation (seed 004): trained on small batches, predicted for larger "
                            "ones, beside the measured curve.",
@@ -303,13 +303,19 @@ def report_notes(statuses: pd.DataFrame, prediction_files: list[str], split_file
     return notes
 
 
+TREE_REGRESSORS = ("random_forest", "extra_trees", "xgboost", "xgboost_grid")
+
+
 def importance_table(model_files: list[str], top: int = 10) -> pd.DataFrame:
-    """Mean feature importance over the folds of each tree model of the first split, top ``top``."""
+    """Mean feature importance over the folds of each tree model of the random split (else the first), top ``top``."""
     from perfzoo.fitting import load_models
     from perfzoo.regressors import feature_importances
 
     rows = []
-    for path in sorted(model_files):
+    tree_files = [p for p in model_files if Path(p).parent.name in TREE_REGRESSORS]
+    names = sorted({Path(p).name for p in tree_files})
+    chosen = "random.models.json" if "random.models.json" in names else (names[0] if names else "")
+    for path in sorted(p for p in tree_files if Path(p).name == chosen):
         models, meta = load_models(path)
         fit = meta.get("config", {})
         if fit.get("regressor") not in ("random_forest", "extra_trees", "xgboost", "xgboost_grid"):
@@ -320,11 +326,7 @@ def importance_table(model_files: list[str], top: int = 10) -> pd.DataFrame:
         mean = pd.concat(series, axis=1).fillna(0).mean(axis=1).sort_values(ascending=False).head(top)
         rows += [{"target": fit["target"], "regressor": fit["regressor"], "split": fit["split"], "feature": f,
                   "importance": float(v)} for f, v in mean.items()]
-    table = pd.DataFrame(rows, columns=["target", "regressor", "split", "feature", "importance"])
-    if table.empty:
-        return table
-    first_split = sorted(table["split"].unique())[0]
-    return table[table["split"] == first_split].reset_index(drop=True)
+    return pd.DataFrame(rows, columns=["target", "regressor", "split", "feature", "importance"])
 
 
 def hidden_family_table(predictions: pd.DataFrame, best: pd.DataFrame) -> pd.DataFrame:
