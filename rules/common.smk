@@ -200,8 +200,9 @@ def prediction_records(wildcards=None):
     return expand("results/predictions/{name}.json", name=PREDICTIONS)
 
 
+def gianniti_tables(wildcards=None):
+    return ["results/gianniti/coefficients.csv"] if CPU_DEVICES else []
+
+
 def all_targets(wildcards):
-    targets = ["results/report/index.html", *prediction_records(), *energy_targets()]
-    if CPU_DEVICES:
-        targets.append("results/gianniti/coefficients.csv")
-    return targets
+    return ["results/report/index.html", *prediction_records(), *energy_targets()]

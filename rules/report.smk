@@ -13,6 +13,7 @@ rule report:
         models=model_files,
         splits=split_files,
         records=prediction_records,
+        gianniti=gianniti_tables,
         ablation="results/evaluate/ablation.parquet",
     output:
         index="results/report/index.html",
@@ -70,6 +71,12 @@ rule report:
             caption="../report/predictions.rst",
             category="Predictions",
             labels={"table": "predicted models"},
+        ),
+        gianniti_coefficients=report(
+            "results/report/tables/gianniti_coefficients.csv",
+            caption="../report/gianniti_coefficients.rst",
+            category="Gianniti per-layer models",
+            labels={"table": "layer coefficients (report copy)"},
         ),
         per_family=report(
             "results/report/tables/per_family.csv",

@@ -17,7 +17,7 @@ import pandas as pd  # noqa: E402
 from perfzoo.io import atomic_path, write_text  # noqa: E402
 
 TABLES = ("metrics", "best", "comparison", "family_mape", "family_rmse", "ablation", "feature_importance",
-          "hidden_family", "predictions", "per_family", "noise_floor", "status_counts")
+          "hidden_family", "predictions", "gianniti_coefficients", "per_family", "noise_floor", "status_counts")
 FIGURES = ("per_family_mape", "actual_vs_predicted", "error_cdf", "feature_importance", "batch_extrapolation",
            "latency_vs_batch", "cv_distribution")
 CAPTIONS = {
@@ -33,6 +33,8 @@ CAPTIONS = {
                      "prediction of one of its configs with the whole family left out of training, beside the "
                      "measured value.",
     "predictions": "Predictions for the models listed under predict: in the config (value and interval per device).",
+    "gianniti_coefficients": "Per-layer linear models t = b0 + b1 * c per layer category, forward and backward "
+                             "(layout of the 'Linear Regression Coefficients' slide of seed 004).",
     "feature_importance": "Feature importance of the tree models (mean over the folds of the random split), top 10.",
     "error_cdf": "Cumulative distribution of the absolute relative error per regressor (held-out rows).",
     "batch_extrapolation": "Batch-size extrapolation (seed 004): trained on small batches, predicted for larger "
@@ -226,8 +228,8 @@ def _short(inputs: dict[str, str]) -> str:
 def build_report(
     out_dir: Path, data: pd.DataFrame, predictions: pd.DataFrame, metrics: pd.DataFrame,
     per_family: pd.DataFrame, best: pd.DataFrame, noise: pd.DataFrame, statuses: pd.DataFrame,
-    ablation: pd.DataFrame, importance: pd.DataFrame, records: pd.DataFrame, notes: list[str],
-    prov: dict[str, Any],
+    ablation: pd.DataFrame, importance: pd.DataFrame, records: pd.DataFrame, coefficients: pd.DataFrame,
+    notes: list[str], prov: dict[str, Any],
 ) -> None:
     """Write tables/*.csv, figures/*.png, provenance.json and index.html under ``out_dir``."""
     from perfzoo.evaluate import comparison_table, error_quantiles, family_table
@@ -236,6 +238,7 @@ def build_report(
               "family_mape": family_table(per_family, "mape"), "family_rmse": family_table(per_family, "rmse"),
               "ablation": ablation, "feature_importance": importance,
               "hidden_family": hidden_family_table(predictions, best), "predictions": records,
+              "gianniti_coefficients": coefficients,
               "per_family": per_family,
               "noise_floor": noise, "status_counts": statuses}
     for name, df in tables.items():
@@ -257,7 +260,7 @@ SOURCES = {
     "metrics": ("metrics", "noise"), "best": ("best",), "per_family": ("per_family",), "noise_floor": ("noise",),
     "comparison": ("metrics",), "family_mape": ("per_family",), "family_rmse": ("per_family",),
     "ablation": ("ablation",), "feature_importance": ("models",), "error_cdf": ("predictions",),
-    "hidden_family": ("predictions", "best"), "predictions": ("records",),
+    "hidden_family": ("predictions", "best"), "predictions": ("records",), "gianniti_coefficients": ("gianniti",),
     "batch_extrapolation": ("predictions", "dataset"),
     "status_counts": ("statuses",), "per_family_mape": ("per_family",),
     "actual_vs_predicted": ("predictions", "best"), "latency_vs_batch": ("dataset",),
