@@ -67,3 +67,12 @@ def test_fit_split_predicts_held_out_rows_and_skips_tiny_folds() -> None:
     few = data[data["family"].isin(["f0", "f1"])].head(5)
     _, models, notes = fit_split(few, make_split("leave_one_family_out", few, CFG), "latency_ms", "linear")
     assert notes["skipped_folds"] and len(models) < 2
+
+
+def test_time_only_methods_do_not_fit_memory() -> None:
+    from perfzoo.fitting import unsupported_reason
+
+    assert unsupported_reason("roofline", "peak_mem_mb") is not None
+    assert unsupported_reason("gianniti_layer", "peak_mem_mb") is not None
+    assert unsupported_reason("roofline", "latency_ms") is None
+    assert unsupported_reason("xgboost", "peak_mem_mb") is None
