@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from perfzoo.io import InputError
+from perfzoo.io import InputError, write_text
 
 BUILDER_NAMES = ("torchvision", "timm", "mlp", "transformer", "python")
 MLP_NAMES = ("mlp_small", "mlp_big", "mlp")
@@ -30,12 +31,13 @@ def suggest(name: str, choices: Iterable[str], n: int = 3) -> str:
     return f" (did you mean: {', '.join(close)}?)" if close else ""
 
 
-def _library_model_names(builder: str) -> list[str]:
+@functools.cache
+def library_model_names(builder: str) -> tuple[str, ...]:
     """Model names a library offers; cached per library version so config checks stay fast."""
     version = importlib.metadata.version(builder)
     cache = NAME_CACHE / f"{builder}-{version}.json"
     if cache.exists():
-        return json.loads(cache.read_text())
+        return tuple(json.loads(cache.read_text()))
     if builder == "timm":
         import timm
 
@@ -44,11 +46,8 @@ def _library_model_names(builder: str) -> list[str]:
         import torchvision.models
 
         names = sorted(torchvision.models.list_models())
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp")
-    tmp.write_text(json.dumps(names))
-    tmp.replace(cache)
-    return names
+    write_text(cache, json.dumps(names))  # atomic: parallel jobs may fill the cache at once
+    return tuple(names)
 
 
 def check_model_name(builder: str, name: str, where: str) -> None:
@@ -56,7 +55,7 @@ def check_model_name(builder: str, name: str, where: str) -> None:
     if builder not in BUILDER_NAMES:
         raise InputError(f"{where}.builder: unknown builder {builder!r}{suggest(builder, BUILDER_NAMES)}")
     if builder in ("timm", "torchvision"):
-        names = _library_model_names(builder)
+        names = library_model_names(builder)
     elif builder == "mlp":
         names = list(MLP_NAMES)
     elif builder == "transformer":

@@ -294,15 +294,10 @@ def hardware_columns(device: str, n_gpus: int = 1) -> dict[str, float]:
             **{f"hw_spec_{k}": num(k) for k in HW_EXTRAS}}
 
 
-@lru_cache(maxsize=2)
 def _library_names(library: str) -> frozenset[str]:
-    if library == "timm":
-        import timm
+    from perfzoo.builders import library_model_names
 
-        return frozenset(timm.list_models())
-    import torchvision.models
-
-    return frozenset(torchvision.models.list_models())
+    return frozenset(library_model_names(library))
 
 
 def resolve_builder(model: str) -> tuple[str, str] | None:

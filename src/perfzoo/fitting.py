@@ -11,7 +11,7 @@ import pandas as pd
 
 from perfzoo.dataset import feature_columns, finite_target_rows
 from perfzoo.io import InputError, write_text
-from perfzoo.regressors import REGISTRY, Regressor, make_regressor
+from perfzoo.regressors import Regressor, make_regressor, regressor_from_document
 from perfzoo.stats import all_metrics
 
 MIN_TRAIN_ROWS = 3
@@ -104,14 +104,6 @@ def load_models(path: str | Path) -> tuple[dict[str, Regressor], dict[str, Any]]
     except (OSError, json.JSONDecodeError) as exc:
         raise InputError(f"{path}: unreadable model file ({exc})") from None
     return {f: regressor_from_document(d, f"{path}:{f}") for f, d in doc["folds"].items()}, doc["meta"]
-
-
-def regressor_from_document(doc: dict[str, Any], source: str) -> Regressor:
-    """Rebuild a fitted regressor from its JSON document, dispatching on the stored kind."""
-    cls = REGISTRY.get(doc.get("kind", ""))
-    if cls is None:
-        raise InputError(f"{source}: unknown regressor kind {doc.get('kind')!r}")
-    return cls.from_document(doc, source=source)
 
 
 def ablation(data: pd.DataFrame, split: pd.DataFrame, target: str, regressor: str) -> pd.DataFrame:

@@ -149,17 +149,11 @@ def _is_module(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.nn.Module)
 
 
-def _library_names(builder: str) -> list[str]:
-    from perfzoo.builders import _library_model_names
-
-    return _library_model_names(builder)
-
-
 def resolve_model(model: Any, input_shape: Any = None) -> ModelSpec:
     """Parse ``timm:NAME``, ``torchvision:NAME``, ``mlp:NAME``, ``transformer:NAME``,
     ``path/to/model.py:function``, a bare library name, an ``nn.Module`` or a build callable.
     Unknown names raise InputError with close names."""
-    from perfzoo.builders import check_factory_reference, check_model_name, suggest
+    from perfzoo.builders import check_factory_reference, check_model_name, library_model_names, suggest
 
     shape = parse_input(input_shape)
     if _is_module(model) or (callable(model) and not isinstance(model, str | os.PathLike)):
@@ -190,9 +184,9 @@ def resolve_model(model: Any, input_shape: Any = None) -> ModelSpec:
     elif text.endswith(".py"):
         raise InputError(f"model {text!r}: name the factory function too, as in '{text}:build'")
     else:
-        builder = next((b for b in ("torchvision", "timm") if text in _library_names(b)), "")
+        builder = next((b for b in ("torchvision", "timm") if text in library_model_names(b)), "")
         if not builder:
-            names = sorted({*_library_names("torchvision"), *_library_names("timm")})
+            names = sorted({*library_model_names("torchvision"), *library_model_names("timm")})
             raise InputError(
                 f"model {text!r}: unknown model; expected timm:NAME, torchvision:NAME or "
                 f"path/to/model.py:function{suggest(text, names)}"

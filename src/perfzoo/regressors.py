@@ -343,11 +343,16 @@ def load_regressor(path: str | os.PathLike[str]) -> Regressor:
         raise InputError(f"{path}: not a perfzoo regressor file")
     if doc.get("format_version") != FILE_FORMAT_VERSION:
         raise InputError(f"{path}: unsupported regressor file version {doc.get('format_version')!r}")
+    return regressor_from_document(doc, str(path))
+
+
+def regressor_from_document(doc: Mapping[str, Any], source: str) -> Regressor:
+    """Rebuild a fitted regressor from its JSON document, dispatching on the stored kind."""
     kind = doc.get("kind")
     cls = REGISTRY.get(kind)  # type: ignore[arg-type]
     if cls is None:
-        raise InputError(f"{path}: unknown regressor kind {kind!r}{_suggest(str(kind), REGISTRY)}")
-    return cls.from_document(doc, source=str(path))
+        raise InputError(f"{source}: unknown regressor kind {kind!r}{_suggest(str(kind), REGISTRY)}")
+    return cls.from_document(doc, source=source)
 
 
 def feature_importances(reg: Regressor) -> pd.Series | None:
