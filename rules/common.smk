@@ -32,7 +32,7 @@ wildcard_constraints:
 def pkg(*modules):
     """Package source files a rule depends on, so editing them reruns the rule."""
     files = []
-    for module in ("__init__.py", "io.py", "provenance.py", *modules):
+    for module in ("__init__.py", "io.py", "provenance.py", "workflow.py", *modules):
         path = Path(SRC) / "perfzoo" / module
         files += sorted(map(str, path.rglob("*.py"))) if path.is_dir() else [str(path)]
     return files
