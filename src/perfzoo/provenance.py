@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from perfzoo.io import InputError, atomic_path
 
 PACKAGES = ("perfzoo", "torch", "torchvision", "timm", "numpy", "pandas", "pyarrow", "scikit-learn",
-            "xgboost", "skops", "snakemake", "nvidia-ml-py")
+            "xgboost", "snakemake", "nvidia-ml-py")
 METADATA_KEY = b"perfzoo.provenance"
 
 

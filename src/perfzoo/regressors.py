@@ -12,11 +12,12 @@ the same input handling:
 - Targets are positive quantities (ms, MB, W, J). With ``log_target=True`` a regressor fits
   ``log(y)`` and returns ``exp(prediction)`` in the original units.
 
-A fitted regressor is saved as one JSON file without pickle: coefficients as JSON numbers, XGBoost
-boosters as their native JSON model text, other scikit-learn estimators as a base64-encoded
-``skops`` archive that is loaded only when every type it holds is on the regressor's explicit
-trusted list. Python floats round-trip through JSON exactly, so predictions after loading are
-bit-identical to those before saving.
+A fitted regressor is saved as one JSON file without pickle: coefficients, MLP weights and the node
+arrays of every tree as JSON numbers or (large arrays) compressed little-endian bytes, XGBoost
+boosters as their native JSON model text. Learned models other than XGBoost predict with numpy from
+those arrays alone, so a loaded regressor needs neither scikit-learn's estimator objects nor
+unpickling; arrays round-trip exactly, so predictions after loading are bit-identical to those
+before saving.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import difflib
 import json
 import math
 import os
-import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import combinations_with_replacement
 from typing import Any, ClassVar
@@ -130,11 +131,19 @@ def _mape(y_true: np.ndarray, y_pred: np.ndarray) -> float:
 # --------------------------------------------------------------------------- JSON state
 
 
+#: arrays with at least this many elements are stored as compressed bytes rather than JSON numbers
+_BYTES_THRESHOLD = 256
+
+
 def _to_json(value: Any) -> Any:
     """Encode fitted state as JSON values; arrays keep dtype and shape, floats stay exact."""
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "biuf":
             raise TypeError(f"cannot store an array of dtype {value.dtype} as JSON")
+        if value.size >= _BYTES_THRESHOLD:
+            raw = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<")).tobytes()
+            data = base64.b64encode(zlib.compress(raw, 6)).decode("ascii")
+            return {"__ndarray_zlib__": data, "dtype": value.dtype.name, "shape": list(value.shape)}
         flat = [_to_json(v) for v in value.ravel().tolist()]
         return {"__ndarray__": flat, "dtype": value.dtype.name, "shape": list(value.shape)}
     if isinstance(value, (bool, np.bool_)):
@@ -158,6 +167,10 @@ def _from_json(value: Any) -> Any:
         if "__ndarray__" in value:
             flat = [_from_json(v) for v in value["__ndarray__"]]
             return np.array(flat, dtype=value["dtype"]).reshape(value["shape"])
+        if "__ndarray_zlib__" in value:
+            raw = zlib.decompress(base64.b64decode(value["__ndarray_zlib__"]))
+            dtype = np.dtype(value["dtype"]).newbyteorder("<")
+            return np.frombuffer(raw, dtype=dtype).astype(value["dtype"]).reshape(value["shape"])
         if "__float__" in value:
             return float(value["__float__"])
         return {k: _from_json(v) for k, v in value.items()}
@@ -181,6 +194,8 @@ class Regressor(RegressorMixin, BaseEstimator):
     """Common input handling, target transform and pickle-free persistence."""
 
     kind: ClassVar[str] = ""
+    #: fitted attributes a saved document must hold for :meth:`predict` to work
+    _required_state: ClassVar[tuple[str, ...]] = ("feature_names_",)
     #: fitted attributes kept out of the JSON state (stored in the payload instead)
     _payload_attrs: ClassVar[tuple[str, ...]] = ()
 
@@ -283,7 +298,14 @@ class Regressor(RegressorMixin, BaseEstimator):
             reg = cls(**_from_json(doc["params"]))
         except TypeError as exc:
             raise InputError(f"{source}: parameters do not match regressor {cls.kind!r} ({exc})") from None
-        for name, value in _from_json(doc["state"]).items():
+        state = _from_json(doc["state"])
+        lacking = [name for name in cls._required_state if name not in state]
+        if lacking:
+            raise InputError(
+                f"{source}: {cls.kind!r} regressor without fitted {', '.join(lacking)} (written by another "
+                f"perfzoo version?); refit it with `snakemake --cores all`"
+            )
+        for name, value in state.items():
             setattr(reg, name, value)
         reg._load_payload(doc.get("payload"), source)
         return reg
@@ -724,49 +746,56 @@ class GiannitiE2ERegressor(Regressor):
         return pd.DataFrame(rows, columns=[*names, "a", "b", "n"])
 
 
-# --------------------------------------------------------------------------- skops-persisted models
+# --------------------------------------------------------------------------- tree ensembles
 
 
-def _skops_dumps(obj: Any) -> dict[str, str]:
-    import skops.io
+def _pack_trees(trees: Sequence[Any]) -> dict[str, np.ndarray]:
+    """Node arrays of fitted scikit-learn trees, concatenated; child indices point into the whole.
 
-    data = skops.io.dumps(obj, compression=zipfile.ZIP_DEFLATED)
-    return {"encoding": "skops+base64", "data": base64.b64encode(data).decode("ascii")}
-
-
-def _skops_loads(payload: Mapping[str, str] | None, trusted: Sequence[str], source: str) -> Any:
-    """Load a skops payload, refusing any type outside ``trusted``."""
-    import skops.io
-
-    if not payload or payload.get("encoding") != "skops+base64":
-        raise InputError(f"{source}: missing or unknown estimator payload")
-    data = base64.b64decode(payload["data"])
-    untrusted = skops.io.get_untrusted_types(data=data)
-    refused = sorted(set(untrusted) - set(trusted))
-    if refused:
-        raise InputError(f"{source}: refusing to load untrusted type(s): {', '.join(refused)}")
-    return skops.io.loads(data, trusted=list(untrusted))
-
-
-class _SkopsRegressor(Regressor):
-    """A scikit-learn estimator in ``model_``, persisted with skops."""
-
-    _payload_attrs = ("model_",)
-    _payload_modules = ("skops",)
-    #: types outside skops' default trust that this regressor may load
-    trusted_types: ClassVar[tuple[str, ...]] = ()
-
-    def _dump_payload(self) -> dict[str, str]:
-        return _skops_dumps(self.model_)
-
-    def _load_payload(self, payload: dict[str, str] | None, source: str) -> None:
-        self.model_ = _skops_loads(payload, self.trusted_types, source)
+    ``left``/``right`` are -1 at leaves; ``roots[t]`` is the first node of tree ``t``.
+    """
+    sizes = [tree.tree_.node_count for tree in trees]
+    roots = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    left, right, feature, threshold, value = [], [], [], [], []
+    for root, tree in zip(roots, trees, strict=True):
+        t = tree.tree_
+        leaf = t.children_left < 0
+        left.append(np.where(leaf, -1, t.children_left + root))
+        right.append(np.where(leaf, -1, t.children_right + root))
+        feature.append(np.where(leaf, 0, t.feature))
+        threshold.append(t.threshold)
+        value.append(t.value.reshape(t.node_count))
+    return {
+        "roots": roots,
+        "left": np.concatenate(left).astype(np.int64),
+        "right": np.concatenate(right).astype(np.int64),
+        "feature": np.concatenate(feature).astype(np.int64),
+        "threshold": np.concatenate(threshold).astype(np.float64),
+        "value": np.concatenate(value).astype(np.float64),
+    }
 
 
-class _ForestRegressor(_SkopsRegressor):
-    """Tree ensemble on the numeric features (trees need no scaling)."""
+def _tree_outputs(trees: Mapping[str, np.ndarray], A: np.ndarray) -> np.ndarray:
+    """Leaf value of every packed tree for every row of ``A``, shape ``(n_trees, n_rows)``.
 
-    trusted_types = ("sklearn.tree._tree.Tree",)
+    Compares as scikit-learn does: features rounded to float32, thresholds in float64.
+    """
+    X = np.asarray(A, dtype=np.float32).astype(np.float64)
+    left, right, feature, threshold = trees["left"], trees["right"], trees["feature"], trees["threshold"]
+    node = np.repeat(trees["roots"][:, None], X.shape[0], axis=1)
+    rows = np.broadcast_to(np.arange(X.shape[0]), node.shape)
+    inner = left[node] >= 0
+    while inner.any():
+        go_left = X[rows, feature[node]] <= threshold[node]
+        node = np.where(inner, np.where(go_left, left[node], right[node]), node)
+        inner = left[node] >= 0
+    return trees["value"][node]
+
+
+class _ForestRegressor(Regressor):
+    """Tree ensemble on the numeric features (trees need no scaling), stored as node arrays."""
+
+    _required_state = ("feature_names_", "trees_", "feature_importances_")
 
     def __init__(
         self,
@@ -791,12 +820,13 @@ class _ForestRegressor(_SkopsRegressor):
 
     def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> _ForestRegressor:
         A = self._fit_matrix(_check_frame(X), self._feature_columns(X))
-        self.model_ = self._make_estimator().fit(A, self._encode_target(y, len(X)))
+        forest = self._make_estimator().fit(A, self._encode_target(y, len(X)))
+        self.trees_ = _pack_trees(forest.estimators_)
+        self.feature_importances_ = np.asarray(forest.feature_importances_, dtype=np.float64)
         return self
 
     def _member_outputs(self, X: pd.DataFrame) -> np.ndarray:
-        A = self._matrix(X)
-        return np.stack([tree.predict(A) for tree in self.model_.estimators_])
+        return _tree_outputs(self.trees_, self._matrix(X))
 
     def predict(self, X: pd.DataFrame) -> np.ndarray:
         """Ensemble mean in target space (geometric mean of members with ``log_target``)."""
@@ -807,7 +837,7 @@ class _ForestRegressor(_SkopsRegressor):
         return self._decode_target(self._member_outputs(X))
 
     def _importances(self) -> pd.Series:
-        return _sorted_importances(self.feature_names_, self.model_.feature_importances_)
+        return _sorted_importances(self.feature_names_, self.feature_importances_)
 
 
 @register_regressor
@@ -846,15 +876,26 @@ class ExtraTreesRegressor(_ForestRegressor):
         )
 
 
+# --------------------------------------------------------------------------- multilayer perceptron
+
+#: hidden-layer activations of scikit-learn's MLP that the numpy forward pass reproduces exactly
+_ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "relu": lambda z: np.maximum(z, 0.0),
+    "tanh": np.tanh,
+    "identity": lambda z: z,
+}
+
+
 @register_regressor
-class MLPRegressor(_SkopsRegressor, _LogFeatureRegressor):
+class MLPRegressor(_LogFeatureRegressor):
     """scikit-learn multilayer perceptron on standardised log features and standardised target.
 
-    Adam without early stopping, seeded by ``random_state``: deterministic for a given input.
+    Adam without early stopping, seeded by ``random_state``: deterministic for a given input. The
+    fitted weights are kept as arrays and evaluated with numpy (scikit-learn's forward pass).
     """
 
     kind = "mlp"
-    trusted_types = ("sklearn.neural_network._stochastic_optimizers.AdamOptimizer",)
+    _required_state = ("feature_names_", "weights_", "biases_", "activation_")
 
     def __init__(
         self,
@@ -881,7 +922,7 @@ class MLPRegressor(_SkopsRegressor, _LogFeatureRegressor):
         target = self._encode_target(y, len(X))
         self.target_mean_ = float(target.mean())
         self.target_scale_ = float(target.std()) or 1.0
-        self.model_ = SkMLP(
+        model = SkMLP(
             hidden_layer_sizes=tuple(int(h) for h in self.hidden_layer_sizes),
             alpha=self.alpha,
             learning_rate_init=self.learning_rate_init,
@@ -889,10 +930,24 @@ class MLPRegressor(_SkopsRegressor, _LogFeatureRegressor):
             early_stopping=False,
             random_state=self.random_state,
         ).fit(Z, (target - self.target_mean_) / self.target_scale_)
+        self.weights_ = [np.asarray(w, dtype=np.float64) for w in model.coefs_]
+        self.biases_ = [np.asarray(b, dtype=np.float64) for b in model.intercepts_]
+        self.activation_ = str(model.activation)
+        self.n_iter_ = int(model.n_iter_)
         return self
 
+    def _forward(self, Z: np.ndarray) -> np.ndarray:
+        """The network's output for standardised inputs ``Z`` (hidden activation, identity output)."""
+        hidden = _ACTIVATIONS[self.activation_]
+        out = Z
+        for i, (w, b) in enumerate(zip(self.weights_, self.biases_, strict=True)):
+            out = out @ w + b
+            if i < len(self.weights_) - 1:
+                out = hidden(out)
+        return out.ravel()
+
     def predict(self, X: pd.DataFrame) -> np.ndarray:
-        z = self.model_.predict(self._log_features(X))
+        z = self._forward(self._log_features(X))
         return self._decode_target(z * self.target_scale_ + self.target_mean_)
 
 
@@ -955,6 +1010,7 @@ class XGBoostRegressor(Regressor):
     """
 
     kind = "xgboost"
+    _required_state = ("feature_names_",)
     _payload_attrs = ("booster_",)
     _payload_modules = ("xgboost",)
     #: hyper-parameter grid of the tabular XGBoost predictor (seed 003, §6.5.3)
