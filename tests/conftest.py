@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+# No warm featuriser server outlives a test: `perfzoo predict` featurises in a child process, unless a
+# test (test_featuriser_server.py) turns the server on for itself.
+os.environ["PERFZOO_FEATURISER"] = "local"
 
 FAULTY = ROOT / "tests" / "fixtures" / "faulty_models.py"
 

@@ -1,4 +1,5 @@
-"""Command line: ``perfzoo predict MODEL ...`` and ``perfzoo audit [--explain] FILE``.
+"""Command line: ``perfzoo predict MODEL ...``, ``perfzoo audit [--explain] FILE`` and
+``perfzoo server status|start|stop`` (the warm featuriser of :mod:`perfzoo.featuriser_server`).
 
 Exit codes: 0 success; 1 ``audit`` found a broken provenance link; 2 bad input (one line on stderr).
 Heavy modules (torch, pandas, scikit-learn) are imported only by the subcommand that needs them.
@@ -95,6 +96,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print the prediction record as JSON")
     p.add_argument("--output", metavar="FILE", help="also write the prediction record (JSON) to FILE")
+    p.add_argument(
+        "--no-server",
+        action="store_true",
+        help="featurise in a child process and start no warm featuriser server "
+        "(also: PERFZOO_FEATURISER=local)",
+    )
+
+    s = sub.add_parser(
+        "server",
+        help="the warm featuriser server that keeps torch/timm imported between predictions",
+    )
+    s.add_argument("action", choices=("status", "start", "stop"))
 
     a = sub.add_parser(
         "audit",
@@ -114,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _predict(args: argparse.Namespace) -> int:
+    from perfzoo import featuriser_server
     from perfzoo.predict import predict
 
     result = predict(
@@ -127,6 +141,7 @@ def _predict(args: argparse.Namespace) -> int:
         results=args.results,
         config=args.config,
         num_classes=args.num_classes,
+        use_server=not args.no_server and featuriser_server.enabled(),
     )
     if args.output:
         result.save(args.output)
@@ -153,11 +168,30 @@ def _audit(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def _server(args: argparse.Namespace) -> int:
+    from perfzoo import featuriser_server as fs
+
+    path = fs.socket_path()
+    if path is None:
+        print("perfzoo: error: no private folder for the server socket (see XDG_RUNTIME_DIR)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.action == "stop":
+        print(f"stopped the server on {path}" if fs.stop_server(path) else f"no server on {path}")
+    elif args.action == "start":
+        print(f"server on {path} already running" if fs.running(path) else
+              f"starting the server on {path} (pid {fs.start_server()}; log {path.with_suffix('.log')})")
+    else:
+        print(f"server on {path}: {'running, pid ' + fs.server_pid(path) if fs.running(path) else 'not running'}")
+    return EXIT_OK
+
+
 def _run(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     from perfzoo.io import InputError
 
     try:
+        if args.command == "server":
+            return _server(args)
         return _predict(args) if args.command == "predict" else _audit(args)
     except InputError as exc:
         print(f"perfzoo: error: {exc}", file=sys.stderr)

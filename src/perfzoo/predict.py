@@ -20,9 +20,10 @@ latency (J·s, per step); cost per 1000 samples = price_per_hour x time for 1000
 samples = energy x carbon_intensity_g_per_kwh. A quantity whose inputs are missing is missing, with the
 reason; it is never reported as 0.
 
-Speed. When torch is not imported yet, the featurisation runs in a child Python process (torch,
-torchvision/timm imports and the meta-device step) while this process loads the predictors (scikit-learn,
-skops): on two cores the two halves of ``perfzoo predict`` overlap.
+Speed. When torch is not imported yet, the featurisation runs elsewhere while this process loads the
+predictors: in the warm featuriser server of this environment when the CLI finds one (torch, torchvision
+and timm imported once, each request featurised in a fork; :mod:`perfzoo.featuriser_server`), else in a
+child process that imports them; on two cores the two halves of ``perfzoo predict`` overlap.
 """
 
 from __future__ import annotations
@@ -421,12 +422,42 @@ def _child_strategy(spec: ModelSpec) -> str:
     return "spawn"
 
 
-class _Featuriser:
-    """Featurise in a child process started now (parallel to loading predictors), or in-process later."""
+#: model sources a warm featuriser server may build (instances and callables live in the caller only)
+SERVER_BUILDERS = (*LIBRARY_BUILDERS, "python")
 
-    def __init__(self, spec: ModelSpec, batch: int, mode: str, num_classes: int, strategy: str) -> None:
+
+class _Featuriser:
+    """Featurise through the warm server (see :mod:`perfzoo.featuriser_server`), in a child process
+    started now (parallel to loading predictors), or in-process later.
+
+    ``use_server``: send the request to this environment's server when one runs; when none does,
+    featurise in a child and set ``start_server_after`` so the caller can start one for next time.
+    """
+
+    def __init__(
+        self, spec: ModelSpec, batch: int, mode: str, num_classes: int, strategy: str, use_server: bool = False
+    ) -> None:
         self.args = (spec, batch, mode, num_classes)
         self.proc: subprocess.Popen[bytes] | _ForkedChild | None = None
+        self.server: Any = None
+        self.start_server_after = False
+        self.method = strategy
+        if strategy == "inline":
+            return
+        if use_server and spec.builder in SERVER_BUILDERS:
+            from perfzoo import featuriser_server
+
+            request = {"spec": spec.to_dict(), "batch": batch, "mode": mode, "num_classes": num_classes}
+            self.server = featuriser_server.submit(request)
+            _timing(f"featurisation: {'sent to the warm server' if self.server else 'no warm server'}")
+            if self.server is not None:
+                self.method = "server"
+                return
+            self.start_server_after = True
+        self._start_child(strategy)
+
+    def _start_child(self, strategy: str) -> None:
+        self.method = strategy
         if strategy == "inline":
             return
         self.tmp = tempfile.TemporaryDirectory(prefix="perfzoo-predict-")
@@ -463,7 +494,18 @@ class _Featuriser:
         )
 
     def result(self) -> dict[str, Any]:
+        if self.server is not None:
+            _timing("featurisation: waiting for the warm server")
+            out = self.server.result()
+            self.server = None
+            if "ok" in out or "error" in out:
+                _timing(f"featurisation: server done ({out.get('cpu_s', math.nan):.2f} s CPU in its fork)")
+                if "error" in out:
+                    raise InputError(out["error"])
+                return out["ok"]
+            self._start_child(_child_strategy(self.args[0]))  # the server broke off: featurise here
         if self.proc is None:
+            self.method = "inline"
             return featurise_model(*self.args)
         try:
             _timing("featurisation: waiting for the child process")
@@ -490,6 +532,9 @@ class _Featuriser:
 
     def close(self) -> None:
         """Stop the child if it still runs (an error elsewhere) and remove its files; idempotent."""
+        if self.server is not None:
+            self.server.close()
+            self.server = None
         if self.proc is not None and not self.log.closed:
             if self.proc.poll() is None:
                 self.proc.kill()
@@ -1414,6 +1459,7 @@ def predict(
     results: str | Path = "results",
     config: str | Path | Mapping[str, Any] = "config.yaml",
     num_classes: int | None = None,
+    use_server: bool = False,
 ) -> Prediction:
     """Predict latency/step time, throughput, peak memory, power, energy, EDP, cost and carbon of a model
     on every device, with intervals, a recommended device for ``objective`` (time, energy, edp, cost),
@@ -1423,6 +1469,8 @@ def predict(
     ``path/to/model.py:function``, an ``nn.Module`` instance or a function building one.
     ``input_shape``: per sample, e.g. ``(3, 224, 224)``, ``"3,224,224"`` or a sequence length.
     ``results``/``config``: the workflow's results folder and config (path or dict).
+    ``use_server``: featurise through the warm featuriser server of this environment, and start one
+    when none runs (the CLI's choice; see :mod:`perfzoo.featuriser_server`).
     """
     from perfzoo.io import read_json, read_parquet
     from perfzoo.provenance import code_version, package_versions
@@ -1436,7 +1484,7 @@ def predict(
         num_classes = int((cfg.get("zoo") or {}).get("num_classes") or DEFAULT_NUM_CLASSES)
     # the featurisation (torch, timm/torchvision, the meta-device step) overlaps with everything
     # below when it runs in a child process
-    featuriser = _Featuriser(spec, batch, mode, num_classes, _child_strategy(spec))
+    featuriser = _Featuriser(spec, batch, mode, num_classes, _child_strategy(spec), use_server)
     try:
         workdir = Path(os.path.abspath(results)).parent
         configured = cfg.get("devices") or {}
@@ -1457,6 +1505,10 @@ def predict(
         featurised = featuriser.result()
     finally:
         featuriser.close()
+    if featuriser.start_server_after:
+        from perfzoo import featuriser_server
+
+        featuriser_server.start_server()
     feats = featurised["features"]
     spec.dtype = featurised["dtype"]
 
@@ -1492,6 +1544,7 @@ def predict(
         "objective": objective,
         "latency_target_ms": latency_target_ms,
         "features": feats,
+        "featurised_by": featuriser.method,
         "devices": entries,
         "recommendation": recommendation,
         "warnings": warnings,

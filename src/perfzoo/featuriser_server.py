@@ -1,0 +1,331 @@
+"""A warm featuriser: one background process per environment that has imported torch, torchvision,
+timm and PyTorch's compiler stack once, and featurises each request of ``perfzoo predict`` in a fresh
+fork of itself.
+
+Why. Importing torch, ``torch._dynamo`` (pulled in by torchvision and by ``FlopCounterMode``) and timm
+costs 4-5 s of CPU on a laptop core, more than the rest of ``perfzoo predict`` together. The server pays
+it once; every later request only builds the model on the meta device and counts its step (~0.3 s for
+ResNet-50).
+
+Lifecycle.
+- ``perfzoo predict`` (the CLI) looks for the server of its environment: a Unix socket in a private
+  folder (``$XDG_RUNTIME_DIR/perfzoo-UID`` or ``/tmp/perfzoo-UID``, mode 0700, owned by the user)
+  named by :func:`server_key` — a hash of the Python executable, ``sys.path``, the size and mtime of
+  every perfzoo source file, and the installed torch, torchvision and timm versions. Any change there
+  means another key, so a server never featurises with stale code.
+- No server: the CLI featurises in its own child process, as without a server, and once its answer is
+  printed starts a server in the background (``start_server``) for the next call.
+- The server exits after ``PERFZOO_SERVER_IDLE_S`` seconds (default 900) without a request, on
+  SIGTERM, or when its socket file is removed (``perfzoo predict --stop-server``).
+- Each request runs in a fork: a factory in a user's Python file is imported by that fork, in the
+  caller's working directory, never by the server itself. Connections from other users are refused
+  (``SO_PEERCRED``).
+- ``PERFZOO_FEATURISER=local`` turns the server off (the tests do); the Python API never uses it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+DEFAULT_IDLE_S = 900.0
+CONNECT_TIMEOUT_S = 0.5
+ENV_SWITCH = "PERFZOO_FEATURISER"  # "local": never use or start a server
+ENV_IDLE = "PERFZOO_SERVER_IDLE_S"
+LIBRARIES = ("torch", "torchvision", "timm")
+
+
+# --------------------------------------------------------------------------- where and who
+
+
+def enabled() -> bool:
+    """Whether the CLI may use and start a server (not with ``PERFZOO_FEATURISER=local``)."""
+    return os.environ.get(ENV_SWITCH, "auto").strip().lower() != "local" and hasattr(os, "fork")
+
+
+def server_dir() -> Path | None:
+    """The user's private socket folder, created 0700; None when it is not safely private."""
+    base = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
+    folder = base / f"perfzoo-{os.getuid()}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        info = folder.stat()
+    except OSError:
+        return None
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        return None
+    return folder
+
+
+def server_key() -> str:
+    """A hash of everything that decides what featurisation computes in this environment."""
+    from importlib import metadata
+
+    h = hashlib.sha256()
+    h.update(os.path.realpath(sys.executable).encode())
+    h.update("\0".join(sys.path[1:]).encode())
+    package = Path(__file__).resolve().parent
+    for path in sorted(package.rglob("*.py")):
+        info = path.stat()
+        h.update(f"{path.relative_to(package)}:{info.st_size}:{info.st_mtime_ns}".encode())
+    for name in LIBRARIES:
+        try:
+            h.update(f"{name}={metadata.version(name)}".encode())
+        except metadata.PackageNotFoundError:
+            h.update(f"{name}=missing".encode())
+    return h.hexdigest()[:16]
+
+
+def socket_path(key: str | None = None) -> Path | None:
+    folder = server_dir()
+    return None if folder is None else folder / f"featuriser-{key or server_key()}.sock"
+
+
+# --------------------------------------------------------------------------- client side
+
+
+class ServerRequest:
+    """One featurisation sent to a running server; :meth:`result` waits for its answer."""
+
+    def __init__(self, conn: socket.socket, path: Path) -> None:
+        self.conn = conn
+        self.path = path
+
+    def result(self, timeout_s: float = 900.0) -> dict[str, Any]:
+        """The server's answer: ``{"ok": ...}`` or ``{"error": ...}``; ``{}`` when it broke off."""
+        self.conn.settimeout(timeout_s)
+        chunks = []
+        try:
+            while chunk := self.conn.recv(1 << 16):
+                chunks.append(chunk)
+        except OSError:
+            return {}
+        finally:
+            self.conn.close()
+        try:
+            return json.loads(b"".join(chunks))
+        except ValueError:
+            return {}
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def submit(request: dict[str, Any], path: Path | None = None) -> ServerRequest | None:
+    """Send ``request`` to this environment's server; None when no server answers."""
+    path = path or socket_path()
+    if path is None or not path.exists():
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(CONNECT_TIMEOUT_S)
+    try:
+        conn.connect(str(path))
+        conn.sendall(json.dumps({**request, "cwd": os.getcwd()}).encode() + b"\n")
+        conn.shutdown(socket.SHUT_WR)
+    except OSError:
+        conn.close()
+        return None
+    return ServerRequest(conn, path)
+
+
+def start_server(key: str | None = None) -> int | None:
+    """Start this environment's server in the background (detached); its pid, or None if it cannot."""
+    path = socket_path(key)
+    if path is None:
+        return None
+    src = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
+    with open(path.with_suffix(".log"), "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "perfzoo.featuriser_server", str(path)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+    return proc.pid
+
+
+def server_pid(path: Path) -> str:
+    """The pid the server on ``path`` recorded, or '?'."""
+    try:
+        return path.with_suffix(".pid").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def running(path: Path | None = None) -> bool:
+    """Whether a server accepts connections on ``path`` (this environment's by default)."""
+    path = path or socket_path()
+    if path is None or not path.exists():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(CONNECT_TIMEOUT_S)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def stop_server(path: Path | None = None) -> bool:
+    """Ask this environment's server to stop (removes its socket); whether there was one."""
+    path = path or socket_path()
+    if path is None or not path.exists():
+        return False
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(path.with_suffix(".pid").read_text())
+        if b"perfzoo.featuriser_server" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            os.kill(pid, signal.SIGTERM)
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return True
+
+
+# --------------------------------------------------------------------------- server side
+
+
+def _peer_uid(conn: socket.socket) -> int | None:
+    if not hasattr(socket, "SO_PEERCRED"):
+        return os.getuid()
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def _answer(conn: socket.socket) -> None:
+    """In a fork of the server: read one request, featurise it, send the result, exit."""
+    from perfzoo.io import InputError
+    from perfzoo.predict import ModelSpec, featurise_model
+
+    code = 0
+    try:
+        data = b""
+        while chunk := conn.recv(1 << 16):
+            data += chunk
+        if not data.strip():  # a probe (`running`): nothing to answer
+            return
+        request = json.loads(data)
+        os.chdir(request["cwd"])
+        spec_fields = request["spec"]
+        spec = ModelSpec(**{**spec_fields, "input_shape": tuple(spec_fields["input_shape"])})
+        try:
+            answer: dict[str, Any] = {
+                "ok": featurise_model(spec, request["batch"], request["mode"], request["num_classes"])
+            }
+        except InputError as exc:
+            answer = {"error": str(exc)}
+        answer["cpu_s"] = time.process_time()
+        answer["server_pid"] = os.getppid()
+        conn.sendall(json.dumps(answer).encode())
+    except BaseException:  # noqa: BLE001 - the client sees a broken-off answer and featurises itself
+        traceback.print_exc()
+        code = 1
+    finally:
+        with contextlib.suppress(OSError):
+            conn.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _warm_up() -> None:
+    """Import everything featurisation needs, including what ``FlopCounterMode`` loads on first use."""
+    import timm  # noqa: F401 - imports torchvision too
+    import torch
+    import torch._dynamo  # noqa: F401
+    import torchvision  # noqa: F401
+
+    import perfzoo.builders
+    import perfzoo.features
+    import perfzoo.predict  # noqa: F401
+
+    for builder in ("timm", "torchvision"):
+        perfzoo.builders.library_model_names(builder)
+    torch.set_num_threads(1)
+
+
+def serve(path: Path, idle_s: float) -> int:
+    """Listen on ``path`` until idle for ``idle_s`` seconds, SIGTERM, or the socket file is removed."""
+    import fcntl
+
+    lock = open(path.with_suffix(".lock"), "w")  # noqa: SIM115 - held for the server's life
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        print(f"featuriser server: another server holds {path}", file=sys.stderr)
+        return 0
+    started = time.monotonic()
+    _warm_up()
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    os.chmod(path, 0o600)
+    listener.listen(16)
+    path.with_suffix(".pid").write_text(str(os.getpid()))
+    inode = path.stat().st_ino
+    print(f"featuriser server {os.getpid()}: ready on {path} in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forks are reaped by the kernel
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    listener.settimeout(min(idle_s, 30.0))
+    last = time.monotonic()
+    try:
+        while time.monotonic() - last < idle_s:
+            try:
+                if path.stat().st_ino != inode:
+                    break
+            except FileNotFoundError:
+                break
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            last = time.monotonic()
+            if _peer_uid(conn) != os.getuid():
+                conn.close()
+                continue
+            conn.settimeout(60.0)
+            if os.fork() == 0:
+                listener.close()
+                _answer(conn)
+            conn.close()
+    finally:
+        listener.close()
+        with contextlib.suppress(OSError):
+            if path.stat().st_ino == inode:
+                path.unlink()
+        with contextlib.suppress(OSError):
+            path.with_suffix(".pid").unlink()
+    print(f"featuriser server {os.getpid()}: stopped", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m perfzoo.featuriser_server SOCKET_PATH", file=sys.stderr)
+        return 2
+    try:
+        idle_s = float(os.environ.get(ENV_IDLE, DEFAULT_IDLE_S))
+    except ValueError:
+        print(f"{ENV_IDLE}: expected seconds, got {os.environ[ENV_IDLE]!r}", file=sys.stderr)
+        return 2
+    return serve(Path(args[0]), idle_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""The warm featuriser server: `perfzoo predict` starts it, later calls featurise in its forks with the
+same result, a broken server falls back to a local child, and `perfzoo server stop` ends it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from test_predict import run_dir, workflow_dir  # noqa: F401 - the fixtures
+
+pytest.importorskip("torch")
+
+
+@pytest.fixture
+def server_env() -> Iterator[dict[str, str]]:
+    """An environment with the server on, its socket in a private short folder, stopped afterwards."""
+    folder = tempfile.mkdtemp(prefix="pz-")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src"),
+        "PERFZOO_FEATURISER": "auto",
+        "XDG_RUNTIME_DIR": folder,
+        "PERFZOO_SERVER_IDLE_S": "300",
+    }
+    yield env
+    subprocess.run([sys.executable, "-m", "perfzoo", "server", "stop"], env=env, capture_output=True, timeout=60)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def cli(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "perfzoo", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
+def socket_of(env: dict[str, str]) -> Path:
+    code = "from perfzoo import featuriser_server as f; print(f.socket_path())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())
+
+
+def wait_until(condition, timeout_s: float = 120.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_first_call_starts_server_and_later_calls_use_it(run_dir: Path, server_env, tmp_path: Path) -> None:
+    from perfzoo.featuriser_server import running, server_pid
+
+    first = cli("predict", "mlp:mlp_small", "--input", "64", "--batch", "4", "--json", cwd=run_dir, env=server_env)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["featurised_by"] == "fork"
+    path = socket_of(server_env)
+    assert wait_until(lambda: running(path)), f"no server on {path}: {path.with_suffix('.log').read_text()}"
+    pid = server_pid(path)
+
+    second = cli("predict", "mlp:mlp_small", "--input", "64", "--batch", "4", "--json", cwd=run_dir, env=server_env)
+    assert second.returncode == 0, second.stderr
+    a, b = json.loads(first.stdout), json.loads(second.stdout)
+    assert b["featurised_by"] == "server"
+    assert a["features"] == b["features"] and a["devices"] == b["devices"]
+
+    # a factory in a user's file, named relative to the caller's folder, is imported by the fork
+    (tmp_path / "net.py").write_text(
+        "from torch import nn\n\ndef build():\n    return nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))\n"
+    )
+    (tmp_path / "config.yaml").symlink_to(run_dir / "config.yaml")
+    (tmp_path / "results").symlink_to(run_dir / "results")
+    user = cli("predict", "net.py:build", "--input", "64", "--json", cwd=tmp_path, env=server_env)
+    assert user.returncode == 0, user.stderr
+    assert json.loads(user.stdout)["featurised_by"] == "server"
+    assert json.loads(user.stdout)["features"]["params"] == 64 * 16 + 16 + 16 * 10 + 10
+    (tmp_path / "net.py").write_text("def build():\n    raise KeyError('no such layer')\n")
+    broken = cli("predict", "net.py:build", "--input", "64", cwd=tmp_path, env=server_env)
+    assert broken.returncode == 2 and broken.stderr.count("\n") == 1
+    assert "net.py:2: KeyError: 'no such layer'" in broken.stderr
+    assert server_pid(path) == pid, "one server served every call"
+
+    stop = cli("server", "stop", cwd=tmp_path, env=server_env)
+    assert "stopped" in stop.stdout
+    assert wait_until(lambda: not Path(f"/proc/{pid}").exists(), 30), "the server did not exit"
+    assert not path.exists()
+
+
+def test_server_that_breaks_off_falls_back_to_a_child(run_dir: Path, server_env) -> None:
+    path = socket_of(server_env)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(4)
+
+    def hang_up() -> None:
+        conn, _ = listener.accept()
+        conn.close()
+
+    thread = threading.Thread(target=hang_up, daemon=True)
+    thread.start()
+    try:
+        proc = cli("predict", "mlp:mlp_small", "--input", "64", "--json", cwd=run_dir, env=server_env)
+    finally:
+        listener.close()
+        path.unlink()
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["featurised_by"] == "fork"
+
+
+def test_server_key_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from perfzoo.featuriser_server import server_key
+
+    before = server_key()
+    monkeypatch.setattr(sys, "path", [*sys.path, "/elsewhere"])
+    assert server_key() != before
+
+
+def test_server_is_off_for_local(monkeypatch: pytest.MonkeyPatch) -> None:
+    from perfzoo.featuriser_server import enabled
+
+    monkeypatch.setenv("PERFZOO_FEATURISER", "local")
+    assert not enabled()
+    monkeypatch.setenv("PERFZOO_FEATURISER", "auto")
+    assert enabled()
