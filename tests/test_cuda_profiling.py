@@ -18,98 +18,33 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import FAULTY
+from fakes import ORIGINAL_MW
+from fakes import FakeNvml as _ScriptedNvml
 
 from perfzoo import energy
 from perfzoo.hardware import check_device, describe_device, hardware_features
 from perfzoo.io import InputError
 from perfzoo.profiling import cuda, measure, nvml, runner
 from perfzoo.profiling.cuda import measure_on_cuda, window_energy_from_samples
-from perfzoo.profiling.nvml import NvmlError, NvmlNoPermission
+from perfzoo.profiling.nvml import NvmlError
 from perfzoo.profiling.worker import Outcome
 from perfzoo.zoo import expand_zoo, manifest_frame
 
 MIB = 1024 * 1024
-ORIGINAL_MW = 250_000
+#: two GPUs with UUIDs; the counter integrates a constant 200 W over real time
+TWO_GPUS = {"handle-0": "GPU-0000aaaa-0000", "handle-1": "GPU-1111bbbb-1111"}
+
+
+class FakeNvml(_ScriptedNvml):
+    """The scripted NVML with two GPUs that have UUIDs."""
+
+    def __init__(self, name: str = "NVIDIA A100-SXM4-40GB", **kwargs: Any) -> None:
+        super().__init__(name, **{"uuids": TWO_GPUS, **kwargs})
+
+
 SETTINGS = {"warmup_iters": 1, "min_iters": 3, "max_iters": 6, "max_time_s": 0.3, "ci_target": 0.02,
             "timeout_s": 60, "max_rss_mb": 8000, "repeat_every": 0, "cooldown_s": 0, "optimizer": "sgd",
             "threads": 1, "num_classes": 10}
-
-
-class FakeNvml:
-    """Same public methods as :class:`nvml.NvmlLibrary`, with a constant power draw and a real-time counter."""
-
-    def __init__(self, name: str = "NVIDIA A100-SXM4-40GB", power_w: float = 200.0, counter_period_s: float = 0.02,
-                 lose_after_power_reads: int | None = None, can_set: bool = True, constraints_w=(100, 400)) -> None:
-        self._name, self.power_w, self.period_s = name, power_w, counter_period_s
-        self.lose_after, self.power_reads = lose_after_power_reads, 0
-        self.can_set, self.constraints_w = can_set, constraints_w
-        self.limit_mw = ORIGINAL_MW
-        self.set_calls: list[int] = []
-        self.t0 = time.perf_counter_ns()
-
-    @property
-    def lost(self) -> bool:
-        return self.lose_after is not None and self.power_reads >= self.lose_after
-
-    def init(self) -> None: ...
-    def shutdown(self) -> None: ...
-    def device_count(self) -> int:
-        return 2
-
-    def handle(self, index: int) -> str:
-        return f"handle-{index}"
-
-    def name(self, handle: str) -> str:
-        return self._name
-
-    def uuid(self, handle: str) -> str:
-        return {"handle-0": "GPU-0000aaaa-0000", "handle-1": "GPU-1111bbbb-1111"}[handle]
-
-    def driver_version(self) -> str:
-        return "550.54.15"
-
-    def cuda_driver_version(self) -> int:
-        return 12040
-
-    def memory_mib(self, handle: str) -> tuple[float, float]:
-        return 40960.0, 1234.0
-
-    def power_limit_constraints_mw(self, handle: str) -> tuple[int, int]:
-        return self.constraints_w[0] * 1000, self.constraints_w[1] * 1000
-
-    def power_limit_mw(self, handle: str) -> int:
-        return self.limit_mw
-
-    def set_power_limit_mw(self, handle: str, limit_mw: int) -> None:
-        if not self.can_set:
-            raise NvmlNoPermission("nvmlDeviceSetPowerManagementLimit: Insufficient Permissions")
-        self.limit_mw = limit_mw
-        self.set_calls.append(limit_mw)
-
-    def power_instant_mw(self, handle: str) -> float:
-        self.power_reads += 1
-        if self.lost:
-            raise NvmlError("nvmlDeviceGetFieldValues: GPU is lost")
-        return self.power_w * 1000.0
-
-    def power_average_mw(self, handle: str) -> float:
-        return self.power_instant_mw(handle)
-
-    def total_energy_mj(self, handle: str) -> int:
-        if self.lost:
-            raise NvmlError("nvmlDeviceGetTotalEnergyConsumption: GPU is lost")
-        elapsed_s = (time.perf_counter_ns() - self.t0) / 1e9
-        updated_s = math.floor(elapsed_s / self.period_s) * self.period_s
-        return 5_000_000 + int(self.power_w * updated_s * 1000)
-
-    def utilization(self, handle: str) -> tuple[float, float]:
-        return 90.0, 40.0
-
-    def clock_mhz(self, handle: str, which: str) -> float:
-        return {"sm": 1410.0, "mem": 1215.0}[which]
-
-    def temperature_c(self, handle: str) -> float:
-        return 55.0
 
 
 class FakeCuda:

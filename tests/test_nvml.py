@@ -16,100 +16,17 @@ import pytest
 
 from perfzoo.io import InputError
 from perfzoo.profiling import nvml
-from perfzoo.profiling.nvml import GpuHandle, NvmlError, NvmlNoPermission, NvmlNotSupported, PowerLimitSweep
+from perfzoo.profiling.nvml import GpuHandle, NvmlNoPermission, NvmlNotSupported, PowerLimitSweep
 
-ORIGINAL_MW = 250_000
+from fakes import ORIGINAL_MW, FakeNvml
 
-
-class FakeNvml:
-    """Same public methods as :class:`nvml.NvmlLibrary`, with scripted values and failures."""
-
-    def __init__(
-        self,
-        name: str = "NVIDIA A100-SXM4-40GB",
-        instant: bool = True,
-        can_set: bool = True,
-        power_failures: tuple[int, ...] = (),
-        temperatures: list[float] | None = None,
-        energy_supported: bool = True,
-        limit_log: str | None = None,
-    ) -> None:
-        self._name, self.instant, self.can_set = name, instant, can_set
-        self.power_failures, self.power_reads = set(power_failures), 0
-        self.temperatures = list(temperatures or [])
-        self.energy_supported, self.limit_log = energy_supported, limit_log
-        self.limit_mw = ORIGINAL_MW
-        self.set_calls: list[int] = []
-
-    def init(self) -> None: ...
-    def shutdown(self) -> None: ...
-    def device_count(self) -> int:
-        return 1
-
-    def handle(self, index: int) -> str:
-        return f"handle-{index}"
-
-    def name(self, handle: str) -> str:
-        return self._name
-
-    def uuid(self, handle: str) -> str:
-        raise NvmlNotSupported("nvmlDeviceGetUUID: Not Supported")
-
-    def driver_version(self) -> str:
-        return "550.54.15"
-
-    def cuda_driver_version(self) -> int:
-        return 12040
-
-    def memory_mib(self, handle: str) -> tuple[float, float]:
-        return 40960.0, 1234.0
-
-    def power_limit_constraints_mw(self, handle: str) -> tuple[int, int]:
-        return 100_000, 300_000
-
-    def power_limit_mw(self, handle: str) -> int:
-        return self.limit_mw
-
-    def set_power_limit_mw(self, handle: str, limit_mw: int) -> None:
-        if not self.can_set:
-            raise NvmlNoPermission("nvmlDeviceSetPowerManagementLimit: Insufficient Permissions")
-        self.limit_mw = limit_mw
-        self.set_calls.append(limit_mw)
-        if self.limit_log:
-            with open(self.limit_log, "a") as log:
-                log.write(f"{limit_mw}\n")
-
-    def _next_power(self, value_mw: float) -> float:
-        self.power_reads += 1
-        if self.power_reads in self.power_failures:
-            raise NvmlError("power read: GPU is lost")
-        return value_mw
-
-    def power_average_mw(self, handle: str) -> float:
-        return self._next_power(180_000.0)
-
-    def power_instant_mw(self, handle: str) -> float:
-        if not self.instant:
-            raise NvmlNotSupported("NVML_FI_DEV_POWER_INSTANT: Not Supported")
-        return self._next_power(210_000.0)
-
-    def total_energy_mj(self, handle: str) -> int:
-        if not self.energy_supported:
-            raise NvmlNotSupported("nvmlDeviceGetTotalEnergyConsumption: Not Supported")
-        return 987_654
-
-    def utilization(self, handle: str) -> tuple[float, float]:
-        return 75.0, 40.0
-
-    def clock_mhz(self, handle: str, which: str) -> float:
-        return {"sm": 1410.0, "mem": 1215.0}[which]
-
-    def temperature_c(self, handle: str) -> float:
-        return self.temperatures.pop(0) if len(self.temperatures) > 1 else (self.temperatures or [60.0])[0]
+#: the scripted GPU of these tests: instant power 210 W, average 180 W, a fixed energy counter, no UUID
+NVML_TEST_GPU = {"power_w": 210.0, "average_w": 180.0, "energy_mj": 987_654, "constraints_w": (100, 300),
+                 "utilization": (75.0, 40.0), "temperatures": [60.0]}
 
 
 def _gpu(**kwargs) -> tuple[GpuHandle, FakeNvml]:
-    fake = FakeNvml(**kwargs)
+    fake = FakeNvml(**{**NVML_TEST_GPU, **kwargs})
     return nvml.open_device(0, lib=fake), fake
 
 
@@ -247,7 +164,7 @@ def test_sweep_restores_on_sigterm(tmp_path: Path) -> None:
         f"""
         import sys, time
         sys.path[:0] = [{str(src_dir)!r}, {str(tests_dir)!r}]
-        from test_nvml import FakeNvml
+        from fakes import FakeNvml
         from perfzoo.profiling.nvml import GpuHandle, PowerLimitSweep
         fake = FakeNvml(limit_log={str(log)!r})
         with PowerLimitSweep(GpuHandle(fake, "h0", 0), [150, 200], repetitions=2, device="gpu-a") as sweep:
