@@ -7,11 +7,13 @@ Every builder returns a classifier ``nn.Module`` mapping a batch of inputs to lo
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
 import functools
 import importlib.metadata
 import importlib.util
 import json
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,15 @@ BUILDER_NAMES = ("torchvision", "timm", "mlp", "transformer", "python")
 MLP_NAMES = ("mlp_small", "mlp_big", "mlp")
 TRANSFORMER_NAMES = ("encoder",)
 VOCAB_SIZE = 1000
-NAME_CACHE = Path(".snakemake") / "perfzoo-model-names"
+
+
+def _name_cache() -> Path:
+    """Where the model-name lists are cached: the user's cache folder (``$XDG_CACHE_HOME``), shared by
+    every workflow folder; ``.snakemake/`` of the current folder when there is no home."""
+    base = os.environ.get("XDG_CACHE_HOME") or (
+        str(Path.home() / ".cache") if os.environ.get("HOME") else ""
+    )
+    return Path(base) / "perfzoo" / "model-names" if base else Path(".snakemake") / "perfzoo-model-names"
 
 
 def suggest(name: str, choices: Iterable[str], n: int = 3) -> str:
@@ -35,9 +45,11 @@ def suggest(name: str, choices: Iterable[str], n: int = 3) -> str:
 def library_model_names(builder: str) -> tuple[str, ...]:
     """Model names a library offers; cached per library version so config checks stay fast."""
     version = importlib.metadata.version(builder)
-    cache = NAME_CACHE / f"{builder}-{version}.json"
-    if cache.exists():
+    cache = _name_cache() / f"{builder}-{version}.json"
+    try:
         return tuple(json.loads(cache.read_text()))
+    except (OSError, ValueError):  # not cached yet, or unreadable: list the library's models
+        pass
     if builder == "timm":
         import timm
 
@@ -46,7 +58,8 @@ def library_model_names(builder: str) -> tuple[str, ...]:
         import torchvision.models
 
         names = sorted(torchvision.models.list_models())
-    write_text(cache, json.dumps(names))  # atomic: parallel jobs may fill the cache at once
+    with contextlib.suppress(OSError):  # a read-only cache folder only costs speed
+        write_text(cache, json.dumps(names))  # atomic: parallel jobs may fill the cache at once
     return tuple(names)
 
 

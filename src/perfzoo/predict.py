@@ -442,9 +442,7 @@ class _Featuriser:
         self.server: Any = None
         self.start_server_after = False
         self.method = strategy
-        if strategy == "inline":
-            return
-        if use_server and spec.builder in SERVER_BUILDERS:
+        if use_server and spec.builder in SERVER_BUILDERS:  # even when this process imported torch
             from perfzoo import featuriser_server
 
             request = {"spec": spec.to_dict(), "batch": batch, "mode": mode, "num_classes": num_classes}
