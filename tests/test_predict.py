@@ -620,3 +620,26 @@ def test_fold_average_residual_interval_and_split_choice(tmp_path: Path) -> None
     assert _choose_file(metrics, tmp_path, "latency_ms")[:2] == ("random_forest", "random")
     no_random = metrics[metrics["split"] != "random"]
     assert _choose_file(no_random, tmp_path, "latency_ms")[:2] == ("xgboost", "leave_one_family_out")
+
+
+def test_model_names_are_cached_per_user_not_per_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second workflow folder finds the name list the first one cached, without importing torchvision."""
+    from importlib.metadata import version
+
+    from perfzoo import builders
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    builders.library_model_names.cache_clear()
+    try:
+        (tmp_path / "a").mkdir()
+        monkeypatch.chdir(tmp_path / "a")
+        names = builders.library_model_names("torchvision")
+        cached = tmp_path / "cache" / "perfzoo" / "model-names" / f"torchvision-{version('torchvision')}.json"
+        assert json.loads(cached.read_text()) == list(names) and "resnet50" in names
+        cached.write_text(json.dumps(["only_this_one"]))  # what the next lookup reads, wherever it runs
+        builders.library_model_names.cache_clear()
+        (tmp_path / "b").mkdir()
+        monkeypatch.chdir(tmp_path / "b")
+        assert builders.library_model_names("torchvision") == ("only_this_one",)
+    finally:
+        builders.library_model_names.cache_clear()
