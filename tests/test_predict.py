@@ -58,7 +58,7 @@ CONFIG: dict[str, Any] = {
         },
     },
     "shards": {"size": 16},
-    "splits": {"schemes": ["random"], "seed": 1337, "random_fractions": [0.7, 0.15, 0.15]},
+    "splits": {"schemes": ["random", "leave_one_family_out"], "seed": 1337, "random_fractions": [0.7, 0.15, 0.15]},
     "fit": {
         "targets": ["latency_ms", "peak_mem_mb", "energy_per_sample_j"],
         "regressors": ["linear", "random_forest"],
@@ -170,21 +170,23 @@ def build_workflow_outputs(workdir: Path) -> Path:
         )
         write_table("results/dataset/dataset.parquet", data, prov)
         write_table("results/dataset/noise_floor.parquet", noise, prov)
-        split = make_split("random", data, CONFIG["splits"])
-        write_table("results/splits/random.parquet", split, provenance(["results/dataset/dataset.parquet"]))
         held = []
-        for target in CONFIG["fit"]["targets"]:
-            for regressor in CONFIG["fit"]["regressors"]:
-                stem = f"results/fit/{target}/{regressor}/random"
-                params = {"n_estimators": 50} if regressor == "random_forest" else None
-                predictions, fitted, notes = fit_split(data, split, target, regressor, params)
-                prov = provenance(
-                    ["results/dataset/dataset.parquet", "results/splits/random.parquet"],
-                    {"target": target, "regressor": regressor, "split": "random", "notes": notes},
-                )
-                save_models(f"{stem}.models.json", fitted, prov)
-                write_table(f"{stem}.predictions.parquet", predictions, prov)
-                held.append(f"{stem}.predictions.parquet")
+        for scheme in CONFIG["splits"]["schemes"]:
+            split = make_split(scheme, data, CONFIG["splits"])
+            split_path = f"results/splits/{scheme}.parquet"
+            write_table(split_path, split, provenance(["results/dataset/dataset.parquet"]))
+            for target in CONFIG["fit"]["targets"]:
+                for regressor in CONFIG["fit"]["regressors"]:
+                    stem = f"results/fit/{target}/{regressor}/{scheme}"
+                    params = {"n_estimators": 50} if regressor == "random_forest" else None
+                    predictions, fitted, notes = fit_split(data, split, target, regressor, params)
+                    prov = provenance(
+                        ["results/dataset/dataset.parquet", split_path],
+                        {"target": target, "regressor": regressor, "split": scheme, "notes": notes},
+                    )
+                    save_models(f"{stem}.models.json", fitted, prov)
+                    write_table(f"{stem}.predictions.parquet", predictions, prov)
+                    held.append(f"{stem}.predictions.parquet")
         frames = [pd.read_parquet(p) for p in held]
         write_table(
             "results/evaluate/metrics.parquet",
@@ -263,6 +265,10 @@ def test_predict_module_instance_per_device_with_intervals(run_dir: Path) -> Non
     assert table.loc["a100", "latency_ms"] < table.loc["cpu", "latency_ms"]
     assert _assert_intervals_bracket(result.table) >= 10
     lat = result.record["devices"]["cpu"]["quantities"]["latency_ms"]
+    # an anonymous nn.Sequential matches no profiled family: leave-one-family-out predictors and residuals
+    assert lat["lo"] < lat["hi"] and "split leave_one_family_out" in lat["interval"]
+    named = perfzoo.predict("mlp:mlp_small", batch=4, input_shape=(64,))
+    lat = named.record["devices"]["cpu"]["quantities"]["latency_ms"]
     assert lat["lo"] < lat["hi"] and "tree predictions" in lat["interval"]  # random forest wins on this data
     # the user's module is not touched: weights stay real, on the CPU
     assert all(p.device.type == "cpu" for p in model.parameters())
@@ -310,11 +316,16 @@ def test_predictor_choice_and_fold_average(run_dir: Path) -> None:
     from perfzoo.predict import predict
 
     metrics = pd.read_parquet("results/evaluate/metrics.parquet")
+    # a profiled family: the best score on the random split; an anonymous module (no family to match):
+    # the best score with whole families held out
+    for model, split in (("mlp:mlp_small", "random"), (_mlp(), "leave_one_family_out")):
+        chosen_all = predict(model, batch=4, input_shape=64).record["predictors"]
+        for target, chosen in chosen_all.items():
+            rows = metrics[(metrics["target"] == target) & (metrics["split"] == split)]
+            assert chosen["split"] == split
+            assert chosen["regressor"] == rows.sort_values("mape").iloc[0]["regressor"], target
+            assert chosen["validation_mape"] == pytest.approx(rows["mape"].min())
     result = predict(_mlp(), batch=4, input_shape=64)
-    for target, chosen in result.record["predictors"].items():
-        rows = metrics[(metrics["target"] == target) & (metrics["split"] == "random")]
-        assert chosen["regressor"] == rows.sort_values("mape").iloc[0]["regressor"], target
-        assert chosen["validation_mape"] == pytest.approx(rows["mape"].min())
     assert set(result.record["missing_targets"]) >= {"throughput", "mean_power_w"}
     assert "fit.targets" in result.record["missing_targets"]["throughput"]
     # the point value is the chosen file's fold models applied to the recorded feature row
@@ -352,7 +363,14 @@ def test_unprofiled_family_warns(run_dir: Path) -> None:
 
     result = predict(ConvNet(), batch=1, input_shape="3,16,16")
     assert any("ConvNet" in w and "never profiled" in w for w in result.warnings)
-    assert not any("never profiled" in w for w in predict("mlp:mlp_small", input_shape=64).warnings)
+    # an unseen family: predictors chosen by (and intervals from) the leave-one-family-out split
+    assert {p["split"] for p in result.record["predictors"].values()} == {"leave_one_family_out"}
+    assert "leave_one_family_out" in result.record["predictor_choice"]
+    latency = result.record["devices"]["cpu"]["quantities"]["latency_ms"]
+    assert latency["source"] == "linear/leave_one_family_out" or "leave_one_family_out" in latency["interval"]
+    seen = predict("mlp:mlp_small", input_shape=64)
+    assert not any("never profiled" in w for w in seen.warnings)
+    assert {p["split"] for p in seen.record["predictors"].values()} == {"random"}
 
 
 def test_predict_to_file_record(run_dir: Path, tmp_path: Path) -> None:

@@ -8,7 +8,9 @@ file the numbers come from (down to the raw traces).
 
 Choice of predictor. For each target, the row of ``results/evaluate/metrics.parquet`` with the lowest
 MAPE on the ``random`` split (else on any split) whose ``results/fit/{target}/{regressor}/{split}
-.models.json`` exists. The prediction is the mean of that file's fold models.
+.models.json`` exists; for a model whose family was never profiled, the lowest MAPE on the
+``leave_one_family_out`` split instead (the score of predicting families held out of training), with
+that split's fitted models and residuals. The prediction is the mean of that file's fold models.
 
 Intervals (nominal 90 %). Tree ensembles: 5th-95th percentile of the member (tree) predictions of all
 folds. Other regressors: the 5th-95th percentile ratios r = y_pred / y_true on the held-out test rows of
@@ -89,6 +91,8 @@ DEFAULT_INPUT: dict[str, tuple[int, ...]] = {
 DEFAULT_NUM_CLASSES = 1000
 DEFAULT_CARBON_INTENSITY = 400.0  # g CO2e / kWh, the config schema's default
 PREFERRED_SPLIT = "random"
+#: the split whose scores choose the predictors of a model from a family that was never profiled
+UNSEEN_FAMILY_SPLIT = "leave_one_family_out"
 QUANTILES = (0.05, 0.95)
 RUN_WORKFLOW = (
     "run `snakemake --cores all` (or `snakemake --cores all results/evaluate/metrics.parquet`) "
@@ -600,9 +604,10 @@ NEEDS_PROFILED_LAYERS = ("gianniti_layer",)
 
 
 def _choose_file(
-    metrics: pd.DataFrame, results: Path, target: str
+    metrics: pd.DataFrame, results: Path, target: str, preferred_split: str = PREFERRED_SPLIT
 ) -> tuple[str, str, float | None, int | None]:
-    """(regressor, split, mape, n) of the best-scored existing predictor file of ``target``."""
+    """(regressor, split, mape, n) of the best-scored existing predictor file of ``target``, by its score
+    on ``preferred_split`` where that split was evaluated."""
     rows = metrics[
         (metrics["target"] == target)
         & np.isfinite(pd.to_numeric(metrics["mape"], errors="coerce"))
@@ -615,21 +620,24 @@ def _choose_file(
         ]
     ]
     if len(rows):
-        preferred = rows[rows["split"] == PREFERRED_SPLIT]
+        preferred = rows[rows["split"] == preferred_split]
         best = (preferred if len(preferred) else rows).sort_values(["mape", "regressor", "split"]).iloc[0]
         n = pd.to_numeric(best.get("n"), errors="coerce")
         return str(best["regressor"]), str(best["split"]), float(best["mape"]), None if pd.isna(n) else int(n)
     files = sorted(
         (p for p in (results / "fit" / target).glob("*/*.models.json") if p.parent.name not in NEEDS_PROFILED_LAYERS),
-        key=lambda p: (p.name != f"{PREFERRED_SPLIT}.models.json", str(p)),
+        key=lambda p: (p.name != f"{preferred_split}.models.json", str(p)),
     )
     if files:  # fitted, but no held-out score (e.g. a split without test rows)
         return files[0].parent.name, files[0].name.removesuffix(".models.json"), None, None
     return "", "", None, None
 
 
-def load_predictors(results: Path, data: pd.DataFrame) -> tuple[dict[str, Predictor], dict[str, str]]:
-    """The chosen predictor of every target, and the reason for every target without one."""
+def load_predictors(
+    results: Path, data: pd.DataFrame, preferred_split: str = PREFERRED_SPLIT
+) -> tuple[dict[str, Predictor], dict[str, str]]:
+    """The chosen predictor of every target (best score on ``preferred_split`` where evaluated), and the
+    reason for every target without one."""
     from perfzoo.fitting import load_models
     from perfzoo.io import read_parquet
 
@@ -638,7 +646,7 @@ def load_predictors(results: Path, data: pd.DataFrame) -> tuple[dict[str, Predic
     missing: dict[str, str] = {}
     for target in TARGETS:
         regressor, split, score, n = (
-            _choose_file(metrics, results, target) if len(metrics) else ("", "", None, None)
+            _choose_file(metrics, results, target, preferred_split) if len(metrics) else ("", "", None, None)
         )
         if not regressor:
             missing[target] = _no_predictor_reason(results, data, target)
@@ -1299,7 +1307,7 @@ class Prediction:
             lines.append(f"recommended device ({rec['objective']}): none; {rec['reason']}")
         for d, why in rec["excluded"].items():
             lines.append(f"  excluded {d}: {why}")
-        lines.append("predictors:")
+        lines.append(f"predictors ({r.get('predictor_choice', '')}):")
         for target, p in r["predictors"].items():
             score = (
                 f"MAPE {p['validation_mape']:.3g} % on {p['split']}"
@@ -1509,6 +1517,20 @@ def predict(
         featuriser_server.start_server()
     feats = featurised["features"]
     spec.dtype = featurised["dtype"]
+    choice = f"best held-out MAPE on the {PREFERRED_SPLIT} split"
+    if not _family_profiled([spec.name.split(":")[-1], featurised["class_name"]], data):
+        # a family never profiled: the scores that matter are those with whole families held out
+        unseen, _ = load_predictors(results, data, UNSEEN_FAMILY_SPLIT)
+        swapped = {t: p for t, p in unseen.items() if p.split == UNSEEN_FAMILY_SPLIT and t in predictors}
+        if swapped:
+            predictors.update(swapped)
+            hashes, chain, predictor_records, stale = _provenance(
+                results, workdir, predictors, hw_files, names, spec
+            )
+            choice = (
+                f"best held-out MAPE on the {UNSEEN_FAMILY_SPLIT} split, as the model's family was never "
+                f"profiled ({', '.join(sorted(swapped))}); intervals from that split's residuals"
+            )
 
     rows, device_missing = {}, {}
     for d in names:
@@ -1547,6 +1569,7 @@ def predict(
         "recommendation": recommendation,
         "warnings": warnings,
         "predictors": predictor_records,
+        "predictor_choice": choice,
         "missing_targets": missing_targets,
         "dataset": {"path": dataset_key, "sha256": hashes[dataset_key]},
         "feature_rows": {d: dict(X.iloc[i].items()) for i, d in enumerate(rows)},
