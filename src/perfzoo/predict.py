@@ -1529,7 +1529,7 @@ def predict(
             )
             choice = (
                 f"best held-out MAPE on the {UNSEEN_FAMILY_SPLIT} split, as the model's family was never "
-                f"profiled ({', '.join(sorted(swapped))}); intervals from that split's residuals"
+                f"profiled ({', '.join(sorted(swapped))})"
             )
 
     rows, device_missing = {}, {}
