@@ -208,8 +208,7 @@ def _peer_uid(conn: socket.socket) -> int | None:
 
 def _answer(conn: socket.socket) -> None:
     """In a fork of the server: read one request, featurise it, send the result, exit."""
-    from perfzoo.io import InputError
-    from perfzoo.predict import ModelSpec, featurise_model
+    from perfzoo.predict import featurise_request
 
     code = 0
     try:
@@ -220,16 +219,7 @@ def _answer(conn: socket.socket) -> None:
             return
         request = json.loads(data)
         os.chdir(request["cwd"])
-        spec_fields = request["spec"]
-        spec = ModelSpec(**{**spec_fields, "input_shape": tuple(spec_fields["input_shape"])})
-        try:
-            answer: dict[str, Any] = {
-                "ok": featurise_model(spec, request["batch"], request["mode"], request["num_classes"])
-            }
-        except InputError as exc:
-            answer = {"error": str(exc)}
-        answer["cpu_s"] = time.process_time()
-        answer["server_pid"] = os.getppid()
+        answer = {**featurise_request(request), "server_pid": os.getppid()}
         conn.sendall(json.dumps(answer).encode())
     except BaseException:  # noqa: BLE001 - the client sees a broken-off answer and featurises itself
         traceback.print_exc()

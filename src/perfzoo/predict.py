@@ -339,10 +339,14 @@ def featurise_model(spec: ModelSpec, batch: int, mode: str, num_classes: int) ->
     return {"features": _clean(feats), "class_name": type(model).__name__, "dtype": dtype}
 
 
-def _worker_main() -> None:
-    """Child-process entry point: featurise the spec in argv[-2], write the result to argv[-1]."""
-    request_path, out_path = sys.argv[-2:]
-    request = json.loads(Path(request_path).read_text())
+def featurisation_request(spec: ModelSpec, batch: int, mode: str, num_classes: int) -> dict[str, Any]:
+    """The JSON request another process featurises (:func:`featurise_request`)."""
+    return {"spec": spec.to_dict(), "batch": batch, "mode": mode, "num_classes": num_classes}
+
+
+def featurise_request(request: Mapping[str, Any]) -> dict[str, Any]:
+    """Featurise a request of :func:`featurisation_request` (in a child process or the warm server):
+    ``{"ok": result}`` or ``{"error": one line}``, with the CPU seconds this process has used."""
     spec = ModelSpec(**{**request["spec"], "input_shape": tuple(request["spec"]["input_shape"])})
     try:
         out: dict[str, Any] = {
@@ -351,6 +355,13 @@ def _worker_main() -> None:
     except InputError as exc:
         out = {"error": str(exc)}
     out["cpu_s"] = time.process_time()
+    return out
+
+
+def _worker_main() -> None:
+    """Child-process entry point: featurise the request in argv[-2], write the result to argv[-1]."""
+    request_path, out_path = sys.argv[-2:]
+    out = featurise_request(json.loads(Path(request_path).read_text()))
     Path(out_path).write_text(json.dumps(out))
 
 
@@ -375,11 +386,7 @@ class _ForkedChild:
                 os.dup2(log.fileno(), 2)
                 # also where Python writes, should the caller have redirected sys.stdout/sys.stderr
                 sys.stdout = sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
-                try:
-                    result: dict[str, Any] = {"ok": featurise_model(*args)}
-                except InputError as exc:
-                    result = {"error": str(exc)}
-                result["cpu_s"] = time.process_time()
+                result = featurise_request(featurisation_request(*args))
                 tmp = out.with_suffix(".tmp")
                 tmp.write_text(json.dumps(result))
                 tmp.replace(out)
@@ -449,8 +456,7 @@ class _Featuriser:
         if use_server and spec.builder in SERVER_BUILDERS:  # even when this process imported torch
             from perfzoo import featuriser_server
 
-            request = {"spec": spec.to_dict(), "batch": batch, "mode": mode, "num_classes": num_classes}
-            self.server = featuriser_server.submit(request)
+            self.server = featuriser_server.submit(featurisation_request(*self.args))
             _timing(f"featurisation: {'sent to the warm server' if self.server else 'no warm server'}")
             if self.server is not None:
                 self.method = "server"
@@ -476,11 +482,8 @@ class _Featuriser:
         return _ForkedChild(self.args, self.out, self.log)
 
     def _spawn(self) -> subprocess.Popen[bytes]:
-        spec, batch, mode, num_classes = self.args
         request = Path(self.tmp.name) / "request.json"
-        request.write_text(
-            json.dumps({"spec": spec.to_dict(), "batch": batch, "mode": mode, "num_classes": num_classes})
-        )
+        request.write_text(json.dumps(featurisation_request(*self.args)))
         src = str(Path(__file__).resolve().parents[1])
         env = {
             **os.environ,
