@@ -291,6 +291,8 @@ def serve(path: Path, idle_s: float) -> int:
             conn.settimeout(60.0)
             if os.fork() == 0:
                 listener.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the fork may run subprocesses of its own
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 _answer(conn)
             conn.close()
     finally:
