@@ -878,14 +878,6 @@ class ExtraTreesRegressor(_ForestRegressor):
 
 # --------------------------------------------------------------------------- multilayer perceptron
 
-#: hidden-layer activations of scikit-learn's MLP that the numpy forward pass reproduces exactly
-_ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "relu": lambda z: np.maximum(z, 0.0),
-    "tanh": np.tanh,
-    "identity": lambda z: z,
-}
-
-
 @register_regressor
 class MLPRegressor(_LogFeatureRegressor):
     """scikit-learn multilayer perceptron on standardised log features and standardised target.
@@ -895,7 +887,7 @@ class MLPRegressor(_LogFeatureRegressor):
     """
 
     kind = "mlp"
-    _required_state = ("feature_names_", "weights_", "biases_", "activation_")
+    _required_state = ("feature_names_", "weights_", "biases_")
 
     def __init__(
         self,
@@ -927,23 +919,23 @@ class MLPRegressor(_LogFeatureRegressor):
             alpha=self.alpha,
             learning_rate_init=self.learning_rate_init,
             max_iter=self.max_iter,
+            activation="relu",
             early_stopping=False,
             random_state=self.random_state,
         ).fit(Z, (target - self.target_mean_) / self.target_scale_)
         self.weights_ = [np.asarray(w, dtype=np.float64) for w in model.coefs_]
         self.biases_ = [np.asarray(b, dtype=np.float64) for b in model.intercepts_]
-        self.activation_ = str(model.activation)
         self.n_iter_ = int(model.n_iter_)
         return self
 
     def _forward(self, Z: np.ndarray) -> np.ndarray:
-        """The network's output for standardised inputs ``Z`` (hidden activation, identity output)."""
-        hidden = _ACTIVATIONS[self.activation_]
+        """The network's output for standardised inputs ``Z``: scikit-learn's forward pass (ReLU hidden
+        layers, identity output)."""
         out = Z
         for i, (w, b) in enumerate(zip(self.weights_, self.biases_, strict=True)):
             out = out @ w + b
             if i < len(self.weights_) - 1:
-                out = hidden(out)
+                out = np.maximum(out, 0.0)
         return out.ravel()
 
     def predict(self, X: pd.DataFrame) -> np.ndarray:
