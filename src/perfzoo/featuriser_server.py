@@ -140,9 +140,10 @@ def submit(request: dict[str, Any], path: Path | None = None) -> ServerRequest |
     return ServerRequest(conn, path)
 
 
-def start_server(key: str | None = None) -> int | None:
-    """Start this environment's server in the background (detached); its pid, or None if it cannot."""
-    path = socket_path(key)
+def start_server(path: Path | None = None) -> int | None:
+    """Start a server on ``path`` (this environment's socket by default) in the background, detached;
+    its pid, or None if it cannot."""
+    path = path or socket_path()
     if path is None:
         return None
     src = str(Path(__file__).resolve().parents[1])

@@ -41,7 +41,7 @@ import tempfile
 import time
 import traceback
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -451,12 +451,14 @@ class _Featuriser:
         self.args = (spec, batch, mode, num_classes)
         self.proc: subprocess.Popen[bytes] | _ForkedChild | None = None
         self.server: Any = None
-        self.start_server_after = False
+        self.server_path: Path | None = None  # where this environment's server listens (or should)
+        self.start_server_after = False  # no server answered: the caller may start one for next time
         self.method = strategy
         if use_server and spec.builder in SERVER_BUILDERS:  # even when this process imported torch
             from perfzoo import featuriser_server
 
-            self.server = featuriser_server.submit(featurisation_request(*self.args))
+            self.server_path = featuriser_server.socket_path()
+            self.server = featuriser_server.submit(featurisation_request(*self.args), self.server_path)
             _timing(f"featurisation: {'sent to the warm server' if self.server else 'no warm server'}")
             if self.server is not None:
                 self.method = "server"
@@ -849,54 +851,32 @@ def _row_quantities(
             else:
                 q[target] = _q(point[i], lo[i], hi[i], f"{p.regressor}/{p.split}", method)
 
-    def derive(name: str, value: float, lo: float, hi: float, how: str) -> None:
-        q[name] = _q(value, lo, hi, f"derived: {how}", "propagated from the intervals of its inputs")
+    def derive(name: str, how: str, f: Callable[..., float], *inputs: dict[str, Any]) -> None:
+        """``q[name] = f(inputs)``; f is monotone in each input, so its interval spans the values at the
+        inputs' lower and upper ends."""
+        at_lo, at_hi = f(*(x["lo"] for x in inputs)), f(*(x["hi"] for x in inputs))
+        q[name] = _q(
+            f(*(x["value"] for x in inputs)), min(at_lo, at_hi), max(at_lo, at_hi), f"derived: {how}",
+            "propagated from the intervals of its inputs",
+        )
 
     lat = q["latency_ms"]
     if not _present(q["throughput"]) and _present(lat) and (device, "throughput") not in gaps:
-        derive(
-            "throughput",
-            batch * 1000 / lat["value"],
-            batch * 1000 / lat["hi"],
-            batch * 1000 / lat["lo"],
-            "batch / latency_ms",
-        )
+        derive("throughput", "batch / latency_ms", lambda t: batch * 1000 / t, lat)
     if not _present(q["energy_j"]) and (device, "energy_j") not in gaps:
         if _present(q["mean_power_w"]) and _present(lat):
-            pw = q["mean_power_w"]
-            derive(
-                "energy_j",
-                pw["value"] * lat["value"] / 1e3,
-                pw["lo"] * lat["lo"] / 1e3,
-                pw["hi"] * lat["hi"] / 1e3,
-                "mean_power_w x latency_ms",
-            )
+            derive("energy_j", "mean_power_w x latency_ms", lambda w, t: w * t / 1e3, q["mean_power_w"], lat)
         elif _present(q["energy_per_sample_j"]):
-            e = q["energy_per_sample_j"]
-            derive(
-                "energy_j",
-                e["value"] * batch,
-                e["lo"] * batch,
-                e["hi"] * batch,
-                "energy_per_sample_j x batch",
-            )
+            derive("energy_j", "energy_per_sample_j x batch", lambda e: e * batch, q["energy_per_sample_j"])
         else:
             q["energy_j"] = _miss(
                 f"needs an energy_j or mean_power_w prediction: {q['mean_power_w'].get('missing')}"
             )
     if not _present(q["energy_per_sample_j"]) and _present(q["energy_j"]):
-        e = q["energy_j"]
-        derive(
-            "energy_per_sample_j", e["value"] / batch, e["lo"] / batch, e["hi"] / batch, "energy_j / batch"
-        )
+        derive("energy_per_sample_j", "energy_j / batch", lambda e: e / batch, q["energy_j"])
     if not _present(q["edp"]) and _present(q["energy_j"]) and _present(lat):
-        e = q["energy_j"]
         derive(
-            "edp",
-            e["value"] * lat["value"] / 1e3,
-            e["lo"] * lat["lo"] / 1e3,
-            e["hi"] * lat["hi"] / 1e3,
-            "energy_j x latency_ms / 1000 (J·s per step)",
+            "edp", "energy_j x latency_ms / 1000 (J·s per step)", lambda e, t: e * t / 1e3, q["energy_j"], lat
         )
     elif not _present(q["edp"]):
         q["edp"] = _miss(f"needs energy and latency: {q['energy_j'].get('missing') or lat.get('missing')}")
@@ -909,25 +889,15 @@ def _row_quantities(
         )
     elif _present(lat):
         k = float(price) * 1000 / batch / 3.6e6  # price per ms, for 1000 samples
-        derive(
-            "cost_per_1k_samples",
-            lat["value"] * k,
-            lat["lo"] * k,
-            lat["hi"] * k,
-            f"price_per_hour {price} x time of 1000 samples",
-        )
+        derive("cost_per_1k_samples", f"price_per_hour {price} x time of 1000 samples", lambda t: t * k, lat)
     else:
         q["cost_per_1k_samples"] = _miss(f"needs latency: {lat.get('missing')}")
     ci = float(device_cfg.get("carbon_intensity_g_per_kwh", DEFAULT_CARBON_INTENSITY))
     if _present(q["energy_per_sample_j"]):
-        e = q["energy_per_sample_j"]
-        k = 1000 * ci / 3.6e6
+        g_per_j = 1000 * ci / 3.6e6  # for 1000 samples
         derive(
-            "carbon_g_per_1k_samples",
-            e["value"] * k,
-            e["lo"] * k,
-            e["hi"] * k,
-            f"energy x carbon intensity {ci:g} g/kWh",
+            "carbon_g_per_1k_samples", f"energy x carbon intensity {ci:g} g/kWh", lambda e: e * g_per_j,
+            q["energy_per_sample_j"],
         )
     else:
         q["carbon_g_per_1k_samples"] = _miss(f"needs energy: {q['energy_per_sample_j'].get('missing')}")
@@ -1517,7 +1487,7 @@ def predict(
     if featuriser.start_server_after:
         from perfzoo import featuriser_server
 
-        featuriser_server.start_server()
+        featuriser_server.start_server(featuriser.server_path)
     feats = featurised["features"]
     spec.dtype = featurised["dtype"]
     choice = f"best held-out MAPE on the {PREFERRED_SPLIT} split"
