@@ -346,25 +346,43 @@ def sampling_jitter(samples: pd.DataFrame, bins: int = 50) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 
 
-def _new_figure(nrows: int = 1, ncols: int = 1, height: float = 3.2, width: float = 6.4) -> tuple[Any, Any]:
+def _new_figure(nrows: int = 1, ncols: int = 1, height: float = 2.0) -> tuple[Any, Any]:
+    """A single-column figure (the style and width of :mod:`perfzoo.figures`)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
+    from perfzoo.figures import COLUMN_WIDTH_IN
+
+    fig = Figure(figsize=(COLUMN_WIDTH_IN, 0.4 + height * nrows), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(nrows, ncols, squeeze=False)
     return fig, axes
 
 
 def _save_figure(fig: Any, path: str | os.PathLike[str]) -> Path:
+    """A ``.png`` path gets the PNG and the PDF beside it (:func:`perfzoo.figures.save_figure`)."""
     import matplotlib
+
+    from perfzoo import figures
 
     target = Path(path)
     fmt = target.suffix.lstrip(".").lower() or "png"
+    if fmt == "png":
+        figures.save_figure(fig, target)
+        return target
     metadata = {"pdf": {"CreationDate": None, "ModDate": None}, "svg": {"Date": None}}.get(fmt, {})
     with matplotlib.rc_context({"svg.hashsalt": "perfzoo", "pdf.compression": 6}), atomic_path(target) as tmp:
         fig.savefig(tmp, format=fmt, metadata=metadata, dpi=150)
     return target
+
+
+def _limit_color(i: int, n: int) -> Any:
+    """Power limits low to high along the one power-limit colour map of :mod:`perfzoo.figures`."""
+    import matplotlib
+
+    from perfzoo.figures import POWER_LIMIT_CMAP
+
+    return matplotlib.colormaps[POWER_LIMIT_CMAP](0.9 * i / max(n - 1, 1))
 
 
 def _limit_label(limit: float) -> str:
@@ -382,15 +400,15 @@ def plot_power_over_time(samples: pd.DataFrame, path: str | os.PathLike[str], ti
     frame = relative_time(samples)
     _single_configuration(frame, "plot_power_over_time")
     limits = sorted(frame["limit_w"].unique(), key=lambda v: (not np.isfinite(v), v))
-    fig, axes = _new_figure(max(len(limits), 1), 1, height=1.8)
+    fig, axes = _new_figure(max(len(limits), 1), 1, height=1.1)
     for ax, limit in zip(axes[:, 0], limits, strict=False):
         group = frame[(frame["limit_w"] == limit) | (np.isnan(limit) & frame["limit_w"].isna())]
         first_run = group[group["run"] == group["run"].min()]
-        ax.plot(first_run["t_s"], first_run["power_w"], lw=0.8, color="C0")
+        ax.plot(first_run["t_s"], first_run["power_w"], lw=0.8, color="#0072B2")
         if np.isfinite(limit):
-            ax.axhline(limit, color="C3", ls="--", lw=0.8)
+            ax.axhline(limit, color="#D55E00", ls="--", lw=0.8)
         ax.set_ylabel("power (W)")
-        ax.set_title(_limit_label(limit), fontsize=9, loc="right")
+        ax.set_title(_limit_label(limit), loc="right")
     axes[-1, 0].set_xlabel("time since first sample (s)")
     if title:
         fig.suptitle(title)
@@ -403,13 +421,15 @@ def plot_cumulative_energy(samples: pd.DataFrame, path: str | os.PathLike[str], 
     curves = cumulative_energy_curves(samples)
     fig, axes = _new_figure()
     ax = axes[0, 0]
-    for i, (limit, curve) in enumerate(curves.groupby("limit_w", dropna=False, sort=True)):
+    groups = list(curves.groupby("limit_w", dropna=False, sort=True))
+    for i, (limit, curve) in enumerate(groups):
+        color = _limit_color(i, len(groups))
         mean, sd = curve["energy_mean_j"].to_numpy(), np.nan_to_num(curve["energy_sd_j"].to_numpy())
-        ax.plot(curve["t_s"], mean, color=f"C{i}", label=_limit_label(limit))
-        ax.fill_between(curve["t_s"], mean - sd, mean + sd, color=f"C{i}", alpha=0.25, lw=0)
+        ax.plot(curve["t_s"], mean, color=color, label=_limit_label(limit))
+        ax.fill_between(curve["t_s"], mean - sd, mean + sd, color=color, alpha=0.25, lw=0)
     ax.set_xlabel("time since first sample (s)")
     ax.set_ylabel("cumulative energy (J)")
-    ax.legend(fontsize=8)
+    ax.legend()
     if title:
         ax.set_title(title)
     return _save_figure(fig, path)
@@ -419,18 +439,18 @@ def plot_metrics_vs_limit(summary: pd.DataFrame, path: str | os.PathLike[str], t
     """Mean energy, time and EDP against the power limit, with sd error bars and the quadratic fit (R²)."""
     _single_configuration(summary, "plot_metrics_vs_limit")
     labels = {"energy_j": "energy (J)", "duration_s": "time (s)", "edp_js": "EDP (J·s)"}
-    fig, axes = _new_figure(1, 3, width=3.6)
+    fig, axes = _new_figure(3, 1, height=1.3)
     x = summary["limit_w"].to_numpy(dtype="float64")
-    for ax, metric in zip(axes[0], METRICS, strict=True):
+    for ax, metric in zip(axes[:, 0], METRICS, strict=True):
         y = summary[f"{metric}_mean"].to_numpy(dtype="float64")
         ax.errorbar(
-            x, y, yerr=summary[f"{metric}_std"].to_numpy(dtype="float64"), fmt="o", color="C0", capsize=3
+            x, y, yerr=summary[f"{metric}_std"].to_numpy(dtype="float64"), fmt="o", color="#0072B2", capsize=2
         )
         fit = quadratic_fit(x, y)
         if np.isfinite(fit.r2):
             grid = np.linspace(np.nanmin(x), np.nanmax(x), 100)
-            ax.plot(grid, fit.predict(grid), color="C1", label=f"quadratic fit, R² = {fit.r2:.3f}")
-            ax.legend(fontsize=7)
+            ax.plot(grid, fit.predict(grid), color="#D55E00", label=f"quadratic fit, R² = {fit.r2:.3f}")
+            ax.legend()
         ax.set_xlabel("power limit (W)")
         ax.set_ylabel(labels[metric])
     if title:
@@ -446,11 +466,8 @@ def plot_sampling_jitter(
     fig, axes = _new_figure()
     ax = axes[0, 0]
     if stats["n"]:
-        ax.stairs(stats["counts"], stats["edges"], fill=True, color="C0")
-        ax.set_title(
-            f"mean {stats['mean_hz']:.2f} Hz, sd {stats['sd_hz']:.3f} Hz, CV {100 * stats['cv']:.2f} %",
-            fontsize=9,
-        )
+        ax.stairs(stats["counts"], stats["edges"], fill=True, color="#0072B2")
+        ax.set_title(f"mean {stats['mean_hz']:.3g} Hz, sd {stats['sd_hz']:.3g} Hz, CV {100 * stats['cv']:.3g} %")
     ax.set_xlabel("sampling frequency (Hz)")
     ax.set_ylabel("intervals")
     if title:

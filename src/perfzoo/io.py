@@ -17,13 +17,26 @@ class InputError(ValueError):
     """Bad input: the message names the file, key or model at fault."""
 
 
+def umask_file_mode() -> int:
+    """The mode a plain ``open(path, "w")`` would give a new file: 0o666 less the process umask."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; rename it onto ``path`` on success."""
+    """Yield a temporary path next to ``path``; rename it onto ``path`` on success.
+
+    The file gets the mode the umask allows (0644 under umask 022), so a shared project folder can read it.
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
+    try:
+        os.fchmod(fd, umask_file_mode())  # mkstemp creates 0600; outputs follow the umask like any tool's
+    finally:
+        os.close(fd)
     try:
         yield Path(tmp)
         os.replace(tmp, target)

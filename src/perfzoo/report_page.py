@@ -1,0 +1,284 @@
+"""The report page (``results/report/index.html``): the answer first, then the trust verdict, then details.
+
+First screen: per predicted model and device, the recommendation and the predicted latency (or step time),
+memory, energy and cost with their intervals; a one-paragraph verdict on trust (best error per target beside
+the noise floor and baselines, interval coverage, failed and flagged configs); a table of contents. Below,
+every registry output (:mod:`perfzoo.report_outputs`) under its category, tables folded in ``<details>``.
+Columns other stages may not write yet (``baseline_mape``, ``interval_coverage``, ``interference``) are shown
+when present and reported as "not computed" when absent. Numbers: 3 significant digits with units.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pandas as pd
+
+from perfzoo.report_outputs import CATEGORY_ORDER, REPORT_OUTPUTS, ReportOutput
+
+NOT_COMPUTED = "not computed"
+SHOWN = (  # (quantity, column title, unit) of the first screen
+    ("latency_ms", "latency", "ms"), ("peak_mem_mb", "peak memory", "MB"),
+    ("energy_per_sample_j", "energy per sample", "J"), ("cost_per_1k_samples", "cost per 1000 samples", ""),
+)  # fmt: skip
+BASELINE_REGRESSORS = ("roofline", "linear")
+COVERAGE_COLUMNS = ("interval_coverage", "coverage")
+NEAR_NOISE = 1.5  # best MAPE within 1.5x the noise floor counts as "at the noise floor"
+
+
+def fmt(value: Any, unit: str = "") -> str:
+    """A number for people: 3 significant digits, thousands separators, no exponent; missing as an en dash."""
+    if value is None or isinstance(value, str):
+        return value or "–"
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if not math.isfinite(v):
+        return "–"
+    if v == 0:
+        text = "0"
+    else:
+        rounded = float(f"{v:.3g}")
+        decimals = max(0, 2 - math.floor(math.log10(abs(rounded))))
+        text = f"{rounded:,.{decimals}f}"
+    return f"{text} {unit}".rstrip() if unit and unit != "%" else text + unit
+
+
+def fmt_interval(q: dict[str, Any] | None, unit: str) -> tuple[str, str]:
+    """(value, interval) strings of a predicted quantity; a missing one gives ("not available", reason)."""
+    if not q or "missing" in q or q.get("value") is None or not math.isfinite(q["value"]):
+        return "not available", (q or {}).get("missing", "not predicted")
+    lo, hi = q.get("lo"), q.get("hi")
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return fmt(q["value"], unit), "interval not available"
+    return fmt(q["value"], unit), f"{fmt(lo)}–{fmt(hi, unit)}"
+
+
+@dataclass
+class DeviceRow:
+    device: str
+    recommended: bool
+    cells: list[tuple[str, str]]
+
+
+@dataclass
+class PredictionSummary:
+    name: str
+    model: str
+    mode: str
+    batch: Any
+    recommendation: str
+    devices: list[DeviceRow]
+    warnings: list[str] = field(default_factory=list)
+
+
+def prediction_summaries(records: list[dict[str, Any]]) -> list[PredictionSummary]:
+    """One summary per record of ``results/predictions/*.json`` (the configured ``predict:`` models)."""
+    out = []
+    for record in records:
+        model = record.get("model", {})
+        rec = record.get("recommendation") or {}
+        best = rec.get("device")
+        if best:
+            text = (f"{best}: lowest predicted {rec.get('metric', '').replace('_', ' ')}, "
+                    f"{fmt(rec.get('value'), rec.get('unit', ''))}")
+            if rec.get("intervals_overlap"):
+                text += f" (interval overlaps {rec.get('runner_up')}'s: ranking uncertain)"
+        else:
+            text = f"no recommendation: {rec.get('reason', 'no device qualifies')}"
+        rows = [DeviceRow(device, device == best,
+                          [fmt_interval((entry.get("quantities") or {}).get(q), unit) for q, _, unit in SHOWN])
+                for device, entry in (record.get("devices") or {}).items()]
+        out.append(PredictionSummary(record.get("name") or model.get("text") or model.get("name", "?"),
+                                     model.get("text") or model.get("name", "?"), model.get("mode", ""),
+                                     model.get("batch", ""), text, rows, list(record.get("warnings", []))))
+    return out
+
+
+def _best_rows(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Per target, the lowest-MAPE row over all splits."""
+    if metrics.empty or "mape" not in metrics:
+        return metrics
+    return metrics.loc[metrics.dropna(subset=["mape"]).groupby("target")["mape"].idxmin()].sort_values("target")
+
+
+def _baseline_text(metrics: pd.DataFrame, row: pd.Series) -> str:
+    if "baseline_mape" in metrics and pd.notna(row.get("baseline_mape")):
+        verdict = "beats" if row["mape"] < row["baseline_mape"] else "does NOT beat"
+        return f"baseline {fmt(row['baseline_mape'], '%')} ({verdict} it)"
+    same = metrics[(metrics["target"] == row["target"]) & (metrics["split"] == row["split"])]
+    simple = [f"{r.regressor} {fmt(r.mape, '%')}" for r in same.itertuples() if r.regressor in BASELINE_REGRESSORS]
+    text = "baseline MAPE " + NOT_COMPUTED
+    return text + (f"; simple regressors on the same split: {', '.join(simple)}" if simple else "")
+
+
+def _coverage_text(metrics: pd.DataFrame, row: pd.Series) -> str:
+    column = next((c for c in COVERAGE_COLUMNS if c in metrics), None)
+    if column is None or pd.isna(row.get(column)):
+        return "interval coverage " + NOT_COMPUTED
+    value = float(row[column]) * (100 if float(row[column]) <= 1 else 1)
+    return f"{fmt(value, '%')} of held-out values inside the interval"
+
+
+def trust_lines(metrics: pd.DataFrame) -> list[str]:
+    """Per target: best error beside the noise floor, the baselines and the interval coverage."""
+    lines = []
+    for _, row in _best_rows(metrics).iterrows():
+        noise = row.get("noise_floor_mape")
+        if pd.notna(noise):
+            level = ("at the measurement noise floor" if row["mape"] <= NEAR_NOISE * noise
+                     else f"{fmt(row['mape'] / noise)}× the noise floor")
+            noise_text = f"noise floor {fmt(noise, '%')}, {level}"
+        else:
+            noise_text = "noise floor not measured"
+        lines.append(f"{row['target'].replace('_', ' ')}: best MAPE {fmt(row['mape'], '%')} ({row['regressor']}, "
+                     f"{row['split'].replace('_', ' ')} split); {noise_text}; {_baseline_text(metrics, row)}; "
+                     f"{_coverage_text(metrics, row)}.")
+    return lines
+
+
+def health_line(statuses: pd.DataFrame, data: pd.DataFrame, notes: list[str], n_warnings: int) -> str:
+    """Failed configs, interference-flagged configs, notes and prediction warnings, in one sentence."""
+    total = int(statuses["configs"].sum()) if "configs" in statuses else 0
+    failed = int(statuses.loc[statuses["status"] != "ok", "configs"].sum()) if total else 0
+    if "interference" in data:
+        flags = data["interference"]
+        flagged = int(flags.fillna(False).astype(bool).sum()) if flags.dtype != object else int(
+            (flags.fillna("").astype(str).str.len() > 0).sum())
+        flag_text = f"{flagged} flagged for interference"
+    else:
+        flag_text = "interference flags " + NOT_COMPUTED
+    return (f"{failed} of {total} profiled configs failed (oom, error or timeout); {flag_text}; "
+            f"{len(notes)} note(s) below; {n_warnings} prediction warning(s).")
+
+
+def table_html(df: pd.DataFrame, max_rows: int = 400) -> str:
+    """A table with numbers formatted for people (3 significant digits)."""
+    if df.empty:
+        return f"<p class='na'>empty ({NOT_COMPUTED} or nothing to show)</p>"
+    shown = df.head(max_rows)
+    formatters = {c: fmt for c in shown.columns if pd.api.types.is_float_dtype(shown[c])}
+    text = shown.to_html(index=False, formatters=formatters, na_rep="–", border=0, classes="t", escape=True)
+    return text + (f"<p class='prov'>first {max_rows} of {len(df)} rows; all in the CSV</p>" if len(df) > max_rows
+                   else "")
+
+
+@dataclass
+class Section:
+    entry: ReportOutput
+    caption: str
+    items: list[dict[str, str]]  # {"title", "html" or "src", "prov"}
+
+
+def _external_items(workdir: Path, entry: ReportOutput) -> list[dict[str, str]]:
+    """Files of an output written by another rule, one per device where the file has a {device}."""
+    pattern = entry.file.replace("{device}", "*")
+    items = []
+    for path in sorted(workdir.glob(pattern)):
+        rel = Path("..") / path.relative_to(workdir / "results")
+        title = path.parent.name if "{device}" in entry.file else entry.label
+        if entry.kind == "figure":
+            items.append({"title": title, "src": str(rel), "prov": str(path.relative_to(workdir))})
+        else:
+            items.append({"title": title, "html": table_html(pd.read_csv(path)), "prov": str(path.relative_to(workdir))})
+    return items
+
+
+def sections(workdir: Path, tables: dict[str, pd.DataFrame], prov: dict[str, Any]) -> dict[str, list[Section]]:
+    """Registry outputs grouped by category (in :data:`CATEGORY_ORDER`, then any other)."""
+    grouped: dict[str, list[Section]] = {}
+    for entry in REPORT_OUTPUTS:
+        if entry.rule == "report":
+            rel = str(Path(entry.file).relative_to("results/report"))
+            hashes = prov.get("tables" if entry.kind == "table" else "figures", {}).get(entry.name, {})
+            stamp = f"{rel} · " + "; ".join(f"{Path(p).name} {h[:12]}" for p, h in sorted(hashes.items()))
+            item = ({"title": entry.label, "html": table_html(tables[entry.name]), "prov": stamp}
+                    if entry.kind == "table" else {"title": entry.label, "src": rel, "prov": stamp})
+            items = [item]
+        else:
+            items = _external_items(workdir, entry)
+        grouped.setdefault(entry.category, []).append(Section(entry, entry.caption, items))
+    order = [c for c in CATEGORY_ORDER if c in grouped] + [c for c in grouped if c not in CATEGORY_ORDER]
+    return {c: grouped[c] for c in order}
+
+
+def anchor(text: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in text.lower())
+
+
+TEMPLATE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>perfzoo report</title>
+<style>
+body{font-family:system-ui,sans-serif;max-width:1180px;margin:auto;padding:0 1em;color:#222}
+h1{margin:.4em 0 .1em}h2{border-bottom:1px solid #ccc;margin-top:1.4em}
+table.t{border-collapse:collapse;font-size:13px}table.t td,table.t th{padding:2px 8px;border-bottom:1px solid #e4e4e4;
+text-align:right;white-space:nowrap}table.t th{background:#f4f4f4}
+.rec{background:#e7f4e4;font-weight:600}.iv{color:#666;font-size:11px;display:block}.na{color:#999}
+.prov{color:#888;font-size:11px}.verdict{background:#f7f7fb;border-left:4px solid #0072B2;padding:.5em 1em}
+.warn{color:#a35a00;font-size:12px}nav ol{columns:3;font-size:14px}figure{margin:1em 0}
+figure img{max-width:640px;width:100%}figcaption{font-size:13px;color:#333;max-width:760px}
+details{margin:.3em 0}summary{cursor:pointer;font-weight:600}
+</style></head><body>
+<h1>perfzoo report</h1>
+<p class="prov">code {{ prov.code_version }} · inputs sha256 in provenance.json</p>
+<h2 id="recommendation">Recommendation</h2>
+{% if not summaries %}<p class="na">no model configured under <code>predict:</code>: no recommendation
+(predictions {{ not_computed }})</p>{% endif %}
+{% for s in summaries %}
+<h3>{{ s.model }} · {{ s.mode }} · batch {{ s.batch }}</h3>
+<p><b>Recommended: {{ s.recommendation }}</b></p>
+<table class="t"><tr><th>device</th>{% for q in shown %}<th>{{ q[1] if not (q[0] == 'latency_ms' and s.mode == 'training')
+else 'step time' }}</th>{% endfor %}</tr>
+{% for d in s.devices %}<tr{% if d.recommended %} class="rec"{% endif %}><td>{{ d.device }}{% if d.recommended %}
+✓{% endif %}</td>{% for value, interval in d.cells %}<td{% if value == 'not available' %} class="na" title="{{ interval }}"
+{% endif %}>{{ value }}<span class="iv">{{ interval }}</span></td>{% endfor %}</tr>{% endfor %}
+</table>
+{% if s.warnings %}<ul class="warn">{% for w in s.warnings %}<li>{{ w }}</li>{% endfor %}</ul>{% endif %}
+{% endfor %}
+<p class="prov">Values with their prediction interval below; the full record per device (throughput, power,
+EDP, carbon, MIG profile, power cap) is in the predictions table and results/predictions/*.json.</p>
+<h2 id="trust">Can these numbers be trusted?</h2>
+<div class="verdict"><p>{% for line in trust %}{{ line }} {% endfor %}{{ health }}</p></div>
+<nav><h2 id="contents">Contents</h2><ol>
+<li><a href="#recommendation">Recommendation</a></li><li><a href="#trust">Trust</a></li>
+<li><a href="#notes">Notes ({{ notes|length }})</a></li>
+{% for category, secs in sections.items() %}<li><a href="#{{ anchor(category) }}">{{ category }}</a><ul>
+{% for sec in secs %}<li><a href="#{{ sec.entry.name }}">{{ sec.entry.label }}</a></li>{% endfor %}</ul></li>
+{% endfor %}</ol></nav>
+<h2 id="notes">Notes</h2>
+<details><summary>{{ notes|length }} note(s): failed configs, splits not formed, excluded labels, skipped
+folds</summary><ul>{% for n in notes %}<li>{{ n }}</li>{% endfor %}</ul></details>
+{% for category, secs in sections.items() %}
+<h2 id="{{ anchor(category) }}">{{ category }}</h2>
+{% for sec in secs %}<section id="{{ sec.entry.name }}">
+{% if sec.entry.kind == 'figure' %}<h3>{{ sec.entry.label }}</h3>
+{% for it in sec.items %}<figure><img src="{{ it.src }}" alt="{{ sec.entry.label }} {{ it.title }}">
+<figcaption>{{ sec.caption }}{% if it.title != sec.entry.label %} ({{ it.title }}){% endif %}
+<span class="prov">{{ it.prov }}; vector PDF beside it</span></figcaption></figure>
+{% else %}<p class="na">{{ sec.entry.label }}: {{ not_computed }} ({{ sec.entry.file }} absent)</p>{% endfor %}
+{% else %}<details><summary>{{ sec.entry.label }}</summary><p>{{ sec.caption }}</p>
+{% for it in sec.items %}{% if sec.items|length > 1 %}<h4>{{ it.title }}</h4>{% endif %}{{ it.html|safe }}
+<p class="prov">{{ it.prov }}</p>
+{% else %}<p class="na">{{ not_computed }} ({{ sec.entry.file }} absent)</p>{% endfor %}</details>{% endif %}
+</section>{% endfor %}
+{% endfor %}
+</body></html>
+"""
+
+
+def render_index(workdir: Path, tables: dict[str, pd.DataFrame], data: pd.DataFrame,
+                 records: list[dict[str, Any]], notes: list[str], prov: dict[str, Any]) -> str:
+    """The HTML page (see the module docstring)."""
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
+                             lstrip_blocks=True)
+    summaries = prediction_summaries(records)
+    return env.from_string(TEMPLATE).render(
+        prov=prov, summaries=summaries, shown=SHOWN, trust=trust_lines(tables["metrics"]),
+        health=health_line(tables["status_counts"], data, notes, sum(len(s.warnings) for s in summaries)),
+        notes=notes, sections=sections(workdir, tables, prov), anchor=anchor, not_computed=NOT_COMPUTED,
+    )
