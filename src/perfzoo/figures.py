@@ -220,11 +220,11 @@ def feature_importance(importance: pd.DataFrame, top: int = 8) -> Figure:
 
 def ablation(table: pd.DataFrame) -> Figure:
     """MAPE with model features only vs model + hardware features, per target, one bar pair per regressor."""
-    panels = _panels(table, ["target"]) if "features" in table else []
+    panels = sorted(table["target"].unique()) if "features" in table and len(table) else []
     if not panels:
         return empty_figure("feature ablation not computed")
     fig, axes = new_figure(len(panels), panel_height_in=1.5)
-    for ax, (target,) in zip(axes, [p if isinstance(p, tuple) else (p,) for p in panels], strict=True):
+    for ax, target in zip(axes, panels, strict=True):
         g = table[table["target"] == target]
         wide = g.pivot_table(index="regressor", columns="features", values="mape", aggfunc="mean")
         for i, features in enumerate(c for c in FEATURE_SET_COLORS if c in wide.columns):

@@ -1,0 +1,177 @@
+"""The report: one registry of outputs, figures of tables only, a page that answers first, group-readable files."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+
+from perfzoo import figures
+from perfzoo.evaluate import best_per_target, metrics_table, per_family_table
+from perfzoo.io import write_text
+from perfzoo.report import build_report, report_tables
+from perfzoo.report_outputs import REPORT_OUTPUTS, outputs, snakemake_report_args
+from perfzoo.report_page import NOT_COMPUTED, fmt, render_index
+
+FAMILIES = {"resnet": ["resnet18", "resnet50"], "vit": ["vit_a", "vit_b"], "mlp": ["mlp_s", "mlp_b"]}
+PROV = {"code_version": "test", "tables": {}, "figures": {}}
+
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def dataset() -> pd.DataFrame:
+    rows = []
+    for family, labels in FAMILIES.items():
+        for i, label in enumerate(labels):
+            for batch in (1, 4, 16):
+                lat = (i + 1) * 2.0 * batch ** 0.8
+                rows.append({"model_id": label, "label": label, "family": family, "mode": "inference",
+                             "device": "cpu", "batch": batch, "latency_ms": lat, "latency_ci_lo": lat * 0.97,
+                             "latency_ci_hi": lat * 1.03, "cv": 0.02 + 0.001 * batch, "peak_mem_mb": 10.0 * batch})
+    return pd.DataFrame(rows)
+
+
+def held_out(data: pd.DataFrame) -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    rows = []
+    for split in ("random", "batch_extrapolation"):
+        for regressor, scale in (("linear", 0.3), ("random_forest", 0.05)):
+            for target in ("latency_ms", "peak_mem_mb"):
+                for r in data.itertuples():
+                    y = getattr(r, target)
+                    rows.append({"target": target, "regressor": regressor, "split": split, "fold": 0, "set": "test",
+                                 "y_true": y, "y_pred": y * (1 + rng.normal(0, scale)), "family": r.family,
+                                 "model_id": r.model_id, "mode": r.mode, "device": r.device, "label": r.label,
+                                 "batch": r.batch})
+    return pd.DataFrame(rows)
+
+
+def record() -> dict:
+    q = {"latency_ms": {"value": 12.345, "lo": 10.01, "hi": 14.6},
+         "peak_mem_mb": {"value": 14840.0, "lo": 12000.0, "hi": 17900.0},
+         "energy_per_sample_j": {"value": float("nan"), "lo": float("nan"), "hi": float("nan"),
+                                 "missing": "no energy sensor on device cpu"},
+         "cost_per_1k_samples": {"value": 0.08333, "lo": 0.07, "hi": 0.1}}
+    return {"name": "resnet50_b8", "model": {"text": "torchvision:resnet50", "batch": 8, "mode": "inference"},
+            "devices": {"cpu": {"quantities": q, "mig": None}},
+            "recommendation": {"device": "cpu", "metric": "latency_ms", "value": 12.345, "unit": "ms"},
+            "warnings": ["batch 8 is above the largest profiled batch (4)"]}
+
+
+def tables_for(data: pd.DataFrame, predictions: pd.DataFrame, metrics: pd.DataFrame | None = None) -> dict:
+    noise = pd.DataFrame({"target": ["latency_ms", "peak_mem_mb"], "noise_mape": [4.0, 0.5], "pairs": [5, 5]})
+    metrics = metrics_table(predictions, noise) if metrics is None else metrics
+    statuses = pd.DataFrame({"device": ["cpu", "cpu"], "status": ["ok", "error"], "configs": [17, 1]})
+    ablation = pd.DataFrame({"target": ["latency_ms"] * 2, "regressor": ["linear"] * 2, "split": ["random"] * 2,
+                             "features": ["model only", "model + hardware"], "mape": [30.0, 20.0]})
+    importance = pd.DataFrame({"target": ["latency_ms"] * 2, "regressor": ["random_forest"] * 2,
+                               "split": ["random"] * 2, "feature": ["flops", "params"], "importance": [0.7, 0.3]})
+    return report_tables(predictions, metrics, per_family_table(predictions), best_per_target(metrics), noise,
+                         statuses, ablation, importance, pd.DataFrame([{"prediction": "resnet50_b8"}]),
+                         pd.DataFrame(), pd.DataFrame())
+
+
+def test_atomic_writes_follow_the_umask(tmp_path) -> None:
+    old = os.umask(0o022)
+    try:
+        write_text(tmp_path / "shared.txt", "x")
+        os.umask(0o077)
+        write_text(tmp_path / "private.txt", "x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "shared.txt").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "private.txt").stat().st_mode) == 0o600
+
+
+def test_numbers_for_people() -> None:
+    assert fmt(0.08333) == "0.0833" and fmt(14840.0, "MB") == "14,800 MB" and fmt(-2.217e5) == "-222,000"
+    assert fmt(12.345, "ms") == "12.3 ms" and fmt(4.0, "%") == "4.00%" and fmt(float("nan")) == "–"
+
+
+def test_registry_names_captions_and_snakemake_flags() -> None:
+    names = [o.name for o in REPORT_OUTPUTS]
+    assert len(names) == len(set(names)) and len({o.file for o in REPORT_OUTPUTS}) == len(names)
+    for o in REPORT_OUTPUTS:
+        assert o.caption_file.exists() and "seed 00" not in o.caption, o.name
+        assert o.kind in ("table", "figure") and (o.vector_file or "").endswith(".pdf") == (o.kind == "figure")
+    args = snakemake_report_args(outputs(rule="energy", kind="figure")[0], "gpu")
+    assert args["subcategory"] == "gpu" and Path(args["caption"]).is_absolute() and args["category"] == "Energy"
+
+
+def test_build_report_writes_every_registry_output_readable_by_the_group(tmp_path, umask_022) -> None:
+    data = dataset()
+    predictions = held_out(data)
+    tables = tables_for(data, predictions)
+    (tmp_path / "rec.json").write_text(__import__("json").dumps(record()))
+    build_report(tmp_path, data, predictions, tables, ["1 config(s) on cpu ended with status error"], PROV,
+                 [str(tmp_path / "rec.json")])
+    for entry in outputs(rule="report"):
+        assert (tmp_path / entry.file).stat().st_size > 0, entry.file
+        if entry.kind == "figure":
+            pdf = (tmp_path / entry.vector_file).read_bytes()
+            assert pdf.startswith(b"%PDF"), entry.vector_file
+            with Image.open(tmp_path / entry.file) as png:
+                dpi = png.info.get("dpi", (0, 0))[0]
+                assert dpi >= 200 and png.size[0] / dpi == pytest.approx(figures.COLUMN_WIDTH_IN, abs=0.05)
+    index = tmp_path / "results/report/index.html"
+    assert stat.S_IMODE(index.stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "results/report/figures/error_cdf.png").stat().st_mode) == 0o644
+
+
+def first_screen(html: str) -> str:
+    """The page up to its table of contents (what a reader sees before scrolling to details)."""
+    return html[: html.index('id="contents"')]
+
+
+def test_page_answers_first_with_formatted_numbers_and_intervals(tmp_path) -> None:
+    data = dataset()
+    predictions = held_out(data)
+    html = render_index(tmp_path, tables_for(data, predictions), data, [record()],
+                        ["1 config(s) on cpu ended with status error"], PROV)
+    top = first_screen(html)
+    assert top.index("Recommended: cpu") < top.index("Can these numbers be trusted?")
+    assert "12.3 ms" in top and "10.0–14.6 ms" in top and "14,800 MB" in top and "0.0833" in top
+    assert "no energy sensor on device cpu" in top  # a missing energy is said, with its reason
+    assert "above the largest profiled batch" in top  # the warning's text, not its count
+    assert "latency ms: best MAPE" in top and "noise floor 4.00%" in top
+    assert "1 of 18 profiled configs failed" in top
+    assert top.count(NOT_COMPUTED) >= 3  # baseline, interval coverage, interference flags absent
+    assert html.index("Contents") < html.index("<details>")
+    assert "1 config(s) on cpu ended with status error" in html
+    assert not re.search(r"[1-9]\d*\.\d{3,}|0\.0*[1-9]\d{3,}", top) and "e+0" not in html  # ≤ 3 significant digits
+
+
+def test_page_shows_baseline_coverage_and_flags_when_other_stages_write_them(tmp_path) -> None:
+    data = dataset().assign(interference=False)
+    data.loc[0, "interference"] = True
+    predictions = held_out(data)
+    noise = pd.DataFrame({"target": ["latency_ms", "peak_mem_mb"], "noise_mape": [4.0, 0.5]})
+    metrics = metrics_table(predictions, noise).assign(baseline_mape=1000.0, interval_coverage=0.9)
+    top = first_screen(render_index(tmp_path, tables_for(data, predictions, metrics), data, [record()], [], PROV))
+    assert "baseline 1,000%" in top and "(beats it)" in top
+    assert "90.0% of held-out values inside the interval" in top
+    assert "1 flagged for interference" in top and NOT_COMPUTED not in top
+
+
+def test_figures_keep_one_colour_per_regressor_across_panels() -> None:
+    data = dataset()
+    fig = figures.error_cdf(__import__("perfzoo.evaluate", fromlist=["x"]).error_quantiles(held_out(data)))
+    colours = {}
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            if line.get_label() in ("linear", "random_forest"):
+                colours.setdefault(line.get_label(), set()).add(line.get_color())
+    assert colours == {"linear": {figures.regressor_color("linear")},
+                       "random_forest": {figures.regressor_color("random_forest")}}
+    assert max(ax.get_subplotspec().colspan.stop for ax in fig.axes if ax.get_visible()) <= 2  # a grid, not a strip
