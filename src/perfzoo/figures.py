@@ -55,10 +55,12 @@ QUANTITY_LABELS = {
     "edp": "energy-delay product (J·s)",
 }  # fmt: skip
 SPLIT_LABELS = {
-    "random": "random split", "family_monte_carlo": "held-out families (Monte Carlo)",
-    "stratified_kfold": "stratified k-fold", "leave_one_family_out": "leave one family out",
-    "batch_extrapolation": "batch extrapolation", "leave_one_device_out": "leave one device out",
+    "random": "random split", "family_monte_carlo": "held-out families",
+    "stratified_kfold": "stratified k-fold", "leave_one_family_out": "family left out",
+    "batch_extrapolation": "larger batches", "leave_one_device_out": "device left out",
 }  # fmt: skip
+SHORT_QUANTITY = {"latency_ms": "latency", "peak_mem_mb": "peak memory", "energy_j": "energy",
+                  "energy_per_sample_j": "energy/sample", "mean_power_w": "power", "throughput": "throughput"}
 
 
 def _stable(name: str) -> str:
@@ -77,8 +79,36 @@ def quantity_label(column: str) -> str:
     return QUANTITY_LABELS.get(column, column.replace("_", " "))
 
 
+def quantity_unit(column: str) -> str:
+    label = quantity_label(column)
+    return label[label.rfind("(") + 1 : -1] if label.endswith(")") else "value"
+
+
 def split_label(split: str) -> str:
     return SPLIT_LABELS.get(split, split.replace("_", " "))
+
+
+def panel_title(target: str, split: str) -> str:
+    return f"{SHORT_QUANTITY.get(target, target.replace('_', ' '))}, {split_label(split)}"
+
+
+def _plain(value: float, _pos: int = 0) -> str:
+    return f"{value:g}" if 1e-3 <= abs(value) < 1e5 else f"{value:.0e}"
+
+
+def log_axes(ax: Any, x: bool = True, y: bool = True, base: float = 10) -> None:
+    """Log scale with plain major tick labels (1, 10, 100) and unlabelled minor ticks."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    for on, axis, setter in ((x, ax.xaxis, ax.set_xscale), (y, ax.yaxis, ax.set_yscale)):
+        if on:
+            setter("log", base=base)
+            axis.set_major_formatter(FuncFormatter(_plain))
+            axis.set_minor_formatter(NullFormatter())
+
+
+def corner_note(ax: Any, text: str) -> None:
+    ax.text(0.03, 0.97, text, transform=ax.transAxes, ha="left", va="top")
 
 
 def new_figure(panels: int, panel_height_in: float = 1.6, ncols: int = 2) -> tuple[Figure, list[Any]]:
@@ -151,11 +181,12 @@ def actual_vs_predicted(predictions: pd.DataFrame, best: pd.DataFrame) -> Figure
             ax.plot(line, line, color="0.3", lw=0.6, label="y = x")
         for family, f in g.groupby("family"):
             ax.scatter(f["y_true"], f["y_pred"], s=6, color=family_color(family), label=family, lw=0)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel(f"measured {quantity_label(b['target'])}")
-        ax.set_ylabel("predicted")
-        ax.set_title(f"{split_label(b['split'])}\n{b['regressor']}, MAPE {b['mape']:.3g} %")
+        log_axes(ax)
+        unit = quantity_unit(b["target"])
+        ax.set_xlabel(f"measured ({unit})")
+        ax.set_ylabel(f"predicted ({unit})")
+        ax.set_title(panel_title(b["target"], b["split"]))
+        corner_note(ax, f"{b['regressor']}\nMAPE {b['mape']:.3g} %")
     shared_legend(fig, *_dedup_legend(axes), ncol=3)
     return fig
 
@@ -174,9 +205,9 @@ def per_family_mape(per_family: pd.DataFrame) -> Figure:
             ax.bar(np.arange(len(wide)) + i * width, wide[regressor], width, color=regressor_color(regressor),
                    label=regressor)
         ax.set_xticks(np.arange(len(wide)) + 0.425 - width / 2, wide.index, rotation=60, ha="right")
-        ax.set_yscale("log")
+        log_axes(ax, x=False)
         ax.set_ylabel("MAPE (%)")
-        ax.set_title(f"{quantity_label(target)}\n{split_label(split)}")
+        ax.set_title(panel_title(target, split))
     shared_legend(fig, *_dedup_legend(axes), ncol=3)
     return fig
 
@@ -195,10 +226,10 @@ def error_cdf(errors: pd.DataFrame) -> Figure:
             ax.step(e, np.arange(1, len(e) + 1) / max(len(e), 1), where="post", color=regressor_color(regressor),
                     label=regressor)
         ax.axvline(10, color="0.5", lw=0.6, ls="--")
-        ax.set_xscale("log")
+        log_axes(ax, y=False)
         ax.set_xlabel("absolute error (%)")
         ax.set_ylabel("share of predictions")
-        ax.set_title(f"{quantity_label(target)}\n{split_label(split)}")
+        ax.set_title(panel_title(target, split))
     shared_legend(fig, *_dedup_legend(axes), ncol=3)
     return fig
 
@@ -214,7 +245,7 @@ def feature_importance(importance: pd.DataFrame, top: int = 8) -> Figure:
         g = g.nlargest(top, "importance").sort_values("importance")
         ax.barh(g["feature"].str.replace("_", " "), g["importance"], color=regressor_color(regressor))
         ax.set_xlabel("importance (share)")
-        ax.set_title(f"{quantity_label(target)}\n{regressor}")
+        ax.set_title(f"{SHORT_QUANTITY.get(target, target)}, {regressor}")
     return fig
 
 
@@ -231,7 +262,7 @@ def ablation(table: pd.DataFrame) -> Figure:
             ax.bar(np.arange(len(wide)) + i * 0.4, wide[features], 0.4, color=FEATURE_SET_COLORS[features],
                    label=features)
         ax.set_xticks(np.arange(len(wide)) + 0.2, wide.index, rotation=30, ha="right")
-        ax.set_yscale("log")
+        log_axes(ax, x=False)
         ax.set_ylabel("MAPE (%)")
         ax.set_title(quantity_label(target))
     shared_legend(fig, *_dedup_legend(axes))
@@ -255,8 +286,8 @@ def latency_vs_batch(data: pd.DataFrame) -> Figure:
                         m["latency_ci_hi"] - m["latency_ms"]], color=family_color(family),
                         marker="o" if mode == "inference" else "s", ls="-" if mode == "inference" else "--",
                         mfc="white" if mode == "training" else None, alpha=0.85)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+        log_axes(ax, y=False, base=2)
+        log_axes(ax, x=False)
         ax.set_title(family)
         ax.set_xlabel("batch size")
         ax.set_ylabel("latency (ms)")
@@ -283,8 +314,8 @@ def batch_extrapolation(predictions: pd.DataFrame, data: pd.DataFrame, max_serie
         p = held[(held["model_id"] == s["model_id"]) & (held["mode"] == s["mode"]) & (held["device"] == s["device"])]
         for regressor, r in p.groupby("regressor"):
             ax.scatter(r["batch"], r["y_pred"], marker="x", s=14, color=regressor_color(regressor), label=regressor)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+        log_axes(ax, y=False, base=2)
+        log_axes(ax, x=False)
         ax.set_xlabel("batch size")
         ax.set_ylabel("latency (ms)")
         ax.set_title(f"{s['label']}, {s['mode']}")
