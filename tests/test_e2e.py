@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from perfzoo.report_outputs import outputs
 from perfzoo.stats import mape
 
 from conftest import FAULTY, ROOT
@@ -51,7 +53,11 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
 def run(tmp_path_factory) -> Path:
     workdir = tmp_path_factory.mktemp("e2e")
     (workdir / "config.yaml").write_text(yaml.safe_dump(CONFIG))
-    snakemake(workdir)
+    old = os.umask(0o022)  # a shared project folder: outputs must be readable by the group
+    try:
+        snakemake(workdir)
+    finally:
+        os.umask(old)
     return workdir
 
 
@@ -60,6 +66,18 @@ def test_report_is_built(run) -> None:
     for name in ("metrics", "noise_floor", "status_counts", "per_family_mape", "actual_vs_predicted"):
         assert name.replace("_", " ") in index
     assert "sha256" in index and (run / "results/report/figures/latency_vs_batch.png").stat().st_size > 1000
+
+
+def test_every_registry_output_exists_and_is_group_readable(run) -> None:
+    for entry in outputs(rule="report"):
+        for path in filter(None, (entry.file, entry.vector_file)):
+            assert (run / path).stat().st_size > 0, path
+    for path in ("results/report/index.html", "results/report/tables/metrics.csv", "results/dataset/dataset.parquet"):
+        assert stat.S_IMODE((run / path).stat().st_mode) == 0o644, path
+    index = (run / "results/report/index.html").read_text()
+    first_screen = index[: index.index('id="contents"')]
+    assert "no model configured under <code>predict:</code>" in first_screen  # this config predicts nothing
+    assert "best MAPE" in first_screen and "1 of 6 profiled configs failed" in first_screen
 
 
 def test_failed_model_is_counted_and_the_rest_measured(run) -> None:

@@ -21,21 +21,26 @@ COUNTER_COLUMNS = [
     "sensor_errors", "energy_message",
 ]
 OUTPUTS = ("runs", "summary", "fits", "counter_vs_samples", "jitter", "power_over_time", "cumulative_energy",
-           "metrics_vs_limit", "sampling_jitter")
+           "metrics_vs_limit", "sampling_jitter", "power_over_time_pdf", "cumulative_energy_pdf",
+           "metrics_vs_limit_pdf", "sampling_jitter_pdf")
 
 
 def _csv(path: str | Path, frame: pd.DataFrame) -> None:
     write_text(path, frame.to_csv(index=False, float_format="%.6g"))
 
 
-def _placeholder(path: str | Path, text: str) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+def _placeholder(out: dict[str, str], name: str, text: str) -> None:
+    from perfzoo.figures import empty_figure
 
-    fig = Figure(figsize=(6.4, 2.0))
-    FigureCanvasAgg(fig)
-    fig.text(0.5, 0.5, text, ha="center", va="center", wrap=True)
-    energy._save_figure(fig, path)
+    fig = empty_figure(text)
+    for path in (out[name], out[f"{name}_pdf"]):
+        energy._save_figure(fig, path)
+
+
+def _plot(plot: Any, frame: pd.DataFrame, out: dict[str, str], name: str, title: str) -> None:
+    """The figure as PNG and as PDF (the registry's vector file)."""
+    for path in (out[name], out[f"{name}_pdf"]):
+        plot(frame, path, title=title)
 
 
 def _labelled(frame: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
@@ -78,24 +83,24 @@ def analyse(
     stats = {k: v for k, v in jitter.items() if k not in ("counts", "edges")}
     _csv(out["jitter"], pd.DataFrame([{"device": device, **stats}]))
     if jitter["n"]:
-        energy.plot_sampling_jitter(samples, out["sampling_jitter"], title=f"{device}: NVML sampling rate")
+        _plot(energy.plot_sampling_jitter, samples, out, "sampling_jitter", f"{device}: NVML sampling rate")
     else:
-        _placeholder(out["sampling_jitter"], f"{device}: no sensor samples")
+        _placeholder(out, "sampling_jitter", f"{device}: no sensor samples")
 
     shown = showcase(runs)
     figures = ("power_over_time", "cumulative_energy", "metrics_vs_limit")
     if shown is None:
         for name in figures:
-            _placeholder(out[name], f"{device}: no sensor samples with power readings")
+            _placeholder(out, name, f"{device}: no sensor samples with power readings")
         return {"showcase": None}
     select = (samples[CONFIG_KEYS] == pd.Series(shown)).all(axis=1)
     one = samples[select]
     one_summary = summary[(summary[CONFIG_KEYS] == pd.Series(shown)).all(axis=1)]
     label = labels.set_index("model_id")["label"].get(shown["model_id"], shown["model_id"])
     title = f"{device}: {label}, {shown['mode']}, batch {shown['batch']}"
-    energy.plot_power_over_time(one, out["power_over_time"], title=title)
-    energy.plot_cumulative_energy(one, out["cumulative_energy"], title=title)
-    energy.plot_metrics_vs_limit(one_summary, out["metrics_vs_limit"], title=title)
+    _plot(energy.plot_power_over_time, one, out, "power_over_time", title)
+    _plot(energy.plot_cumulative_energy, one, out, "cumulative_energy", title)
+    _plot(energy.plot_metrics_vs_limit, one_summary, out, "metrics_vs_limit", title)
     return {"showcase": {**shown, "label": label}}
 
 
