@@ -147,17 +147,27 @@ def trust_lines(metrics: pd.DataFrame) -> list[str]:
     lines = []
     for _, row in _best_rows(metrics).iterrows():
         noise = row.get("noise_floor_mape")
-        if pd.notna(noise):
-            level = ("at the measurement noise floor" if row["mape"] <= NEAR_NOISE * noise
-                     else f"{fmt(row['mape'] / noise)}× the noise floor")
-            noise_text = f"noise floor {fmt(noise, '%')}, {level}"
-        else:
-            noise_text = "noise floor not measured"
-        lines.append(f"{quantity_label(row['target']).capitalize()}: best MAPE {fmt(row['mape'], '%')} "
-                     f"({row['regressor']}, {row['split'].replace('_', ' ')} split); {noise_text}; "
-                     f"{_baseline_text(metrics, row)}; {_coverage_text(metrics, row)}"
-                     f"{_hardest_text(metrics, row['target'])}.")
+        lines.append(_target_line(metrics, row, noise))
     return lines
+
+
+def _noise_text(mape: float, noise: float) -> str:
+    if pd.isna(noise):
+        return "noise floor not measured"
+    if mape <= NEAR_NOISE * noise:
+        level = "at the measurement noise floor"
+    elif noise > 0:
+        level = f"{fmt(mape / noise)}× the noise floor"
+    else:
+        level = "repeat measurements agree exactly, so all of the error is the model's"
+    return f"noise floor {fmt(noise, '%')}, {level}"
+
+
+def _target_line(metrics: pd.DataFrame, row: pd.Series, noise: float) -> str:
+    noise_text = _noise_text(row["mape"], noise)
+    return (f"{quantity_label(row['target']).capitalize()}: best MAPE {fmt(row['mape'], '%')} "
+            f"({row['regressor']}, {row['split'].replace('_', ' ')} split); {noise_text}; "
+            f"{_baseline_text(metrics, row)}; {_coverage_text(metrics, row)}{_hardest_text(metrics, row['target'])}.")
 
 
 def health_line(statuses: pd.DataFrame, data: pd.DataFrame, notes: list[str], n_warnings: int) -> str:
