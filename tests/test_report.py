@@ -96,7 +96,7 @@ def test_atomic_writes_follow_the_umask(tmp_path) -> None:
 
 def test_numbers_for_people() -> None:
     assert fmt(0.08333) == "0.0833" and fmt(14840.0, "MB") == "14,800 MB" and fmt(-2.217e5) == "-222,000"
-    assert fmt(12.345, "ms") == "12.3 ms" and fmt(4.0, "%") == "4.00%" and fmt(float("nan")) == "–"
+    assert fmt(8.99e12, "%") == "8.99 × 10¹²%" and fmt(12.345, "ms") == "12.3 ms" and fmt(4.0, "%") == "4.00%" and fmt(float("nan")) == "–"
 
 
 def test_registry_names_captions_and_snakemake_flags() -> None:

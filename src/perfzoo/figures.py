@@ -239,11 +239,12 @@ def feature_importance(importance: pd.DataFrame, top: int = 8) -> Figure:
     panels = _panels(importance, ["target", "regressor"])
     if not panels:
         return empty_figure("no tree regressor fitted")
-    fig, axes = new_figure(len(panels), panel_height_in=1.6)
+    fig, axes = new_figure(len(panels), panel_height_in=1.3, ncols=1)
     for ax, (target, regressor) in zip(axes, panels, strict=True):
         g = importance[(importance["target"] == target) & (importance["regressor"] == regressor)]
         g = g.nlargest(top, "importance").sort_values("importance")
-        ax.barh(g["feature"].str.replace("_", " "), g["importance"], color=regressor_color(regressor))
+        names = [n if len(n) <= 24 else n[:23] + "…" for n in g["feature"].str.replace("_", " ")]
+        ax.barh(names, g["importance"], color=regressor_color(regressor))
         ax.set_xlabel("importance (share)")
         ax.set_title(f"{SHORT_QUANTITY.get(target, target)}, {regressor}")
     return fig

@@ -28,6 +28,7 @@ SHOWN = (  # (quantity, column title, unit) of the first screen
 )  # fmt: skip
 BASELINE_REGRESSORS = ("roofline", "linear")
 COVERAGE_COLUMNS = ("interval_coverage", "coverage")
+SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 NEAR_NOISE = 1.5  # best MAPE within 1.5x the noise floor counts as "at the noise floor"
 
 
@@ -43,6 +44,9 @@ def fmt(value: Any, unit: str = "") -> str:
         return "–"
     if v == 0:
         text = "0"
+    elif abs(v) >= 1e6:
+        exponent = math.floor(math.log10(abs(v)))
+        text = f"{v / 10**exponent:.3g} × 10{str(exponent).translate(SUPERSCRIPT)}"
     else:
         rounded = float(f"{v:.3g}")
         decimals = max(0, 2 - math.floor(math.log10(abs(rounded))))
@@ -165,7 +169,8 @@ def _noise_text(mape: float, noise: float) -> str:
 
 def _target_line(metrics: pd.DataFrame, row: pd.Series, noise: float) -> str:
     noise_text = _noise_text(row["mape"], noise)
-    return (f"{quantity_label(row['target']).capitalize()}: best MAPE {fmt(row['mape'], '%')} "
+    name = quantity_label(row["target"])
+    return (f"{name[:1].upper() + name[1:]}: best MAPE {fmt(row['mape'], '%')} "
             f"({row['regressor']}, {row['split'].replace('_', ' ')} split); {noise_text}; "
             f"{_baseline_text(metrics, row)}; {_coverage_text(metrics, row)}{_hardest_text(metrics, row['target'])}.")
 
@@ -285,7 +290,7 @@ folds</summary><ul>{% for n in notes %}<li>{{ n }}</li>{% endfor %}</ul></detail
 <h2 id="{{ anchor(category) }}">{{ category }}</h2>
 {% for sec in secs %}<section id="{{ sec.entry.name }}">
 {% if sec.entry.kind == 'figure' %}<h3>{{ sec.entry.label }}</h3>
-{% for it in sec.items %}<figure><img src="{{ it.src }}" alt="{{ sec.entry.label }} {{ it.title }}">
+{% for it in sec.items %}<figure><img src="{{ it.src }}" alt="{{ sec.entry.name.replace('_', ' ') }} ({{ it.title }})">
 <figcaption>{{ sec.caption }}{% if it.title != sec.entry.label %} ({{ it.title }}){% endif %}
 <span class="prov">{{ it.prov }}; vector PDF beside it</span></figcaption></figure>
 {% else %}<p class="na">{{ sec.entry.label }}: {{ not_computed }} ({{ sec.entry.file }} absent)</p>{% endfor %}
