@@ -89,22 +89,35 @@ def split_label(split: str) -> str:
 
 
 def panel_title(target: str, split: str) -> str:
-    return f"{SHORT_QUANTITY.get(target, target.replace('_', ' '))}, {split_label(split)}"
+    return f"{SHORT_QUANTITY.get(target, target.replace('_', ' '))}\n{split_label(split)}"
 
 
 def _plain(value: float, _pos: int = 0) -> str:
     return f"{value:g}" if 1e-3 <= abs(value) < 1e5 else f"{value:.0e}"
 
 
+def _minor_label(axis: Any) -> Any:
+    """Minor ticks at 2 and 5 labelled only when the axis spans less than a decade (else unlabelled)."""
+
+    def label(value: float, _pos: int = 0) -> str:
+        lo, hi = sorted(axis.get_view_interval())
+        if lo <= 0 or hi / lo > 10 or value <= 0:
+            return ""
+        mantissa = round(value / 10 ** math.floor(math.log10(value)), 6)
+        return _plain(float(f"{value:.2g}")) if mantissa in (2, 5) else ""
+
+    return label
+
+
 def log_axes(ax: Any, x: bool = True, y: bool = True, base: float = 10) -> None:
     """Log scale with plain major tick labels (1, 10, 100) and unlabelled minor ticks."""
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    from matplotlib.ticker import FuncFormatter
 
     for on, axis, setter in ((x, ax.xaxis, ax.set_xscale), (y, ax.yaxis, ax.set_yscale)):
         if on:
             setter("log", base=base)
             axis.set_major_formatter(FuncFormatter(_plain))
-            axis.set_minor_formatter(NullFormatter())
+            axis.set_minor_formatter(FuncFormatter(_minor_label(axis)))
 
 
 def corner_note(ax: Any, text: str) -> None:
@@ -223,7 +236,10 @@ def error_cdf(errors: pd.DataFrame) -> Figure:
         for regressor, r in g.groupby("regressor"):
             e = np.sort(r["abs_rel_error"].to_numpy(dtype=float) * 100)
             e = np.clip(e[np.isfinite(e)], 1e-3, None)
-            ax.step(e, np.arange(1, len(e) + 1) / max(len(e), 1), where="post", color=regressor_color(regressor),
+            if not len(e):
+                continue
+            share = np.arange(0, len(e) + 1) / len(e)  # the empirical CDF, rising from 0 at the smallest error
+            ax.step(np.concatenate([e[:1], e]), share, where="post", color=regressor_color(regressor),
                     label=regressor)
         ax.axvline(10, color="0.5", lw=0.6, ls="--")
         log_axes(ax, y=False)
