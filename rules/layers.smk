@@ -36,6 +36,12 @@ for _device in LAYER_DEVICES:
             "../workflow/scripts/layers.py"
 
 
+# File, caption and category from the registry perfzoo.report_outputs.
+from perfzoo.report_outputs import by_name as report_output, snakemake_report_args
+
+GIANNITI_TABLE = report_output("gianniti_coefficients_fit")
+
+
 rule gianniti_coefficients:
     """Per-category linear models t = b0 + b1 * c of layer time on Gianniti complexity (seed 004)."""
     input:
@@ -45,10 +51,8 @@ rule gianniti_coefficients:
     output:
         table="results/gianniti/coefficients.parquet",
         csv=report(
-            "results/gianniti/coefficients.csv",
-            caption="../report/gianniti_coefficients.rst",
-            category="Gianniti per-layer models",
-            labels={"table": "layer coefficients"},
+            GIANNITI_TABLE.file,
+            **snakemake_report_args(GIANNITI_TABLE),
         ),
     localrule: True
     log:

@@ -41,10 +41,11 @@ class ReportOutput:
     label: str
     sources: tuple[str, ...] = ()
     rule: str = "report"
+    caption_of: str | None = None  # share another entry's caption (the same table written by two rules)
 
     @property
     def caption_file(self) -> Path:
-        return CAPTIONS_DIR / f"{self.name}.rst"
+        return CAPTIONS_DIR / f"{self.caption_of or self.name}.rst"
 
     @property
     def caption(self) -> str:
@@ -87,6 +88,9 @@ REPORT_OUTPUTS: tuple[ReportOutput, ...] = (
     _t("feature_importance", "Accuracy", "feature importance", "models"),
     _t("hidden_family", "Accuracy", "hidden family check", "predictions", "best"),
     _t("gianniti_coefficients", "Gianniti per-layer models", "layer coefficients (report copy)", "gianniti"),
+    ReportOutput("gianniti_coefficients_fit", "results/gianniti/coefficients.csv", "table",
+                 "Gianniti per-layer models", "layer coefficients", rule="gianniti_coefficients",
+                 caption_of="gianniti_coefficients"),
     _t("noise_floor", "Measurements", "noise floor", "noise"),
     _t("status_counts", "Measurements", "status counts", "statuses"),
     _f("actual_vs_predicted", "Accuracy", "actual vs predicted", "predictions", "best"),
