@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -13,7 +14,7 @@ import pytest
 from PIL import Image
 
 from perfzoo import figures
-from perfzoo.evaluate import best_per_target, metrics_table, per_family_table
+from perfzoo.evaluate import best_per_target, error_quantiles, metrics_table, per_family_table
 from perfzoo.io import write_text
 from perfzoo.report import build_report, report_tables
 from perfzoo.report_outputs import REPORT_OUTPUTS, outputs, snakemake_report_args
@@ -113,7 +114,7 @@ def test_build_report_writes_every_registry_output_readable_by_the_group(tmp_pat
     data = dataset()
     predictions = held_out(data)
     tables = tables_for(data, predictions)
-    (tmp_path / "rec.json").write_text(__import__("json").dumps(record()))
+    (tmp_path / "rec.json").write_text(json.dumps(record()))
     build_report(tmp_path, data, predictions, tables, ["1 config(s) on cpu ended with status error"], PROV,
                  [str(tmp_path / "rec.json")])
     for entry in outputs(rule="report"):
@@ -167,7 +168,7 @@ def test_page_shows_baseline_coverage_and_flags_when_other_stages_write_them(tmp
 
 def test_figures_keep_one_colour_per_regressor_across_panels() -> None:
     data = dataset()
-    fig = figures.error_cdf(__import__("perfzoo.evaluate", fromlist=["x"]).error_quantiles(held_out(data)))
+    fig = figures.error_cdf(error_quantiles(held_out(data)))
     colours = {}
     for ax in fig.axes:
         for line in ax.get_lines():
