@@ -43,3 +43,24 @@ def tiny_config() -> dict[str, Any]:
 @pytest.fixture
 def config() -> dict[str, Any]:
     return copy.deepcopy(tiny_config())
+
+
+WORKFLOW_PARTS = ("Snakefile", "rules", "workflow", "src", "envs", "report", "examples")
+
+
+def copy_workflow(destination: Path, config: dict[str, Any]) -> Path:
+    """A clone-like copy of the workflow's code in ``destination``, with ``config`` as its config.yaml."""
+    import shutil
+
+    import yaml
+
+    destination.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for part in WORKFLOW_PARTS:
+        source = ROOT / part
+        if source.is_dir():
+            shutil.copytree(source, destination / part, ignore=ignore)
+        else:
+            shutil.copy2(source, destination / part)
+    (destination / "config.yaml").write_text(yaml.safe_dump(config))
+    return destination

@@ -11,11 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, tiny_config
+from conftest import ROOT, copy_workflow, tiny_config
 
 pytestmark = pytest.mark.e2e
-
-WORKFLOW_PARTS = ["Snakefile", "rules", "workflow", "src", "envs", "report"]
 
 
 def snakemake(workdir: Path, *args: str, snakefile: Path, src: Path) -> subprocess.CompletedProcess[str]:
@@ -28,24 +26,10 @@ def snakemake(workdir: Path, *args: str, snakefile: Path, src: Path) -> subproce
     return proc
 
 
-def copy_workflow(destination: Path) -> Path:
-    """A clone-like copy of the workflow (code only) with the tiny config as its config.yaml."""
-    destination.mkdir(parents=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for part in WORKFLOW_PARTS:
-        source = ROOT / part
-        if source.is_dir():
-            shutil.copytree(source, destination / part, ignore=ignore)
-        else:
-            shutil.copy2(source, destination / part)
-    (destination / "config.yaml").write_text(yaml.safe_dump(tiny_config()))
-    return destination
-
-
 @pytest.fixture(scope="module")
 def finished_folder(tmp_path_factory) -> Path:
     """A workflow folder (code, config, results and .snakemake metadata) after a complete run."""
-    folder = copy_workflow(tmp_path_factory.mktemp("relocate") / "perfzoo")
+    folder = copy_workflow(tmp_path_factory.mktemp("relocate") / "perfzoo", tiny_config())
     snakemake(folder, snakefile=folder / "Snakefile", src=folder / "src")
     return folder
 
