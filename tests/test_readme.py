@@ -1,7 +1,8 @@
 """Every example command of the README runs, as written, against a finished run of the workflow.
 
 The commands are read from the README's ``bash`` blocks and run verbatim in a copy of the workflow
-(code + a small config with the README's ``predict:`` entry) after a real Snakemake run; the
+(code + a small config with the README's ``predict:`` entry) after a real Snakemake run (the
+session's ``finished_workflow``, shared with tests/test_relocatable.py); the
 activated environment of the README (``source .venv/bin/activate``) is this interpreter's ``bin/``
 on PATH. A command is skipped only when it is listed in NOT_RUN with the reason. With
 ``PERFZOO_README_RESULTS=<folder of a finished default run>`` the ``perfzoo`` examples also run there
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, copy_workflow, tiny_config
+from conftest import ROOT
 
 pytestmark = pytest.mark.e2e
 
@@ -26,14 +27,14 @@ README = ROOT / "README.md"
 NOT_RUN = {
     "make run": "the first command itself: installs the environment and runs the default zoo (~10 min)",
     "make test": "the test suite itself",
-    "python3 -m venv .venv": "installs the environment (minutes, 6.5 GB)",
+    "python3 -m venv .venv": "installs the environment (minutes, 6.6 GB)",
     ".venv/bin/snakemake --cores all": "the default run (~10 min); its tiny equivalent runs in the fixture",
     "source .venv/bin/activate": "emulated: the interpreter's bin/ is put first on PATH",
     "snakemake --profile slurm": "needs a SLURM cluster (tests/test_slurm.py)",
 }
 OUT_OF_RANGE = re.compile(
     r"outside the profiled range|beyond the largest profiled batch|below the smallest profiled batch"
-    r"|was never profiled"
+    r"|mode '\w+' was never profiled"
 )
 
 
@@ -52,15 +53,6 @@ def skip_reason(command: str) -> str | None:
     return next((why for prefix, why in NOT_RUN.items() if command.startswith(prefix)), None)
 
 
-def readme_config() -> dict:
-    """The tiny zoo plus the README's audited prediction (``results/predictions/resnet50_b8.json``)."""
-    config = tiny_config()
-    config["predict"] = {
-        "resnet50_b8": {"model": "torchvision:resnet50", "batch": 8, "input": "3,64,64", "mode": "inference"}
-    }
-    return config
-
-
 def activated_env(src: Path) -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)
     return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(src)}
@@ -70,14 +62,6 @@ def run_command(command: str, folder: Path, src: Path) -> subprocess.CompletedPr
     return subprocess.run(
         command, shell=True, cwd=folder, env=activated_env(src), capture_output=True, text=True, timeout=600
     )
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    folder = copy_workflow(tmp_path_factory.mktemp("readme") / "perfzoo", readme_config())
-    proc = run_command(f"{sys.executable} -m snakemake --cores 2", folder, folder / "src")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return folder
 
 
 def test_readme_commands_are_found_and_each_is_run_or_skipped_with_a_reason() -> None:
@@ -91,8 +75,8 @@ def test_readme_commands_are_found_and_each_is_run_or_skipped_with_a_reason() ->
 @pytest.mark.parametrize(
     "command", [c for c in readme_commands(README.read_text()) if skip_reason(c) is None]
 )
-def test_readme_example_exits_zero(finished_run, command) -> None:
-    proc = run_command(command, finished_run, finished_run / "src")
+def test_readme_example_exits_zero(finished_workflow, command) -> None:
+    proc = run_command(command, finished_workflow, finished_workflow / "src")
     print(f"$ {command}\nexit {proc.returncode}\n{proc.stdout[-1500:]}{proc.stderr[-1500:]}")
     assert proc.returncode == 0, f"{command!r} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
 

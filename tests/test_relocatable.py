@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, copy_workflow, tiny_config
+from conftest import ROOT, tiny_config
 
 pytestmark = pytest.mark.e2e
 
@@ -26,31 +26,23 @@ def snakemake(workdir: Path, *args: str, snakefile: Path, src: Path) -> subproce
     return proc
 
 
-@pytest.fixture(scope="module")
-def finished_folder(tmp_path_factory) -> Path:
-    """A workflow folder (code, config, results and .snakemake metadata) after a complete run."""
-    folder = copy_workflow(tmp_path_factory.mktemp("relocate") / "perfzoo", tiny_config())
-    snakemake(folder, snakefile=folder / "Snakefile", src=folder / "src")
-    return folder
-
-
-def test_copied_folder_has_nothing_to_do(finished_folder, tmp_path) -> None:
+def test_copied_folder_has_nothing_to_do(finished_workflow, tmp_path) -> None:
     copy = tmp_path / "deeper" / "elsewhere" / "perfzoo-copy"
-    shutil.copytree(finished_folder, copy, symlinks=True)  # keeps mtimes, like `cp -a` or `mv`
+    shutil.copytree(finished_workflow, copy, symlinks=True)  # keeps mtimes, like `cp -a` or `mv`
     proc = snakemake(copy, "-n", snakefile=copy / "Snakefile", src=copy / "src")
     assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
     changed = snakemake(copy, "--list-changes", "input", snakefile=copy / "Snakefile", src=copy / "src")
     assert "results/" not in changed.stdout, changed.stdout[-3000:]
 
 
-def test_moved_folder_has_nothing_to_do(finished_folder, tmp_path) -> None:
+def test_moved_folder_has_nothing_to_do(finished_workflow, tmp_path) -> None:
     moved = tmp_path / "moved"
-    shutil.move(finished_folder, moved)
+    shutil.move(finished_workflow, moved)
     try:
         proc = snakemake(moved, "-n", snakefile=moved / "Snakefile", src=moved / "src")
         assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
     finally:
-        shutil.move(moved, finished_folder)
+        shutil.move(moved, finished_workflow)
 
 
 MODULE_SNAKEFILE = """\
