@@ -1,18 +1,21 @@
 # perfzoo: the two commands of the README.
-#   make run   create .venv from pinned versions (once) and run the workflow on the default config
+#   make run   create .venv from the lock (once) and run the workflow on the default config
 #   make test  create .venv (once) and run the test suite
+# The lock (requirements.lock, hashes for Linux x86-64/aarch64 and macOS arm64) is installed with
+# pip's hash checking; `make lock` regenerates it with uv, keeping the versions already locked.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+UV     ?= uv
 
-.PHONY: run test env report clean
+.PHONY: run test env report lock clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.lock
-	$(BIN)/python -m pip install --quiet --no-deps -e .
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install --require-hashes -r requirements.lock
+	$(BIN)/python -m pip install --no-deps -e .
 	touch $(STAMP)
 
 env: $(STAMP)
@@ -24,7 +27,12 @@ report: $(STAMP)
 	$(BIN)/snakemake --report results/report.html
 
 test: $(STAMP)
+	$(BIN)/snakefmt --check Snakefile rules
 	$(BIN)/python -m pytest -q
+
+lock:
+	$(UV) pip compile pyproject.toml --extra test --universal --generate-hashes --python-version 3.11 \
+		-o requirements.lock
 
 clean:
 	rm -rf results logs benchmarks

@@ -1,9 +1,29 @@
 # Helper and input functions shared by every rule file (no rules here).
+import os
 import sys
 from pathlib import Path
 
-SRC = str(Path(workflow.basedir) / "src")
-sys.path.insert(0, SRC)  # the rule scripts import the installed package (pip install -e .)
+from snakemake.sourcecache import LocalSourceFile
+
+
+def local_workflow_root():
+    """This workflow's repository folder (the parent of rules/) on the local disk, or None.
+
+    ``workflow.basedir`` is the folder of the *main* Snakefile, which is the user's when perfzoo is
+    used as a Snakemake ``module``; ``workflow.current_basedir`` is the folder of the file being
+    parsed (this one). A module loaded from a remote source (``github(...)``) has no local folder:
+    its rules then use the installed perfzoo package.
+    """
+    basedir = workflow.current_basedir
+    if not isinstance(basedir, LocalSourceFile):
+        return None
+    return Path(basedir.get_path_or_uri(secret_free=True)).parent
+
+
+WORKFLOW_ROOT = local_workflow_root()
+SRC = None if WORKFLOW_ROOT is None else str(WORKFLOW_ROOT / "src")
+if SRC is not None and SRC not in sys.path:
+    sys.path.insert(0, SRC)  # the rule scripts import the installed package (pip install -e .)
 
 from perfzoo.config import check_model_names
 from perfzoo.io import InputError
@@ -29,13 +49,35 @@ wildcard_constraints:
     regressor="|".join(REGRESSORS),
 
 
-def pkg(*modules):
-    """Package source files a rule depends on, so editing them reruns the rule."""
+def relative_to_workdir(path):
+    """``path`` relative to the working directory (with ``..`` where it lies outside), flagged local.
+
+    Rule inputs that name package files must not be absolute: Snakemake records each job's input
+    paths, so an absolute path makes a moved or copied workflow folder read as "input files changed"
+    and rerun everything. Relative paths stay the same when the folder moves as a whole. ``local``
+    keeps a module's ``prefix:`` and a default storage provider from rewriting them.
+    """
+    return local(os.path.relpath(path, os.getcwd()))
+
+
+def package_files(modules):
+    """The .py files of the named perfzoo modules (a name may be a subpackage folder)."""
     files = []
-    for module in ("__init__.py", "io.py", "provenance.py", "workflow.py", *modules):
+    for module in modules:
         path = Path(SRC) / "perfzoo" / module
-        files += sorted(map(str, path.rglob("*.py"))) if path.is_dir() else [str(path)]
+        files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
     return files
+
+
+def pkg(*modules):
+    """Package source files a rule depends on, so editing them reruns the rule.
+
+    Empty for a module loaded from a remote source, whose package files are not on the local disk.
+    """
+    if SRC is None:
+        return []
+    core = ("__init__.py", "io.py", "provenance.py", "workflow.py")
+    return [relative_to_workdir(path) for path in package_files((*core, *modules))]
 
 
 def device_threads(device):

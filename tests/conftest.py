@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -43,3 +46,42 @@ def tiny_config() -> dict[str, Any]:
 @pytest.fixture
 def config() -> dict[str, Any]:
     return copy.deepcopy(tiny_config())
+
+
+WORKFLOW_PARTS = ("Snakefile", "rules", "workflow", "src", "envs", "report", "examples")
+
+
+def copy_workflow(destination: Path, config: dict[str, Any]) -> Path:
+    """A clone-like copy of the workflow's code in ``destination``, with ``config`` as its config.yaml."""
+    destination.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for part in WORKFLOW_PARTS:
+        source = ROOT / part
+        if source.is_dir():
+            shutil.copytree(source, destination / part, ignore=ignore)
+        else:
+            shutil.copy2(source, destination / part)
+    (destination / "config.yaml").write_text(yaml.safe_dump(config))
+    return destination
+
+
+def finished_config() -> dict[str, Any]:
+    """The tiny zoo plus the prediction the README audits (``results/predictions/resnet50_b8.json``)."""
+    config = tiny_config()
+    config["predict"] = {
+        "resnet50_b8": {"model": "torchvision:resnet50", "batch": 8, "input": "3,64,64", "mode": "inference"}
+    }
+    return config
+
+
+@pytest.fixture(scope="session")
+def finished_workflow(tmp_path_factory) -> Path:
+    """A workflow folder (code, config, results, .snakemake metadata) after a complete real run."""
+    folder = copy_workflow(tmp_path_factory.mktemp("finished") / "perfzoo", finished_config())
+    env = {**os.environ, "PYTHONPATH": str(folder / "src")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "2"],
+        cwd=folder, env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return folder
