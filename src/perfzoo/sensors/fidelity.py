@@ -179,3 +179,25 @@ def plot_meter_vs_nvml(runs: Sequence[MeterRun], path: str | os.PathLike[str]) -
     axes[0, 0].legend(fontsize=7, loc="upper left", ncols=3)
     axes[-1, 0].set_xlabel("time since the load's first edge (s)")
     return _save_figure(fig, path)
+
+
+def default_estimate(table: pd.DataFrame, min_window_s: float) -> pd.DataFrame:
+    """perfzoo's default GPU estimate per run: ``power.draw.instant`` where the GPU has it (else
+    ``power.draw``), own clock, the shortest tabulated window of at least ``min_window_s``."""
+    raw = table[(table["alignment"] == "raw") & (table["window_s"] >= min_window_s)]
+    raw = raw[raw["window_s"] == raw.groupby(["gpu", "load"])["window_s"].transform("min")]
+    best = raw.assign(rank=(raw["field"] != "power.draw.instant").astype(int))
+    best = best.sort_values(["gpu", "load", "rank"]).groupby(["gpu", "load"], sort=True).head(1)
+    return best.drop(columns="rank").reset_index(drop=True)
+
+
+def fidelity_markdown(table: pd.DataFrame) -> str:
+    """Markdown table: GPU × load × field × alignment rows, one column of mean |error| (mean signed
+    error) per window length, in %."""
+    lines = ["| GPU | load | field | alignment | " + " | ".join(f"{w:g} s" for w in sorted(table["window_s"].unique())) + " |"]
+    lines.append("|" + "---|" * (4 + table["window_s"].nunique()))
+    for key, group in table.groupby(["gpu", "load", "field", "alignment"], sort=True):
+        by_window = {r.window_s: f"{r.mean_abs_err_pct:.1f} ({r.mean_err_pct:+.1f})" for r in group.itertuples()}
+        cells = [by_window.get(w, "–") for w in sorted(table["window_s"].unique())]
+        lines.append("| " + " | ".join(str(k) for k in key) + " | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
