@@ -3,6 +3,7 @@ the GPU_Power_Benchmark artifact): reference numbers are computed here independe
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from datetime import datetime
@@ -11,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
+from conftest import tiny_config
 
 from perfzoo.energy import energy_from_samples
 from perfzoo.io import InputError
@@ -179,3 +182,53 @@ def test_cli_sensors_command(tmp_path: Path) -> None:
                           "--utc-offset", "1"], capture_output=True, text=True, env=env)
     assert bad.returncode == 2
     assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr and "h.csv: line 1" in bad.stderr
+
+
+SNAKEFILE = """\
+from snakemake.utils import validate
+
+
+configfile: "config.yaml"
+
+
+validate(config, "src/perfzoo/schemas/config.schema.yaml")
+
+
+include: "rules/common.smk"
+include: "rules/sensors.smk"
+
+
+rule all:
+    input:
+        sensors_targets,
+    default_target: True
+"""
+
+
+def _workflow(tmp_path: Path, config: dict[str, object]) -> subprocess.CompletedProcess[str]:
+    for name in ("src", "rules", "workflow", "report", "envs"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    (tmp_path / "Snakefile").write_text(SNAKEFILE)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(tmp_path / "Snakefile"), "--cores", "1"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env, check=False)
+
+
+@pytest.mark.e2e
+def test_sensor_logs_rule_writes_table_and_figures(tmp_path: Path) -> None:
+    config = {**tiny_config(), "sensor_logs": [{"path": str(FIXTURES / "5050"), "utc_offset_h": 1}]}
+    proc = _workflow(tmp_path, config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = pd.read_csv(tmp_path / "results/sensors/energy_fidelity.csv")
+    direct = fidelity_table([load_run(p) for p in find_runs(FIXTURES)])
+    pd.testing.assert_frame_equal(table, direct.round(4), check_dtype=False, atol=1e-4)
+    for suffix in ("png", "pdf"):
+        assert (tmp_path / f"results/sensors/meter_vs_nvml.{suffix}").stat().st_size > 10_000
+
+
+@pytest.mark.e2e
+def test_no_sensor_logs_no_sensor_outputs(tmp_path: Path) -> None:
+    proc = _workflow(tmp_path, tiny_config())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sensors_energy_fidelity" not in proc.stderr and not (tmp_path / "results/sensors").exists()
