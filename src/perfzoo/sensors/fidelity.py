@@ -26,6 +26,7 @@ from perfzoo.sensors.smi import read_smi_csv
 NVML_FIELDS: dict[str, str] = {"power.draw": "power_w", "power.draw.instant": "power_instant_w"}
 WINDOWS_S: tuple[float, ...] = (0.1, 0.5, 1.0, 2.0, 4.0, 8.0)
 ALIGNMENTS: tuple[str, ...] = ("raw", "lag")
+WHOLE_LOAD = "whole load"
 
 
 @dataclass(frozen=True)
@@ -112,9 +113,12 @@ def window_energies(t_ns: np.ndarray, power_w: np.ndarray, bounds_ns: np.ndarray
     return np.diff(at)
 
 
-def window_bounds(edges_ns: np.ndarray, window_s: float) -> np.ndarray:
-    """Consecutive windows of ``window_s`` tiling the load span (first to last edge), partial one dropped."""
+def window_bounds(edges_ns: np.ndarray, window_s: float | None) -> np.ndarray:
+    """Consecutive windows of ``window_s`` tiling the load span (first to last edge), partial one dropped;
+    ``None``: the whole span as one window."""
     span = float(edges_ns[-1] - edges_ns[0])
+    if window_s is None:
+        return np.asarray([edges_ns[0], edges_ns[-1]], dtype="float64")
     count = int(span // (window_s * 1e9))
     return edges_ns[0] + np.arange(count + 1) * window_s * 1e9
 
@@ -125,7 +129,7 @@ def field_lag_ms(run: MeterRun, column: str) -> float:
     return (crossing - run.edges_ns[0]) / 1e6
 
 
-def _error_rows(run: MeterRun, window_s: float) -> list[dict[str, object]]:
+def _error_rows(run: MeterRun, window_s: float | None) -> list[dict[str, object]]:
     bounds = window_bounds(run.edges_ns, window_s)
     if bounds.size < 2:
         return []
@@ -139,15 +143,17 @@ def _error_rows(run: MeterRun, window_s: float) -> list[dict[str, object]]:
             shift_ns = lag * 1e6 if alignment == "lag" and np.isfinite(lag) else 0.0
             nvml_j = window_energies(run.smi["t_ns"] - shift_ns, run.smi[column], bounds, "rectangle")
             err = (nvml_j - meter_j) / meter_j
-            rows.append(_summary_row(run, field, alignment, window_s, lag, meter_j, err))
+            rows.append(_summary_row(run, field, alignment, bounds, window_s is None, lag, meter_j, err))
     return rows
 
 
-def _summary_row(run: MeterRun, field: str, alignment: str, window_s: float, lag_ms: float,
+def _summary_row(run: MeterRun, field: str, alignment: str, bounds: np.ndarray, whole: bool, lag_ms: float,
                  meter_j: np.ndarray, err: np.ndarray) -> dict[str, object]:
     ok = err[np.isfinite(err)]
+    window_s = round(float(bounds[1] - bounds[0]) / 1e9, 3)
     return {
-        "gpu": run.gpu, "load": run.load, "field": field, "alignment": alignment, "window_s": window_s,
+        "gpu": run.gpu, "load": run.load, "field": field, "alignment": alignment,
+        "window": WHOLE_LOAD if whole else f"{window_s:g} s", "window_s": window_s,
         "n_windows": int(ok.size), "meter_j_per_window": float(np.nanmean(meter_j)),
         "mean_err_pct": float(100 * ok.mean()) if ok.size else float("nan"),
         "mean_abs_err_pct": float(100 * np.abs(ok).mean()) if ok.size else float("nan"),
@@ -157,8 +163,9 @@ def _summary_row(run: MeterRun, field: str, alignment: str, window_s: float, lag
 
 
 def fidelity_table(runs: Sequence[MeterRun], windows_s: Sequence[float] = WINDOWS_S) -> pd.DataFrame:
-    """Per run × NVML field × alignment × window length: error of window energies against the meter."""
-    rows = [row for run in runs for w in windows_s for row in _error_rows(run, w)]
+    """Per run × NVML field × alignment × window length (and the whole load as one window): error of
+    window energies against the meter."""
+    rows = [row for run in runs for w in (*windows_s, None) for row in _error_rows(run, w)]
     return pd.DataFrame(rows)
 
 
@@ -184,7 +191,7 @@ def plot_meter_vs_nvml(runs: Sequence[MeterRun], path: str | os.PathLike[str]) -
 def default_estimate(table: pd.DataFrame, min_window_s: float) -> pd.DataFrame:
     """perfzoo's default GPU estimate per run: ``power.draw.instant`` where the GPU has it (else
     ``power.draw``), own clock, the shortest tabulated window of at least ``min_window_s``."""
-    raw = table[(table["alignment"] == "raw") & (table["window_s"] >= min_window_s)]
+    raw = table[(table["alignment"] == "raw") & (table["window"] != WHOLE_LOAD) & (table["window_s"] >= min_window_s)]
     raw = raw[raw["window_s"] == raw.groupby(["gpu", "load"])["window_s"].transform("min")]
     best = raw.assign(rank=(raw["field"] != "power.draw.instant").astype(int))
     best = best.sort_values(["gpu", "load", "rank"]).groupby(["gpu", "load"], sort=True).head(1)
@@ -194,10 +201,11 @@ def default_estimate(table: pd.DataFrame, min_window_s: float) -> pd.DataFrame:
 def fidelity_markdown(table: pd.DataFrame) -> str:
     """Markdown table: GPU × load × field × alignment rows, one column of mean |error| (mean signed
     error) per window length, in %."""
-    lines = ["| GPU | load | field | alignment | " + " | ".join(f"{w:g} s" for w in sorted(table["window_s"].unique())) + " |"]
-    lines.append("|" + "---|" * (4 + table["window_s"].nunique()))
+    windows = [f"{w:g} s" for w in sorted(table.loc[table["window"] != WHOLE_LOAD, "window_s"].unique())]
+    windows.append(WHOLE_LOAD)
+    lines = ["| GPU | load | field | alignment | " + " | ".join(windows) + " |", "|" + "---|" * (4 + len(windows))]
     for key, group in table.groupby(["gpu", "load", "field", "alignment"], sort=True):
-        by_window = {r.window_s: f"{r.mean_abs_err_pct:.1f} ({r.mean_err_pct:+.1f})" for r in group.itertuples()}
-        cells = [by_window.get(w, "–") for w in sorted(table["window_s"].unique())]
+        by_window = {r.window: f"{r.mean_abs_err_pct:.1f} ({r.mean_err_pct:+.1f})" for r in group.itertuples()}
+        cells = [by_window.get(w, "–") for w in windows]
         lines.append("| " + " | ".join(str(k) for k in key) + " | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
