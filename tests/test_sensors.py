@@ -159,7 +159,11 @@ def test_fidelity_table_on_fixtures_shows_field_lag_and_sampling_error() -> None
     a100 = table[(table["gpu"] == "A100") & (table["window_s"] == 0.1) & (table["alignment"] == "raw")]
     assert (a100["mean_abs_err_pct"] > 15).all()  # a 25 ms of 100 ms sampler misses short windows
     for row in table.itertuples():
-        assert row.n_windows >= 1 and np.isfinite(row.mean_err_pct)
+        if row.alignment == "raw":
+            assert row.n_windows >= 1 and np.isfinite(row.mean_err_pct)
+        else:  # shifted by the field's lag, a window can run past the last sample: missing, never 0
+            assert (row.n_windows >= 1) == np.isfinite(row.mean_err_pct)
+    assert not table.loc[(table["gpu"] == "3090") & (table["alignment"] == "lag"), "n_windows"].all()
 
 
 def test_figure_written(tmp_path: Path) -> None:
