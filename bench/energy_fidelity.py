@@ -41,10 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     print("default estimate (power.draw.instant where present, own clock, window >= "
           f"{args.min_window:g} s):")
     print(default_estimate(table, args.min_window)[["gpu", "load", "field", "window_s", "n_windows",
-                                                      "mean_err_pct", "max_abs_err_pct"]].round(1).to_markdown(index=False))
+                                                      "mean_err_pct", "max_abs_err_pct"]].round(1).to_string(index=False))
     print("\nlags of the NVML fields behind the meter's first rising edge (ms):")
     lags = table.drop_duplicates(["gpu", "load", "field"])[["gpu", "load", "field", "lag_ms", "meter_shift_ms"]]
-    print(lags.round(1).to_markdown(index=False))
+    print(lags.round(1).to_string(index=False))
     if args.csv:
         write_text(args.csv, table.to_csv(index=False, float_format="%.4f"))
     if args.figure:

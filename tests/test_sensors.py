@@ -236,3 +236,12 @@ def test_no_sensor_logs_no_sensor_outputs(tmp_path: Path) -> None:
     proc = _workflow(tmp_path, tiny_config())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "sensors_energy_fidelity" not in proc.stderr and not (tmp_path / "results/sensors").exists()
+
+
+def test_perfzoo_import_points_smi_logs_to_sensors_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from perfzoo.external import external_main
+
+    code = external_main([str(A100 / "gpudata.csv"), "-o", str(tmp_path / "x.parquet"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and not (tmp_path / "x.parquet").exists()
+    assert "gpudata.csv: an nvidia-smi sensor log" in err and "perfzoo sensors" in err and err.count("\n") == 1
