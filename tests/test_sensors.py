@@ -157,7 +157,7 @@ def test_fidelity_table_on_fixtures_shows_field_lag_and_sampling_error() -> None
     lag = rtx.groupby(level="field")["lag_ms"].first()
     assert lag["power.draw"] > 3 * lag["power.draw.instant"]  # the 1-s average lags the instant field
     a100 = table[(table["gpu"] == "A100") & (table["window_s"] == 0.1) & (table["alignment"] == "raw")]
-    assert (a100["mean_abs_err_pct"] > 15).all()  # a 25 ms of 100 ms sampler misses short windows
+    assert (a100["mean_abs_err_pct"] > 15).all()  # a sensor averaging part of each update aliases
     for row in table.itertuples():
         if row.alignment == "raw":
             assert row.n_windows >= 1 and np.isfinite(row.mean_err_pct)
