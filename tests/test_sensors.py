@@ -245,3 +245,23 @@ def test_perfzoo_import_points_smi_logs_to_sensors_command(tmp_path: Path, capsy
     err = capsys.readouterr().err
     assert code == 2 and not (tmp_path / "x.parquet").exists()
     assert "gpudata.csv: an nvidia-smi sensor log" in err and "perfzoo sensors" in err and err.count("\n") == 1
+
+
+def test_energy_analysis_runs_on_real_nvml_samples() -> None:
+    from perfzoo.energy import resample_cubic, run_energy
+
+    frames = []
+    for repeat, folder in enumerate((A100, RTX3090)):
+        smi = read_smi_csv(folder / "gpudata.csv", utc_offset_h=1.0)
+        frames.append(smi.assign(model_id="duty50", mode="inference", batch=1, repeat=repeat))
+    runs = run_energy(pd.concat(frames, ignore_index=True)).set_index("repeat")
+    for repeat, frame in enumerate(frames):
+        t_s = (frame["t_ns"].to_numpy() - frame["t_ns"].iloc[0]) / 1e9
+        p = frame["power_w"].to_numpy()
+        plain = sum((t_s[i + 1] - t_s[i]) * p[i] for i in range(len(p) - 1))
+        assert runs.loc[repeat, "energy_j"] == pytest.approx(plain, rel=1e-7)  # epoch ns as float64 s
+        assert runs.loc[repeat, "duration_s"] == pytest.approx(t_s[-1], rel=1e-12)
+        assert runs.loc[repeat, "n_samples"] == len(frame)
+    grid, power = resample_cubic((frames[0]["t_ns"] - frames[0]["t_ns"].iloc[0]) / 1e9, frames[0]["power_w"])
+    assert np.allclose(np.diff(grid), 0.25) and grid.size == int(runs.loc[0, "duration_s"] * 4) + 1
+    assert np.nanmedian(power) == pytest.approx(np.median(frames[0]["power_w"]), rel=0.2)
