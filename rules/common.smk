@@ -247,4 +247,4 @@ def gianniti_tables(wildcards=None):
 
 
 def all_targets(wildcards):
-    return ["results/report/index.html", *prediction_records(), *energy_targets()]
+    return ["results/report/index.html", *prediction_records(), *energy_targets(), *sensors_targets()]

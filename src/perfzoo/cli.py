@@ -13,6 +13,8 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from perfzoo.sensors.command import add_sensors_parser, sensors_command
+
 EXIT_OK, EXIT_BROKEN, EXIT_BAD_INPUT = 0, 1, 2
 
 PREDICT_EPILOG = """\
@@ -123,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a.add_argument("-k", type=int, default=5, help="rows per device for --explain (default 5)")
     a.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_sensors_parser(sub)
     return parser
 
 
@@ -192,6 +195,8 @@ def _run(argv: Sequence[str] | None) -> int:
     try:
         if args.command == "server":
             return _server(args)
+        if args.command == "sensors":
+            return sensors_command(args)
         return _predict(args) if args.command == "predict" else _audit(args)
     except InputError as exc:
         print(f"perfzoo: error: {exc}", file=sys.stderr)

@@ -153,6 +153,9 @@ def _read_rows(path: Path) -> list[tuple[int, int, dict[str, str]]]:
     reader = csv.reader(lines[start:])
     header = [h.strip().lower() for h in next(reader)]
     missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing and "timestamp" in header and any(h.startswith("power.draw") for h in header):
+        raise InputError(f"{path}: an nvidia-smi sensor log, not a measurement table; read it with "
+                         "`perfzoo sensors LOG --utc-offset HOURS -o OUT.parquet`")
     if missing:
         raise InputError(f"{path}: missing columns {missing} (required: {', '.join(REQUIRED_COLUMNS)})")
     rows, n = [], 0

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 MIB = 1024 * 1024
 DEFAULT_SAMPLE_HZ = 50.0
-DEFAULT_MIN_WINDOW_S = 2.0
+DEFAULT_MIN_WINDOW_S = 4.0  # from meter-checked traces: README, "Energy on GPUs: what the numbers show"
 GEMM_DTYPES: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16")
 
 

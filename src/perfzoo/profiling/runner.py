@@ -182,7 +182,7 @@ def _measurement_settings(device_cfg: dict[str, Any]) -> dict[str, Any]:
     return {
         "gpu_index": int(device_cfg.get("gpu_index", 0)),
         "sample_hz": float(device_cfg.get("sample_hz", 50.0)),
-        "min_window_s": float(device_cfg.get("min_window_s", 2.0)),
+        "min_window_s": float(device_cfg.get("min_window_s", 4.0)),  # as the schema default
         "power_limits_w": [float(x) for x in device_cfg.get("power_limits_w") or []],
         "sweep_repetitions": int(device_cfg.get("sweep_repetitions", 1)),
         "cooldown_band_c": device_cfg.get("cooldown_band_c"),

@@ -1,0 +1,57 @@
+# Energy fidelity of NVML's power fields against an external meter, for the runs listed under
+# `sensor_logs:` (nothing when the list is empty, the default):
+#   snakemake results/sensors/energy_fidelity.csv
+SENSOR_RUNS = config.get("sensor_logs", [])
+SENSOR_FILES = ("gpudata.csv", "PMD_data.bin", "PMD_start_ts.txt", "timestamps.csv")
+
+
+def sensor_log_files(wildcards=None):
+    """Every file of every configured sensor run (so a changed log reruns the rule)."""
+    files = []
+    for entry in SENSOR_RUNS:
+        root = Path(entry["path"])
+        folders = [root] if (root / "gpudata.csv").exists() else sorted(p.parent for p in root.rglob("gpudata.csv"))
+        files += [str(f / name) for f in folders for name in SENSOR_FILES if (f / name).exists()]
+    return files or [entry["path"] for entry in SENSOR_RUNS]
+
+
+def sensors_targets(wildcards=None):
+    """Outputs of the sensors rule, for ``rule all`` (empty when no sensor log is configured)."""
+    if not SENSOR_RUNS:
+        return []
+    return [f"results/sensors/{name}" for name in
+            ("energy_fidelity.csv", "meter_vs_nvml.png", "meter_vs_nvml.pdf", "provenance.json")]
+
+
+if SENSOR_RUNS:
+
+    rule sensors_energy_fidelity:
+        input:
+            pkg("energy.py", "sensors"),
+            logs=sensor_log_files,
+        output:
+            table=report(
+                "results/sensors/energy_fidelity.csv",
+                caption="../report/sensors_energy_fidelity.rst",
+                category="Energy",
+                subcategory="sensor fidelity",
+                labels={"table": "NVML vs meter energy error"},
+            ),
+            png=report(
+                "results/sensors/meter_vs_nvml.png",
+                caption="../report/sensors_meter_vs_nvml.rst",
+                category="Energy",
+                subcategory="sensor fidelity",
+                labels={"figure": "meter vs NVML power"},
+            ),
+            pdf="results/sensors/meter_vs_nvml.pdf",
+            provenance="results/sensors/provenance.json",
+        params:
+            runs=SENSOR_RUNS,
+        localrule: True
+        log:
+            "logs/sensors/energy_fidelity.log",
+        conda:
+            "../envs/perfzoo.yaml"
+        script:
+            "../workflow/scripts/sensors.py"
