@@ -1,0 +1,231 @@
+"""Device-transfer regressor: predict a workload's time on a GPU from its times on other GPUs.
+
+The model (fitted jointly, by ridge least squares, on the logarithm of the target)::
+
+    log t(w, d) = u(w) + sum_jk B_jk h_j(d) z_k(w) + c . r(w, d) + delta_d(w)
+
+- ``u(w)``: one effect per workload (``workload_col``, e.g. model name and image size), estimated from
+  every training device that ran it. A workload seen on no training device gets ``u`` from a ridge
+  regression of the fitted effects on its (logged, degree-2) workload features.
+- ``h(d)``: logged hardware features of the device (peak tensor FLOP/s at the row's precision, memory
+  bandwidth, ...), ``z(w)``: ``1`` and the standardised logged workload features (FLOPs, activation
+  and weight bytes, arithmetic intensity ...). The products ``h_j z_k`` let the device ratio depend on
+  the workload's roofline position: a compute-bound workload follows peak FLOP/s, a memory-bound one
+  follows bandwidth. ``r(w, d)``: logged per-row features (e.g. batch size).
+- ``delta_d(w) = a_d + b_d . z(w)``: few-shot calibration of a device from its own training rows,
+  ridge-shrunk towards zero (``shot_alpha``), so a device with k = 5 or 20 measured configs gets a
+  correction fitted on exactly those rows, and a device without rows (k = 0) gets none.
+
+``u`` is removed by the within-workload transformation (each column and the target minus its mean over
+the workload's rows), so ``B`` and ``c`` come from how times *differ between devices* for the same
+workload: the fixed-effects estimator of a two-way panel model.
+
+Intervals are split-conformal (Vovk, Gammerman and Shafer, "Algorithmic Learning in a Random World";
+Lei et al., "Distribution-Free Predictive Inference for Regression") on log residuals: each training
+device is held out in turn (with the same number of its rows kept in training as the smallest
+training device has, to mimic a few-shot device), the model is refitted on the rest, and the
+``ceil((n+1)·level)/n`` quantile of the absolute held-out log residuals is the half-width of the
+interval ``[ŷ·exp(-q), ŷ·exp(q)]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import ClassVar
+
+import numpy as np
+import pandas as pd
+
+from perfzoo.io import InputError
+from perfzoo.regressors import Regressor, _check_frame, _require_columns, register_regressor
+
+__all__ = ["DeviceTransferRegressor", "conformal_halfwidth"]
+
+
+def conformal_halfwidth(abs_residuals: np.ndarray, level: float) -> float:
+    """Split-conformal half-width: the ``ceil((n+1)·level)``-th smallest absolute residual (inf if n too small)."""
+    r = np.sort(np.asarray(abs_residuals, dtype=np.float64))
+    n = r.size
+    rank = math.ceil((n + 1) * level)
+    return float(r[rank - 1]) if 0 < rank <= n else math.inf
+
+
+def _ridge(A: np.ndarray, y: np.ndarray, penalty: np.ndarray) -> np.ndarray:
+    """Solve ``min |A b - y|^2 + sum penalty_i b_i^2``."""
+    gram = A.T @ A + np.diag(penalty)
+    return np.linalg.solve(gram, A.T @ y)
+
+
+def _group_means(values: np.ndarray, codes: np.ndarray, n_groups: int) -> np.ndarray:
+    """Mean of the rows of ``values`` per group code, shape ``(n_groups, columns)``."""
+    sums = np.zeros((n_groups, values.shape[1]))
+    np.add.at(sums, codes, values)
+    counts = np.bincount(codes, minlength=n_groups).astype(np.float64)
+    return sums / counts[:, None]
+
+
+def _poly2(Z: np.ndarray) -> np.ndarray:
+    """``[1, z, z_i z_j (i <= j)]`` for standardised workload features."""
+    n, q = Z.shape
+    cols = [np.ones((n, 1)), Z]
+    cols += [(Z[:, i] * Z[:, j])[:, None] for i in range(q) for j in range(i, q)]
+    return np.hstack(cols)
+
+
+@register_regressor
+class DeviceTransferRegressor(Regressor):
+    """Workload effect + hardware x workload interactions + few-shot device correction (see module doc)."""
+
+    kind = "device_transfer"
+    _required_state: ClassVar[tuple[str, ...]] = (
+        "feature_names_", "coef_", "z_mean_", "z_scale_", "h_mean_", "workload_ids_", "workload_effects_",
+        "effect_coef_", "shot_devices_", "shot_coef_", "interval_halfwidth_",
+    )
+
+    def __init__(
+        self,
+        workload_features: Sequence[str] = ("flops", "activation_bytes", "weight_bytes"),
+        device_features: Sequence[str] = ("hw_peak_gflops", "hw_mem_bw_gbs"),
+        row_features: Sequence[str] = ("batch",),
+        workload_col: str = "model_id",
+        device_col: str = "device",
+        alpha: float = 1.0,
+        shot_alpha: float = 5.0,
+        interval_level: float = 0.9,
+        log_target: bool = True,
+    ) -> None:
+        self.workload_features = workload_features
+        self.device_features = device_features
+        self.row_features = row_features
+        self.workload_col = workload_col
+        self.device_col = device_col
+        self.alpha = alpha
+        self.shot_alpha = shot_alpha
+        self.interval_level = interval_level
+        self.log_target = log_target
+
+    # -- inputs
+
+    def _logged(self, X: pd.DataFrame, columns: Sequence[str]) -> np.ndarray:
+        """``log`` of the named columns; a missing, non-positive or non-finite value is an error."""
+        out = np.empty((len(X), len(columns)))
+        for j, name in enumerate(columns):
+            values = pd.to_numeric(X[name], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+            bad = ~(np.isfinite(values) & (values > 0))
+            if bad.any():
+                first = X.index[np.flatnonzero(bad)[0]]
+                raise InputError(
+                    f"device_transfer: column {name!r} needs positive finite values; {int(bad.sum())} rows "
+                    f"lack one (first: row {first!r})"
+                )
+            out[:, j] = np.log(values)
+        return out
+
+    def _parts(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Standardised workload features, centred device features and per-row features (all logged)."""
+        Z = (self._logged(X, self.workload_features) - self.z_mean_) / self.z_scale_
+        H = self._logged(X, self.device_features) - self.h_mean_
+        R = self._logged(X, self.row_features)
+        return Z, H, R
+
+    @staticmethod
+    def _design(Z: np.ndarray, H: np.ndarray, R: np.ndarray) -> np.ndarray:
+        Z1 = np.hstack([np.ones((len(Z), 1)), Z])
+        inter = (H[:, :, None] * Z1[:, None, :]).reshape(len(Z), -1)
+        return np.hstack([inter, R])
+
+    def _check(self, X: pd.DataFrame) -> None:
+        cols = [*self.workload_features, *self.device_features, *self.row_features, self.workload_col,
+                self.device_col]
+        _require_columns(_check_frame(X), cols, what="device_transfer")
+        if not 0 < self.interval_level < 1:
+            raise InputError(f"device_transfer: interval_level must lie in (0, 1), got {self.interval_level}")
+
+    # -- fit
+
+    def _fit_core(self, X: pd.DataFrame, t: np.ndarray) -> None:
+        """Fit standardisation, ``B``/``c``, workload effects and the few-shot device corrections."""
+        Zraw = self._logged(X, self.workload_features)
+        self.z_mean_, self.z_scale_ = Zraw.mean(axis=0), Zraw.std(axis=0)
+        self.z_scale_[~(self.z_scale_ > 0)] = 1.0
+        self.h_mean_ = self._logged(X, self.device_features).mean(axis=0)
+        Z, H, R = self._parts(X)
+        A = self._design(Z, H, R)
+        ids, codes = np.unique(X[self.workload_col].astype(str).to_numpy(), return_inverse=True)
+        A_mean, t_mean = _group_means(A, codes, len(ids)), _group_means(t[:, None], codes, len(ids))[:, 0]
+        self.coef_ = _ridge(A - A_mean[codes], t - t_mean[codes], np.full(A.shape[1], float(self.alpha)))
+        self.workload_ids_ = [str(i) for i in ids]
+        self.workload_effects_ = t_mean - A_mean @ self.coef_
+        Zw = _group_means(Z, codes, len(ids))
+        P = _poly2(Zw)
+        self.effect_coef_ = _ridge(P, self.workload_effects_, np.r_[0.0, np.full(P.shape[1] - 1, float(self.alpha))])
+        residual = t - (self.workload_effects_[codes] + A @ self.coef_)
+        self._fit_shots(X, Z, residual)
+
+    def _fit_shots(self, X: pd.DataFrame, Z: np.ndarray, residual: np.ndarray) -> None:
+        """Per-device ridge correction ``a_d + b_d . z`` of the residuals (intercept lightly penalised)."""
+        devices = X[self.device_col].astype(str).to_numpy()
+        Z1 = np.hstack([np.ones((len(Z), 1)), Z])
+        penalty = np.r_[0.1, np.full(Z.shape[1], float(self.shot_alpha))]
+        self.shot_devices_ = sorted(set(devices))
+        self.shot_coef_ = np.vstack([_ridge(Z1[devices == d], residual[devices == d], penalty)
+                                     for d in self.shot_devices_])
+
+    def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> DeviceTransferRegressor:
+        self._check(X)
+        t = self._encode_target(y, len(X))
+        self.feature_names_ = [*self.workload_features, *self.device_features, *self.row_features]
+        self.n_features_in_ = len(self.feature_names_)
+        self.interval_halfwidth_ = self._conformal(X, t)
+        self._fit_core(X, t)
+        return self
+
+    def _conformal(self, X: pd.DataFrame, t: np.ndarray) -> float:
+        """Inner leave-one-device-out absolute log residuals -> conformal half-width (inf if < 2 devices)."""
+        devices = X[self.device_col].astype(str).to_numpy()
+        names, counts = np.unique(devices, return_counts=True)
+        if len(names) < 2:
+            return math.inf
+        shots = int(counts.min()) if counts.min() < 0.5 * np.median(counts) else 0
+        rng = np.random.default_rng(0)
+        residuals = []
+        for name in names:
+            rows = np.flatnonzero(devices == name)
+            kept = rng.choice(rows, size=min(shots, len(rows) - 1), replace=False) if shots else rows[:0]
+            test = np.setdiff1d(rows, kept)
+            train = np.setdiff1d(np.arange(len(X)), test)
+            inner = DeviceTransferRegressor(**self.get_params())
+            inner._fit_core(X.iloc[train], t[train])
+            residuals.append(t[test] - inner._predict_log(X.iloc[test]))
+        return conformal_halfwidth(np.abs(np.concatenate(residuals)), float(self.interval_level))
+
+    # -- predict
+
+    def _predict_log(self, X: pd.DataFrame) -> np.ndarray:
+        Z, H, R = self._parts(X)
+        lookup = {w: i for i, w in enumerate(self.workload_ids_)}
+        idx = np.array([lookup.get(w, -1) for w in X[self.workload_col].astype(str)], dtype=np.int64)
+        effects = _poly2(Z) @ self.effect_coef_
+        seen = idx >= 0
+        effects[seen] = self.workload_effects_[idx[seen]]
+        out = effects + self._design(Z, H, R) @ self.coef_
+        shot_rows = {d: i for i, d in enumerate(self.shot_devices_)}
+        Z1 = np.hstack([np.ones((len(Z), 1)), Z])
+        for d, rows in pd.Series(np.arange(len(X))).groupby(X[self.device_col].astype(str).to_numpy()):
+            if d in shot_rows:
+                out[rows.to_numpy()] += Z1[rows.to_numpy()] @ self.shot_coef_[shot_rows[d]]
+        return out
+
+    def predict(self, X: pd.DataFrame) -> np.ndarray:
+        self._check(X)
+        return self._decode_target(self._predict_log(X))
+
+    def predict_interval(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        """Lower and upper ends of the conformal ``interval_level`` interval of every row."""
+        if not self.log_target:
+            raise InputError("device_transfer: intervals need log_target=True")
+        self._check(X)
+        z = self._predict_log(X)
+        q = float(self.interval_halfwidth_)
+        return np.exp(z - q), np.exp(z + q)
