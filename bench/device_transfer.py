@@ -59,7 +59,7 @@ HARDWARE = ["hw_peak_gflops", "hw_mem_bw_gbs"]
 def load(directory: Path) -> pd.DataFrame:
     """One row per (file, model, image size): per-sample features, device specs and latency."""
     frames = []
-    for path in sorted(directory.glob("benchmark-infer-amp-*.csv")):
+    for path in sorted(directory.glob("*benchmark-infer-amp-*.csv")):
         parts = path.stem.split("-")
         torch_version, key = parts[4], parts[-1]
         gpu = GPUS[key]
@@ -148,7 +148,7 @@ def evaluate_fold(data: pd.DataFrame, gpu: str, k: int, seed: int) -> dict[str, 
     shots = shot_rows(data, held, k, np.random.default_rng(seed)) if k else np.array([], dtype=int)
     train = data[~held | data.index.isin(shots)]
     test = data[held & ~data.index.isin(shots)]
-    reg = DeviceTransferRegressor(workload_features=WORKLOAD, device_features=HARDWARE).fit(train, train["latency_ms"])
+    reg = DeviceTransferRegressor(workload_features=WORKLOAD, group_col="gpu").fit(train, train["latency_ms"])
     y = test["latency_ms"].to_numpy()
     pred = reg.predict(test)
     lo, hi = reg.predict_interval(test)

@@ -86,10 +86,13 @@ class DeviceTransferRegressor(Regressor):
     def __init__(
         self,
         workload_features: Sequence[str] = ("flops", "activation_bytes", "weight_bytes"),
-        device_features: Sequence[str] = ("hw_peak_gflops", "hw_mem_bw_gbs"),
+        device_features: Sequence[str] = ("hw_peak_gflops",),
+        anchor_feature: str | None = "hw_mem_bw_gbs",
         row_features: Sequence[str] = ("batch",),
         workload_col: str = "model_id",
         device_col: str = "device",
+        group_col: str | None = None,
+        few_shot_max_rows: int = 50,
         alpha: float = 1.0,
         shot_alpha: float = 5.0,
         interval_level: float = 0.9,
@@ -97,9 +100,12 @@ class DeviceTransferRegressor(Regressor):
     ) -> None:
         self.workload_features = workload_features
         self.device_features = device_features
+        self.anchor_feature = anchor_feature
         self.row_features = row_features
         self.workload_col = workload_col
         self.device_col = device_col
+        self.group_col = group_col
+        self.few_shot_max_rows = few_shot_max_rows
         self.alpha = alpha
         self.shot_alpha = shot_alpha
         self.interval_level = interval_level
@@ -122,10 +128,16 @@ class DeviceTransferRegressor(Regressor):
             out[:, j] = np.log(values)
         return out
 
+    def _anchor(self, X: pd.DataFrame) -> np.ndarray:
+        """``log`` of the anchor column (its coefficient is fixed at -1), zeros without an anchor."""
+        if self.anchor_feature is None:
+            return np.zeros(len(X))
+        return self._logged(X, [self.anchor_feature])[:, 0]
+
     def _parts(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Standardised workload features, centred device features and per-row features (all logged)."""
+        """Standardised workload features, centred device features (over the anchor) and row features."""
         Z = (self._logged(X, self.workload_features) - self.z_mean_) / self.z_scale_
-        H = self._logged(X, self.device_features) - self.h_mean_
+        H = self._logged(X, self.device_features) - self._anchor(X)[:, None] - self.h_mean_
         R = self._logged(X, self.row_features)
         return Z, H, R
 
@@ -137,35 +149,46 @@ class DeviceTransferRegressor(Regressor):
 
     def _check(self, X: pd.DataFrame) -> None:
         cols = [*self.workload_features, *self.device_features, *self.row_features, self.workload_col,
-                self.device_col]
+                self.device_col, *([self.anchor_feature] if self.anchor_feature else [])]
         _require_columns(_check_frame(X), cols, what="device_transfer")
         if not 0 < self.interval_level < 1:
             raise InputError(f"device_transfer: interval_level must lie in (0, 1), got {self.interval_level}")
 
+    def _few_shot_mask(self, X: pd.DataFrame) -> np.ndarray:
+        """Rows of devices with at most ``few_shot_max_rows`` rows: used only for their own calibration."""
+        devices = X[self.device_col].astype(str)
+        counts = devices.map(devices.value_counts())
+        few = (counts <= self.few_shot_max_rows).to_numpy()
+        return few if not few.all() else np.zeros(len(X), dtype=bool)
+
     # -- fit
 
     def _fit_core(self, X: pd.DataFrame, t: np.ndarray) -> None:
-        """Fit standardisation, ``B``/``c``, workload effects and the few-shot device corrections."""
-        Zraw = self._logged(X, self.workload_features)
+        """Fit ``B``/``c`` and workload effects on the fully profiled devices, then few-shot corrections."""
+        full = ~self._few_shot_mask(X)
+        Xf, tf = X[full], t[full]
+        Zraw = self._logged(Xf, self.workload_features)
         self.z_mean_, self.z_scale_ = Zraw.mean(axis=0), Zraw.std(axis=0)
         self.z_scale_[~(self.z_scale_ > 0)] = 1.0
-        self.h_mean_ = self._logged(X, self.device_features).mean(axis=0)
-        Z, H, R = self._parts(X)
+        self.h_mean_ = (self._logged(Xf, self.device_features) - self._anchor(Xf)[:, None]).mean(axis=0)
+        Z, H, R = self._parts(Xf)
         A = self._design(Z, H, R)
-        ids, codes = np.unique(X[self.workload_col].astype(str).to_numpy(), return_inverse=True)
-        A_mean, t_mean = _group_means(A, codes, len(ids)), _group_means(t[:, None], codes, len(ids))[:, 0]
-        self.coef_ = _ridge(A - A_mean[codes], t - t_mean[codes], np.full(A.shape[1], float(self.alpha)))
+        target = tf + self._anchor(Xf)
+        ids, codes = np.unique(Xf[self.workload_col].astype(str).to_numpy(), return_inverse=True)
+        A_mean, t_mean = _group_means(A, codes, len(ids)), _group_means(target[:, None], codes, len(ids))[:, 0]
+        self.coef_ = _ridge(A - A_mean[codes], target - t_mean[codes], np.full(A.shape[1], float(self.alpha)))
         self.workload_ids_ = [str(i) for i in ids]
         self.workload_effects_ = t_mean - A_mean @ self.coef_
-        Zw = _group_means(Z, codes, len(ids))
-        P = _poly2(Zw)
-        self.effect_coef_ = _ridge(P, self.workload_effects_, np.r_[0.0, np.full(P.shape[1] - 1, float(self.alpha))])
-        residual = t - (self.workload_effects_[codes] + A @ self.coef_)
-        self._fit_shots(X, Z, residual)
+        P = _poly2(_group_means(Z, codes, len(ids)))
+        penalty = np.r_[0.0, np.full(P.shape[1] - 1, float(self.alpha))]
+        self.effect_coef_ = _ridge(P, self.workload_effects_, penalty)
+        self.shot_devices_, self.shot_coef_ = [], np.zeros((0, Z.shape[1] + 1))
+        self._fit_shots(X, t - self._predict_log(X))
 
-    def _fit_shots(self, X: pd.DataFrame, Z: np.ndarray, residual: np.ndarray) -> None:
+    def _fit_shots(self, X: pd.DataFrame, residual: np.ndarray) -> None:
         """Per-device ridge correction ``a_d + b_d . z`` of the residuals (intercept lightly penalised)."""
         devices = X[self.device_col].astype(str).to_numpy()
+        Z = (self._logged(X, self.workload_features) - self.z_mean_) / self.z_scale_
         Z1 = np.hstack([np.ones((len(Z), 1)), Z])
         penalty = np.r_[0.1, np.full(Z.shape[1], float(self.shot_alpha))]
         self.shot_devices_ = sorted(set(devices))
@@ -182,19 +205,27 @@ class DeviceTransferRegressor(Regressor):
         return self
 
     def _conformal(self, X: pd.DataFrame, t: np.ndarray) -> float:
-        """Inner leave-one-device-out absolute log residuals -> conformal half-width (inf if < 2 devices)."""
+        """Inner leave-one-group-out absolute log residuals -> conformal half-width (inf if < 2 groups).
+
+        Groups are the fully profiled devices (or their ``group_col`` value, e.g. the GPU model when one
+        GPU appears under two software versions). When the training data hold a few-shot device with k
+        rows, each inner held-out group keeps k random rows of each of its devices in training.
+        """
+        few = self._few_shot_mask(X)
         devices = X[self.device_col].astype(str).to_numpy()
-        names, counts = np.unique(devices, return_counts=True)
+        groups = X[self.group_col or self.device_col].astype(str).to_numpy()
+        names = np.unique(groups[~few])
         if len(names) < 2:
             return math.inf
-        shots = int(counts.min()) if counts.min() < 0.5 * np.median(counts) else 0
+        shots = int(pd.Series(devices[few]).value_counts().max()) if few.any() else 0
         rng = np.random.default_rng(0)
         residuals = []
         for name in names:
-            rows = np.flatnonzero(devices == name)
-            kept = rng.choice(rows, size=min(shots, len(rows) - 1), replace=False) if shots else rows[:0]
-            test = np.setdiff1d(rows, kept)
-            train = np.setdiff1d(np.arange(len(X)), test)
+            held = np.flatnonzero((groups == name) & ~few)
+            kept = [rng.choice(rows, size=min(shots, len(rows) - 1), replace=False)
+                    for d in np.unique(devices[held]) for rows in [held[devices[held] == d]]] if shots else []
+            test = np.setdiff1d(held, np.concatenate(kept)) if kept else held
+            train = np.setdiff1d(np.flatnonzero(~few), test)
             inner = DeviceTransferRegressor(**self.get_params())
             inner._fit_core(X.iloc[train], t[train])
             residuals.append(t[test] - inner._predict_log(X.iloc[test]))
@@ -209,12 +240,13 @@ class DeviceTransferRegressor(Regressor):
         effects = _poly2(Z) @ self.effect_coef_
         seen = idx >= 0
         effects[seen] = self.workload_effects_[idx[seen]]
-        out = effects + self._design(Z, H, R) @ self.coef_
+        out = effects + self._design(Z, H, R) @ self.coef_ - self._anchor(X)
         shot_rows = {d: i for i, d in enumerate(self.shot_devices_)}
         Z1 = np.hstack([np.ones((len(Z), 1)), Z])
-        for d, rows in pd.Series(np.arange(len(X))).groupby(X[self.device_col].astype(str).to_numpy()):
-            if d in shot_rows:
-                out[rows.to_numpy()] += Z1[rows.to_numpy()] @ self.shot_coef_[shot_rows[d]]
+        devices = X[self.device_col].astype(str).to_numpy()
+        for d in set(devices) & set(shot_rows):
+            rows = devices == d
+            out[rows] += Z1[rows] @ self.shot_coef_[shot_rows[d]]
         return out
 
     def predict(self, X: pd.DataFrame) -> np.ndarray:
