@@ -11,7 +11,8 @@ import pytest
 
 from perfzoo.io import InputError
 from perfzoo.regressors import load_regressor, make_regressor, save_regressor
-from perfzoo.transfer import DeviceTransferRegressor, conformal_halfwidth
+from perfzoo.stats import conformal_halfwidth
+from perfzoo.transfer import DeviceTransferRegressor
 
 FIXTURES = Path(__file__).parent / "fixtures" / "timm"
 #: (peak FP16 tensor GFLOP/s, bandwidth GB/s) of four made-up devices with distinct balance points

@@ -39,16 +39,9 @@ import pandas as pd
 
 from perfzoo.io import InputError
 from perfzoo.regressors import Regressor, _check_frame, _require_columns, register_regressor
+from perfzoo.stats import conformal_halfwidth
 
-__all__ = ["DeviceTransferRegressor", "conformal_halfwidth"]
-
-
-def conformal_halfwidth(abs_residuals: np.ndarray, level: float) -> float:
-    """Split-conformal half-width: the ``ceil((n+1)·level)``-th smallest absolute residual (inf if n too small)."""
-    r = np.sort(np.asarray(abs_residuals, dtype=np.float64))
-    n = r.size
-    rank = math.ceil((n + 1) * level)
-    return float(r[rank - 1]) if 0 < rank <= n else math.inf
+__all__ = ["DeviceTransferRegressor"]
 
 
 def _ridge(A: np.ndarray, y: np.ndarray, penalty: np.ndarray) -> np.ndarray:
