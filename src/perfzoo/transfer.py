@@ -73,7 +73,8 @@ class DeviceTransferRegressor(Regressor):
     kind = "device_transfer"
     _required_state: ClassVar[tuple[str, ...]] = (
         "feature_names_", "coef_", "z_mean_", "z_scale_", "h_mean_", "workload_ids_", "workload_effects_",
-        "effect_coef_", "shot_devices_", "shot_coef_", "interval_halfwidth_",
+        "effect_coef_", "shot_devices_", "shot_coef_", "shot_refs_", "ref_devices_", "ref_residuals_",
+        "interval_halfwidth_",
     )
 
     def __init__(
@@ -175,18 +176,52 @@ class DeviceTransferRegressor(Regressor):
         P = _poly2(_group_means(Z, codes, len(ids)))
         penalty = np.r_[0.0, np.full(P.shape[1] - 1, float(self.alpha))]
         self.effect_coef_ = _ridge(P, self.workload_effects_, penalty)
-        self.shot_devices_, self.shot_coef_ = [], np.zeros((0, Z.shape[1] + 1))
-        self._fit_shots(X, t - self._predict_log(X))
+        self.shot_devices_, self.shot_coef_, self.shot_refs_ = [], np.zeros((0, Z.shape[1] + 2)), np.zeros(0, int)
+        residual = t - self._predict_log(X)
+        self._store_reference_residuals(X[full], residual[full])
+        self._fit_shots(X, residual)
+
+    def _store_reference_residuals(self, X: pd.DataFrame, residual: np.ndarray) -> None:
+        """In-sample log residual of every (fully profiled device, workload): what hardware does not explain."""
+        self.ref_devices_ = sorted(set(X[self.device_col].astype(str)))
+        lookup = {w: i for i, w in enumerate(self.workload_ids_)}
+        table = np.full((len(self.ref_devices_), len(self.workload_ids_)), np.nan)
+        rows = X[self.device_col].astype(str).map({d: i for i, d in enumerate(self.ref_devices_)}).to_numpy()
+        table[rows, X[self.workload_col].astype(str).map(lookup).to_numpy()] = residual
+        self.ref_residuals_ = table
+
+    def _reference_column(self, X: pd.DataFrame, ref: int) -> np.ndarray:
+        """Residual of each row's workload on reference device ``ref`` (0 where it never ran there)."""
+        if ref < 0:
+            return np.zeros(len(X))
+        lookup = {w: i for i, w in enumerate(self.workload_ids_)}
+        idx = np.array([lookup.get(w, -1) for w in X[self.workload_col].astype(str)], dtype=np.int64)
+        col = np.where(idx >= 0, self.ref_residuals_[ref, np.maximum(idx, 0)], np.nan)
+        return np.nan_to_num(col, nan=0.0)
 
     def _fit_shots(self, X: pd.DataFrame, residual: np.ndarray) -> None:
-        """Per-device ridge correction ``a_d + b_d . z`` of the residuals (intercept lightly penalised)."""
+        """Per-device ridge correction of the residuals: ``a_d + b_d . z`` (intercept lightly penalised)
+        plus, for a few-shot device, ``g_d`` times the residual of the same workload on the reference
+        device (the fully profiled device whose residuals fit the device's rows best)."""
         devices = X[self.device_col].astype(str).to_numpy()
         Z = (self._logged(X, self.workload_features) - self.z_mean_) / self.z_scale_
         Z1 = np.hstack([np.ones((len(Z), 1)), Z])
-        penalty = np.r_[0.1, np.full(Z.shape[1], float(self.shot_alpha))]
+        penalty = np.r_[0.1, np.full(Z.shape[1], float(self.shot_alpha)), 1.0]
         self.shot_devices_ = sorted(set(devices))
-        self.shot_coef_ = np.vstack([_ridge(Z1[devices == d], residual[devices == d], penalty)
-                                     for d in self.shot_devices_])
+        coefs, refs = [], []
+        for d in self.shot_devices_:
+            rows = devices == d
+            candidates = [-1] if d in self.ref_devices_ else list(range(len(self.ref_devices_)))
+            best = None
+            for ref in candidates:
+                A = np.hstack([Z1[rows], self._reference_column(X[rows], ref)[:, None]])
+                coef = _ridge(A, residual[rows], penalty)
+                sse = float(np.sum((A @ coef - residual[rows]) ** 2))
+                if best is None or sse < best[0]:
+                    best = (sse, ref, coef)
+            refs.append(best[1])
+            coefs.append(best[2])
+        self.shot_coef_, self.shot_refs_ = np.vstack(coefs), np.array(refs, dtype=np.int64)
 
     def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> DeviceTransferRegressor:
         self._check(X)
@@ -239,7 +274,9 @@ class DeviceTransferRegressor(Regressor):
         devices = X[self.device_col].astype(str).to_numpy()
         for d in set(devices) & set(shot_rows):
             rows = devices == d
-            out[rows] += Z1[rows] @ self.shot_coef_[shot_rows[d]]
+            i = shot_rows[d]
+            A = np.hstack([Z1[rows], self._reference_column(X[rows], int(self.shot_refs_[i]))[:, None]])
+            out[rows] += A @ self.shot_coef_[i]
         return out
 
     def predict(self, X: pd.DataFrame) -> np.ndarray:
