@@ -14,7 +14,7 @@ default ``../shared/data/timm-benchmark``) and scores, per held-out GPU:
 The target is latency per sample (``infer_step_time / infer_batch_size``): the batch a GPU ran differs
 between files, and per-sample MAPE equals per-step MAPE at the file's batch.
 
-Usage: ``PYTHONPATH=src python bench/device_transfer.py [DIR] [--draws 5] [--out bench/device_transfer.csv]``
+Usage: ``PYTHONPATH=src python bench/device_transfer.py [DIR] [--draws 5] [--degree 1|2] [--out FILE.csv]``
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ GPUS = {
 
 WORKLOAD = ["flops", "activation_bytes", "weight_bytes"]
 HARDWARE = ["hw_peak_gflops", "hw_mem_bw_gbs"]
+DEGREE = [1]  # interaction degree, set from --degree
 
 
 def load(directory: Path) -> pd.DataFrame:
@@ -148,7 +149,7 @@ def evaluate_fold(data: pd.DataFrame, gpu: str, k: int, seed: int) -> dict[str, 
     shots = shot_rows(data, held, k, np.random.default_rng(seed)) if k else np.array([], dtype=int)
     train = data[~held | data.index.isin(shots)]
     test = data[held & ~data.index.isin(shots)]
-    reg = DeviceTransferRegressor(workload_features=WORKLOAD, group_col="gpu").fit(train, train["latency_ms"])
+    reg = DeviceTransferRegressor(workload_features=WORKLOAD, group_col="gpu", interaction_degree=DEGREE[0]).fit(train, train["latency_ms"])
     y = test["latency_ms"].to_numpy()
     pred = reg.predict(test)
     lo, hi = reg.predict_interval(test)
@@ -178,8 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory", nargs="?", default="../shared/data/timm-benchmark", type=Path)
     parser.add_argument("--draws", type=int, default=5)
+    parser.add_argument("--degree", type=int, choices=(1, 2), default=1, help="interaction degree of device_transfer")
     parser.add_argument("--out", type=Path, default=Path("bench/device_transfer.csv"))
     args = parser.parse_args(argv)
+    DEGREE[0] = args.degree
     data = load(args.directory)
     print(f"{len(data)} rows, {data['model_id'].nunique()} workloads, devices: {sorted(data['device'].unique())}")
     rows = []

@@ -87,6 +87,7 @@ class DeviceTransferRegressor(Regressor):
         device_col: str = "device",
         group_col: str | None = None,
         few_shot_max_rows: int = 50,
+        interaction_degree: int = 1,
         alpha: float = 1.0,
         shot_alpha: float = 5.0,
         interval_level: float = 0.9,
@@ -100,6 +101,7 @@ class DeviceTransferRegressor(Regressor):
         self.device_col = device_col
         self.group_col = group_col
         self.few_shot_max_rows = few_shot_max_rows
+        self.interaction_degree = interaction_degree
         self.alpha = alpha
         self.shot_alpha = shot_alpha
         self.interval_level = interval_level
@@ -135,9 +137,9 @@ class DeviceTransferRegressor(Regressor):
         R = self._logged(X, self.row_features)
         return Z, H, R
 
-    @staticmethod
-    def _design(Z: np.ndarray, H: np.ndarray, R: np.ndarray) -> np.ndarray:
-        Z1 = np.hstack([np.ones((len(Z), 1)), Z])
+    def _design(self, Z: np.ndarray, H: np.ndarray, R: np.ndarray) -> np.ndarray:
+        """Columns ``h_j z_k`` (``z`` = ``[1, z]`` or its degree-2 expansion) and the row features."""
+        Z1 = _poly2(Z) if self.interaction_degree == 2 else np.hstack([np.ones((len(Z), 1)), Z])
         inter = (H[:, :, None] * Z1[:, None, :]).reshape(len(Z), -1)
         return np.hstack([inter, R])
 
