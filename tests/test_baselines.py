@@ -130,3 +130,18 @@ def test_split_conformal_intervals_cover_ninety_percent_of_test_rows() -> None:
 
 def test_conformal_halfwidth_rank() -> None:
     assert conformal_halfwidth(np.arange(1.0, 20.0), 0.9) == 18.0  # ceil(20 * 0.9) = 18th smallest
+
+
+def test_device_transfer_runs_in_the_fit_stage_with_intervals_and_is_compared_with_baselines() -> None:
+    # time follows peak for large workloads and bandwidth for small ones: no single-ratio baseline is exact
+    data = panel(lambda f, p, b: (f / (p * 1e9) + 4e8 / (b * 1e9)) * 1e3)
+    split = make_split("leave_one_device_out", data, {})
+    preds, models, notes = fit_split(data, split, "latency_ms", "device_transfer", {"few_shot_max_rows": 0})
+    assert not notes["skipped_folds"] and set(models) == set(DEVICES)
+    assert preds[["y_lo", "y_hi"]].notna().all().all()
+    scored = pd.concat([preds, baseline_predictions(data, split, "latency_ms")], ignore_index=True)
+    table = metrics_table(scored, pd.DataFrame({"target": ["latency_ms"], "noise_mape": [0.0]}))
+    row = table.set_index("regressor").loc["device_transfer"]
+    assert row["n_interval"] == len(data)
+    assert row["beats_baseline"] == (row["mape"] < row["best_baseline_mape"])
+    assert 0 <= row["coverage90"] <= 1
