@@ -44,7 +44,9 @@ class Gpu:
 
 
 GPUS = {
-    # Ampere GA102 whitepaper; Ada AD102 whitepaper; Blackwell GB202 whitepaper / RTX PRO 6000 datasheet
+    # Ampere GA102 whitepaper; Ada AD102 whitepaper; Blackwell GB202 whitepaper / RTX PRO 6000 datasheet.
+    # The PRO 6000 Max-Q datasheet states no FP16 tensor figure, only 3,511 FP4 "AI TOPS" (sparse):
+    # 438.9 = 3511 / 8 (dense, FP16 with FP32 accumulate at full rate on workstation parts) is derived.
     "rtx3090": Gpu("RTX 3090", 71.0, 936, 82, 6, 1.695, 350),
     "rtx4090": Gpu("RTX 4090", 165.2, 1008, 128, 72, 2.52, 450),
     "4090": Gpu("RTX 4090", 165.2, 1008, 128, 72, 2.52, 450),

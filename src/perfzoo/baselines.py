@@ -48,7 +48,9 @@ def _positive_log(frame: pd.DataFrame, columns: list[str]) -> np.ndarray:
 def _workload_scale(target: str, test: pd.DataFrame, source: pd.DataFrame) -> np.ndarray:
     """(flops_t / flops_s)^a · (batch_t / batch_s)^b for the target's exponents (NaN if unknown)."""
     a, b = FLOPS_EXPONENT.get(target, (np.nan, np.nan))
-    ratio = lambda col: pd.to_numeric(test[col]).to_numpy(float) / pd.to_numeric(source[col]).to_numpy(float)  # noqa: E731
+    def ratio(col: str) -> np.ndarray:
+        return pd.to_numeric(test[col]).to_numpy(float) / pd.to_numeric(source[col]).to_numpy(float)
+
     flops = ratio("flops") if a and "flops" in test else np.ones(len(test))
     batch = ratio("batch") if b else np.ones(len(test))
     return flops ** a * batch ** b
@@ -90,7 +92,8 @@ def same_workload_nearest_device(train: pd.DataFrame, test: pd.DataFrame, target
         todo = rows
         for ref in _devices_by_distance(train, rows.iloc[0]):
             src = train[train["device"] == ref]
-            merged = todo.assign(index=todo.index).reset_index(drop=True).merge(src, on=["model_id", "mode"], suffixes=("", "_src"))
+            merged = todo.assign(index=todo.index).reset_index(drop=True).merge(
+                src, on=["model_id", "mode"], suffixes=("", "_src"))
             if merged.empty:
                 continue
             merged["gap"] = np.abs(np.log(merged["batch"].astype(float) / merged["batch_src"].astype(float)))
@@ -119,8 +122,8 @@ def device_baselines(train: pd.DataFrame, test: pd.DataFrame, target: str) -> di
         ratio = np.log(own[target].astype(float) / own_source)
         per_device = ratio[np.isfinite(ratio)].groupby(own["device"]).mean()
         factor = (source["value"] * np.exp(test["device"].map(per_device).astype(float))).to_numpy()
-    return {"baseline:device_peak": peak.to_numpy(float), "baseline:device_bandwidth": bandwidth.to_numpy(float),
-            "baseline:device_factor": factor}
+    return {"baseline:device_peak": peak.to_numpy(float),
+            "baseline:device_bandwidth": bandwidth.to_numpy(float), "baseline:device_factor": factor}
 
 
 def baseline_predictions(data: pd.DataFrame, split: pd.DataFrame, target: str) -> pd.DataFrame:
@@ -138,7 +141,8 @@ def baseline_predictions(data: pd.DataFrame, split: pd.DataFrame, target: str) -
                      **device_baselines(train, test, target)}
         for name in BASELINES:
             frames.append(pd.DataFrame({
-                "split": split["split"].iloc[0], "fold": str(fold), "set": "test", "row_id": test["row_id"].to_numpy(),
+                "split": split["split"].iloc[0], "fold": str(fold), "set": "test",
+                "row_id": test["row_id"].to_numpy(),
                 "target": target, "regressor": name, "y_true": test[target].to_numpy(float),
                 "y_pred": predicted[name]}))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

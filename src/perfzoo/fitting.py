@@ -31,7 +31,8 @@ def unsupported_reason(regressor: str, target: str) -> str | None:
         return f"{regressor} models execution time; it does not predict {target}"
     return None
 ID_COLUMNS = ["row_id", "model_id", "device", "mode", "batch", "family", "label"]
-PREDICTION_COLUMNS = ["split", "fold", "set", *ID_COLUMNS, "target", "regressor", "y_true", "y_pred", "y_lo", "y_hi"]
+PREDICTION_COLUMNS = ["split", "fold", "set", *ID_COLUMNS, "target", "regressor", "y_true", "y_pred",
+                      "y_lo", "y_hi"]
 #: level of the prediction intervals and the fewest validation rows a split-conformal interval is built from
 INTERVAL_LEVEL = 0.9
 MIN_CALIBRATION_ROWS = 20
@@ -78,13 +79,15 @@ def fit_split(
         try:
             model = build_regressor(regressor, params).fit(regressor_inputs(train, feature_set), train[target])
             pred = model.predict(regressor_inputs(test, feature_set))
-            lo, hi = prediction_intervals(model, regressor_inputs(test, feature_set), test[target], held["set"], pred)
+            lo, hi = prediction_intervals(model, regressor_inputs(test, feature_set), test[target],
+                                          held["set"], pred)
         except InputError as exc:  # e.g. a fold without the per-layer timings a method needs
             notes["skipped_folds"][str(fold)] = str(exc)
             continue
         predictions.append(test[ID_COLUMNS].assign(
             split=split["split"].iloc[0], fold=str(fold), set=held["set"].to_numpy(), target=target,
-            regressor=regressor, y_true=test[target].to_numpy(dtype=float), y_pred=np.asarray(pred, float), y_lo=lo, y_hi=hi))
+            regressor=regressor, y_true=test[target].to_numpy(dtype=float), y_pred=np.asarray(pred, float),
+            y_lo=lo, y_hi=hi))
         models[str(fold)] = model
     frame = (pd.concat(predictions, ignore_index=True) if predictions
              else pd.DataFrame(columns=PREDICTION_COLUMNS))

@@ -171,20 +171,22 @@ class DeviceTransferRegressor(Regressor):
         A = self._design(Z, H, R)
         target = tf + self._anchor(Xf)
         ids, codes = np.unique(Xf[self.workload_col].astype(str).to_numpy(), return_inverse=True)
-        A_mean, t_mean = _group_means(A, codes, len(ids)), _group_means(target[:, None], codes, len(ids))[:, 0]
+        A_mean = _group_means(A, codes, len(ids))
+        t_mean = _group_means(target[:, None], codes, len(ids))[:, 0]
         self.coef_ = _ridge(A - A_mean[codes], target - t_mean[codes], np.full(A.shape[1], float(self.alpha)))
         self.workload_ids_ = [str(i) for i in ids]
         self.workload_effects_ = t_mean - A_mean @ self.coef_
         P = _poly2(_group_means(Z, codes, len(ids)))
         penalty = np.r_[0.0, np.full(P.shape[1] - 1, float(self.alpha))]
         self.effect_coef_ = _ridge(P, self.workload_effects_, penalty)
-        self.shot_devices_, self.shot_coef_, self.shot_refs_ = [], np.zeros((0, Z.shape[1] + 2)), np.zeros(0, int)
+        self.shot_devices_, self.shot_refs_ = [], np.zeros(0, int)
+        self.shot_coef_ = np.zeros((0, Z.shape[1] + 2))
         residual = t - self._predict_log(X)
         self._store_reference_residuals(X[full], residual[full])
         self._fit_shots(X, residual)
 
     def _store_reference_residuals(self, X: pd.DataFrame, residual: np.ndarray) -> None:
-        """In-sample log residual of every (fully profiled device, workload): what hardware does not explain."""
+        """In-sample log residual of each (fully profiled device, workload): what hardware leaves out."""
         self.ref_devices_ = sorted(set(X[self.device_col].astype(str)))
         lookup = {w: i for i, w in enumerate(self.workload_ids_)}
         table = np.full((len(self.ref_devices_), len(self.workload_ids_)), np.nan)
