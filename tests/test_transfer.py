@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from perfzoo.io import InputError
+from perfzoo.predict import Predictor
 from perfzoo.regressors import load_regressor, make_regressor, save_regressor
 from perfzoo.stats import conformal_halfwidth
 from perfzoo.transfer import DeviceTransferRegressor
@@ -143,3 +144,15 @@ def test_real_timm_subset_few_shot_beats_zero_shot_on_a_held_out_gpu() -> None:
     assert np.isfinite(zero.interval_halfwidth_) and np.isfinite(few.interval_halfwidth_)
     assert mape20 < mape0
     assert mape20 < 0.15
+
+
+def test_predict_prints_the_conformal_interval_of_a_device_transfer_predictor() -> None:
+    train, test = held_out(roofline_panel(noise=0.05), "A")
+    reg = DeviceTransferRegressor(alpha=0.5).fit(train, train["latency_ms"])
+    predictor = Predictor("latency_ms", "device_transfer", "leave_one_device_out", Path("unused"),
+                          {"0": reg}, {}, None, None, None, "")
+    point, lo, hi, method = predictor.predict(test)
+    expected_lo, expected_hi = reg.predict_interval(test)
+    np.testing.assert_allclose(lo, expected_lo)
+    np.testing.assert_allclose(hi, expected_hi)
+    assert "conformal" in method
