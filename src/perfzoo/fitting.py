@@ -47,7 +47,8 @@ def regressor_inputs(data: pd.DataFrame, feature_set: str = "all") -> pd.DataFra
     columns = feature_columns(data)
     if feature_set == "model":
         columns = [c for c in columns if not c.startswith(("hw_", "roofline_"))]
-    return data[[*columns, "device", "model_id", "mode"]]
+    groups = [c for c in ("gpu",) if c in data.columns]  # GPU model of a device (device_transfer's group_col)
+    return data[[*columns, "device", "model_id", "mode", *groups]]
 
 
 def build_regressor(name: str, params: dict[str, Any] | None = None) -> Regressor:
