@@ -1,9 +1,13 @@
 rule evaluate:
     """Accuracy metrics per target x regressor x split (and per family) on held-out rows."""
     input:
-        pkg("evaluate.py", "stats.py"),
+        pkg("evaluate.py", "stats.py", "baselines.py"),
         predictions=prediction_files,
         noise="results/dataset/noise_floor.parquet",
+        dataset="results/dataset/dataset.parquet",
+        splits=split_files,
+    params:
+        targets=TARGETS,
     output:
         metrics="results/evaluate/metrics.parquet",
         per_family="results/evaluate/per_family.parquet",

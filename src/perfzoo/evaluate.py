@@ -2,26 +2,64 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from perfzoo.stats import all_metrics, mape, rmse
 
 GROUP = ["target", "regressor", "split"]
+BASELINE_PREFIX = "baseline:"
 
 
 def test_rows(predictions: pd.DataFrame) -> pd.DataFrame:
     return predictions[predictions["set"] == "test"]
 
 
+def interval_coverage(rows: pd.DataFrame) -> dict[str, float]:
+    """Share of rows whose ``y_true`` lies in ``[y_lo, y_hi]``, over the rows that have an interval."""
+    if not {"y_lo", "y_hi"} <= set(rows.columns):
+        return {"n_interval": 0, "coverage90": np.nan}
+    has = rows["y_lo"].notna() & rows["y_hi"].notna()
+    inside = (rows["y_true"] >= rows["y_lo"]) & (rows["y_true"] <= rows["y_hi"])
+    return {"n_interval": int(has.sum()), "coverage90": float(inside[has].mean()) if has.any() else np.nan}
+
+
 def metrics_table(predictions: pd.DataFrame, noise: pd.DataFrame) -> pd.DataFrame:
-    """MAPE, RMSE, Kendall tau, R2, share within 10 %, pooled over folds, with the noise floor."""
+    """MAPE, RMSE, Kendall tau, R2, share within 10 %, pooled over folds, with the noise floor.
+
+    Rows without a prediction (a baseline without a source row) are left out and counted in
+    ``n_missing``; ``coverage90`` is the empirical coverage of the 90 % intervals where the
+    predictions carry them. With baseline rows present (regressor ``baseline:*``), every other row
+    names the best baseline of its (target, split) and whether it beats it (``beats_baseline``).
+    """
     rows = []
     for (target, regressor, split), g in test_rows(predictions).groupby(GROUP, sort=True):
-        rows.append({"target": target, "regressor": regressor, "split": split, "n": len(g),
-                     "folds": g["fold"].nunique(), **all_metrics(g["y_true"].to_numpy(), g["y_pred"].to_numpy())})
+        ok = g[np.isfinite(g["y_pred"].to_numpy(dtype=float))]
+        rows.append({"target": target, "regressor": regressor, "split": split, "n": len(ok),
+                     "folds": g["fold"].nunique(), **all_metrics(ok["y_true"].to_numpy(), ok["y_pred"].to_numpy()),
+                     "n_missing": len(g) - len(ok), **interval_coverage(ok)})
     table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    if not table["regressor"].str.startswith(BASELINE_PREFIX).any():
+        table = table.drop(columns=["n_missing", "n_interval", "coverage90"])
+    else:
+        table = compare_with_baselines(table)
     floor = noise.groupby("target")["noise_mape"].mean().rename("noise_floor_mape")
-    return table.merge(floor, left_on="target", right_index=True, how="left") if len(table) else table
+    return table.merge(floor, left_on="target", right_index=True, how="left")
+
+
+def compare_with_baselines(table: pd.DataFrame) -> pd.DataFrame:
+    """Add ``best_baseline``, ``best_baseline_mape`` and ``beats_baseline`` (lower MAPE) to every row."""
+    base = table[table["regressor"].str.startswith(BASELINE_PREFIX) & table["mape"].notna() & (table["n"] > 0)]
+    best = base.loc[base.groupby(["target", "split"])["mape"].idxmin(), ["target", "split", "regressor", "mape"]]
+    best = best.rename(columns={"regressor": "best_baseline", "mape": "best_baseline_mape"})
+    out = table.merge(best, on=["target", "split"], how="left")
+    is_model = ~out["regressor"].str.startswith(BASELINE_PREFIX)
+    compared = is_model & out["best_baseline_mape"].notna()
+    out["beats_baseline"] = pd.Series(pd.NA, index=out.index, dtype="boolean")
+    out.loc[compared, "beats_baseline"] = out.loc[compared, "mape"] < out.loc[compared, "best_baseline_mape"]
+    return out
 
 
 def per_family_table(predictions: pd.DataFrame) -> pd.DataFrame:
@@ -35,7 +73,8 @@ def per_family_table(predictions: pd.DataFrame) -> pd.DataFrame:
 
 
 def best_per_target(metrics: pd.DataFrame) -> pd.DataFrame:
-    """The lowest-MAPE regressor of every (target, split)."""
+    """The lowest-MAPE regressor of every (target, split) (baselines are not candidates)."""
+    metrics = metrics[~metrics["regressor"].str.startswith(BASELINE_PREFIX)]
     idx = metrics.groupby(["target", "split"])["mape"].idxmin()
     return metrics.loc[idx].reset_index(drop=True)
 

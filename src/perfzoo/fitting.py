@@ -12,7 +12,7 @@ import pandas as pd
 from perfzoo.dataset import feature_columns, finite_target_rows
 from perfzoo.io import InputError, write_text
 from perfzoo.regressors import Regressor, make_regressor, regressor_from_document
-from perfzoo.stats import all_metrics
+from perfzoo.stats import all_metrics, conformal_halfwidth
 
 MIN_TRAIN_ROWS = 3
 # Config names that are a registered regressor with preset parameters.
@@ -31,7 +31,11 @@ def unsupported_reason(regressor: str, target: str) -> str | None:
         return f"{regressor} models execution time; it does not predict {target}"
     return None
 ID_COLUMNS = ["row_id", "model_id", "device", "mode", "batch", "family", "label"]
-PREDICTION_COLUMNS = ["split", "fold", "set", *ID_COLUMNS, "target", "regressor", "y_true", "y_pred"]
+PREDICTION_COLUMNS = ["split", "fold", "set", *ID_COLUMNS, "target", "regressor", "y_true", "y_pred",
+                      "y_lo", "y_hi"]
+#: level of the prediction intervals and the fewest validation rows a split-conformal interval is built from
+INTERVAL_LEVEL = 0.9
+MIN_CALIBRATION_ROWS = 20
 
 
 def regressor_inputs(data: pd.DataFrame, feature_set: str = "all") -> pd.DataFrame:
@@ -43,7 +47,8 @@ def regressor_inputs(data: pd.DataFrame, feature_set: str = "all") -> pd.DataFra
     columns = feature_columns(data)
     if feature_set == "model":
         columns = [c for c in columns if not c.startswith(("hw_", "roofline_"))]
-    return data[[*columns, "device", "model_id", "mode"]]
+    groups = [c for c in ("gpu",) if c in data.columns]  # GPU model of a device (device_transfer's group_col)
+    return data[[*columns, "device", "model_id", "mode", *groups]]
 
 
 def build_regressor(name: str, params: dict[str, Any] | None = None) -> Regressor:
@@ -75,16 +80,41 @@ def fit_split(
         try:
             model = build_regressor(regressor, params).fit(regressor_inputs(train, feature_set), train[target])
             pred = model.predict(regressor_inputs(test, feature_set))
+            lo, hi = prediction_intervals(model, regressor_inputs(test, feature_set), test[target],
+                                          held["set"], pred)
         except InputError as exc:  # e.g. a fold without the per-layer timings a method needs
             notes["skipped_folds"][str(fold)] = str(exc)
             continue
         predictions.append(test[ID_COLUMNS].assign(
             split=split["split"].iloc[0], fold=str(fold), set=held["set"].to_numpy(), target=target,
-            regressor=regressor, y_true=test[target].to_numpy(dtype=float), y_pred=np.asarray(pred, float)))
+            regressor=regressor, y_true=test[target].to_numpy(dtype=float), y_pred=np.asarray(pred, float),
+            y_lo=lo, y_hi=hi))
         models[str(fold)] = model
     frame = (pd.concat(predictions, ignore_index=True) if predictions
              else pd.DataFrame(columns=PREDICTION_COLUMNS))
     return frame[PREDICTION_COLUMNS], models, notes
+
+
+def prediction_intervals(model: Regressor, inputs: pd.DataFrame, y: pd.Series, sets: pd.Series,
+                         pred: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """90 % intervals of held-out rows: the regressor's own (conformal) ones, else split-conformal.
+
+    Split-conformal: the half-width is the conformal quantile of ``|log(y / pred)|`` over the fold's
+    validation rows (never its test rows, on which coverage is measured); NaN when the fold has fewer
+    than ``MIN_CALIBRATION_ROWS`` validation rows.
+    """
+    if hasattr(model, "predict_interval"):
+        lo, hi = model.predict_interval(inputs)
+        return np.asarray(lo, float), np.asarray(hi, float)
+    pred = np.asarray(pred, float)
+    y_arr, val = y.to_numpy(dtype=float), sets.to_numpy() == "val"
+    with np.errstate(divide="ignore", invalid="ignore"):
+        residual = np.abs(np.log(y_arr / pred))
+    usable = val & np.isfinite(residual)
+    if usable.sum() < MIN_CALIBRATION_ROWS:
+        return np.full(len(pred), np.nan), np.full(len(pred), np.nan)
+    q = conformal_halfwidth(residual[usable], INTERVAL_LEVEL)
+    return pred * np.exp(-q), pred * np.exp(q)
 
 
 def skipped_fit(reason: str) -> tuple[pd.DataFrame, dict[str, Regressor], dict[str, Any]]:

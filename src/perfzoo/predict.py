@@ -13,7 +13,8 @@ MAPE on the ``random`` split (else on any split) whose ``results/fit/{target}/{r
 that split's fitted models and residuals. The prediction is the mean of that file's fold models.
 
 Intervals (nominal 90 %). Tree ensembles: 5th-95th percentile of the member (tree) predictions of all
-folds. Other regressors: the 5th-95th percentile ratios r = y_pred / y_true on the held-out test rows of
+folds. Regressors with their own calibrated intervals (``device_transfer``): those (mean over folds).
+Other regressors: the 5th-95th percentile ratios r = y_pred / y_true on the held-out test rows of
 the predictor's split, applied as [p / r95, p / r05]. Intervals always contain the point prediction.
 
 Derived quantities. Throughput = batch / latency when no throughput predictor exists; energy per step =
@@ -583,6 +584,10 @@ class Predictor:
             members = np.concatenate([np.asarray(m.predict_members(X), float) for m in self.folds.values()])
             lo, hi = np.quantile(members, QUANTILES, axis=0)
             method = f"5th-95th percentile of {members.shape[0]} tree predictions"
+        elif all(hasattr(m, "predict_interval") for m in self.folds.values()):
+            bounds = [m.predict_interval(X) for m in self.folds.values()]
+            lo, hi = (np.mean([np.asarray(b[i], float) for b in bounds], axis=0) for i in (0, 1))
+            method = "conformal 90 % interval (leave-one-device-out calibration residuals), mean over folds"
         elif self.ratios is not None and len(self.ratios):
             r05, r95 = np.quantile(self.ratios, QUANTILES)
             lo, hi = point / r95, point / r05

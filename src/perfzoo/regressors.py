@@ -1153,3 +1153,4 @@ class XGBoostRegressor(Regressor):
 
 # The per-layer model of Gianniti et al. lives in its own module and registers itself here.
 from perfzoo import gianniti as _gianniti  # noqa: E402,F401
+from perfzoo import transfer as _transfer  # noqa: E402,F401

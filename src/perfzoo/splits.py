@@ -22,7 +22,14 @@ Schemes (``SCHEMES``):
 ``leave_one_family_out``
     One fold per family (named by it): that family tests, every other family trains.
 ``leave_one_device_out``
-    One fold per device (named by it): that device tests, every other device trains.
+    One fold per device (named by it): that device tests, every other device trains. With
+    ``device_group`` naming another column (e.g. the GPU model when one GPU was measured under two
+    software versions), all rows of a group are held out together.
+``few_shot_device``
+    One fold per device group (``device_group``, default the ``device`` column) and draw: that group
+    tests, except ``few_shot_k`` (default 20) of its rows, drawn with ``seed`` and the draw number,
+    which train with every other group's rows; ``few_shot_draws`` (default 1) draws, folds named
+    ``{group}/k{k}/d{draw}``. ``few_shot_k: 0`` is leave-one-device-out.
 ``batch_extrapolation``
     Batch-size extrapolation (Gianniti et al., seed 004): rows with ``batch <= k`` train, larger
     batches test; ``k`` is ``batch_threshold`` or, by default, the (lower) median of the distinct
@@ -55,6 +62,9 @@ DEFAULTS: dict[str, Any] = {
     "mc_train_fraction": 0.7,
     "kfold": 5,
     "batch_threshold": None,
+    "device_group": "device",
+    "few_shot_k": 20,
+    "few_shot_draws": 1,
 }
 
 SchemeResult = tuple[pd.DataFrame, list[str]]
@@ -213,14 +223,52 @@ def _stratified(data: pd.DataFrame, cfg: dict[str, Any]) -> SchemeResult:
 # --------------------------------------------------------------------------- device and batch extrapolation
 
 
-def _lodo(data: pd.DataFrame, cfg: dict[str, Any]) -> SchemeResult:
-    devices = data["device"].dropna().astype(str).unique()
-    if data["device"].isna().any():
-        return _empty(), [f"{int(data['device'].isna().sum())} rows have no device"]
+def _device_groups(data: pd.DataFrame, cfg: dict[str, Any], scheme: str) -> tuple[str, list[str]]:
+    """The device-group column and why the scheme cannot be formed (empty when it can)."""
+    column = str(cfg["device_group"])
+    if column not in data.columns:
+        raise InputError(f"splits.device_group: dataset has no column {column!r}")
+    if data[column].isna().any():
+        return column, [f"{int(data[column].isna().sum())} rows have no {column}"]
+    devices = data[column].astype(str).unique()
     if len(devices) < 2:
-        return _empty(), [f"leave_one_device_out needs at least 2 devices; the dataset has {len(devices)}"
-                          + (f" ({devices[0]})" if len(devices) else "")]
-    return _leave_one_out(data, "device"), []
+        return column, [f"{scheme} needs at least 2 devices; the dataset has {len(devices)}"
+                        + (f" ({devices[0]})" if len(devices) else "")]
+    return column, []
+
+
+def _lodo(data: pd.DataFrame, cfg: dict[str, Any]) -> SchemeResult:
+    column, notes = _device_groups(data, cfg, "leave_one_device_out")
+    return (_empty(), notes) if notes else (_leave_one_out(data, column), [])
+
+
+def few_shot_device(data: pd.DataFrame, column: str, k: int, draws: int, seed: int) -> pd.DataFrame:
+    """Per device group and draw: the group tests except ``k`` seeded random rows, which train."""
+    folds = []
+    groups = data[column].astype(str)
+    for value in sorted(groups.unique()):
+        held = np.flatnonzero((groups == value).to_numpy())
+        for draw in range(draws):
+            rng = np.random.default_rng([seed, draw, _stable_int(value)])
+            shots = rng.choice(held, size=min(k, len(held)), replace=False)
+            sets = np.where(groups == value, "test", "train")
+            sets[shots] = "train"
+            folds.append(_fold(f"{value}/k{k}/d{draw}", data["row_id"], sets))
+    return _concat(folds)
+
+
+def _few_shot(data: pd.DataFrame, cfg: dict[str, Any]) -> SchemeResult:
+    k, draws = int(cfg["few_shot_k"]), int(cfg["few_shot_draws"])
+    if k < 0 or draws < 1:
+        raise InputError(f"splits: few_shot_k must be >= 0 and few_shot_draws >= 1, got {k} and {draws}")
+    column, notes = _device_groups(data, cfg, "few_shot_device")
+    if notes:
+        return _empty(), notes
+    small = data[column].astype(str).value_counts()
+    small = small[small <= k]
+    if len(small):
+        return _empty(), [f"few_shot_device: k={k} leaves no test rows for {', '.join(small.index)}"]
+    return few_shot_device(data, column, k, draws, int(cfg["seed"])), []
 
 
 def default_batch_threshold(batches: Any) -> float:
@@ -263,6 +311,7 @@ SCHEMES: dict[str, Scheme] = {
     "leave_one_family_out": _lofo,
     "leave_one_device_out": _lodo,
     "batch_extrapolation": _batch,
+    "few_shot_device": _few_shot,
 }
 REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
     "random": ("row_id",),
@@ -271,6 +320,7 @@ REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
     "leave_one_family_out": ("row_id", "family"),
     "leave_one_device_out": ("row_id", "device"),
     "batch_extrapolation": ("row_id", "batch"),
+    "few_shot_device": ("row_id",),
 }
 
 

@@ -68,3 +68,14 @@ METRICS = {"mape": mape, "rmse": rmse, "kendall_tau": kendall_tau, "r2": r2, "wi
 
 def all_metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
     return {name: fn(y_true, y_pred) for name, fn in METRICS.items()}
+
+
+def conformal_halfwidth(abs_residuals: np.ndarray | list[float], level: float) -> float:
+    """Split-conformal half-width: the ``ceil((n+1)·level)``-th smallest absolute residual.
+
+    Vovk, Gammerman and Shafer, "Algorithmic Learning in a Random World"; Lei et al., "Distribution-Free
+    Predictive Inference for Regression". ``inf`` when there are too few residuals for ``level``.
+    """
+    r = np.sort(np.asarray(abs_residuals, dtype=np.float64))
+    rank = math.ceil((r.size + 1) * level)
+    return float(r[rank - 1]) if 0 < rank <= r.size else math.inf

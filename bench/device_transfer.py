@@ -1,0 +1,209 @@
+"""Benchmark: predict AMP inference latency of timm models on a GPU not (or barely) profiled.
+
+Reads timm's published benchmark CSVs (``benchmark-infer-amp-*.csv``) from a directory (argument,
+default ``../shared/data/timm-benchmark``) and scores, per held-out GPU:
+
+- ``device_transfer`` (perfzoo.transfer.DeviceTransferRegressor), leave-one-GPU-out (k = 0) and
+  few-shot (k = 5, 20 configs of the held-out GPU in training, several random draws);
+- baselines: nearest profiled config scaled by FLOPs; same workload on the nearest device scaled by
+  peak FLOP/s, and by memory bandwidth; for few-shot also one constant device factor fitted on the same
+  k configs (times on the nearest device);
+- the coverage of the 90 % conformal intervals, and the floor set by software versions (RTX 4090 under
+  torch 2.4 vs 2.9, one constant factor).
+
+The target is latency per sample (``infer_step_time / infer_batch_size``): the batch a GPU ran differs
+between files, and per-sample MAPE equals per-step MAPE at the file's batch.
+
+Usage: ``PYTHONPATH=src python bench/device_transfer.py [DIR] [--draws 5] [--degree 1|2] [--out FILE.csv]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from perfzoo.transfer import DeviceTransferRegressor
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """Spec-sheet numbers (NVIDIA whitepapers/datasheets): dense FP16 tensor TFLOP/s with FP32 accumulate."""
+
+    name: str
+    fp16_tflops: float
+    mem_bw_gbs: float
+    sm_count: int
+    l2_mb: float
+    boost_ghz: float
+    tdp_w: float
+
+
+GPUS = {
+    # Ampere GA102 whitepaper; Ada AD102 whitepaper; Blackwell GB202 whitepaper / RTX PRO 6000 datasheet.
+    # The PRO 6000 Max-Q datasheet states no FP16 tensor figure, only 3,511 FP4 "AI TOPS" (sparse):
+    # 438.9 = 3511 / 8 (dense, FP16 with FP32 accumulate at full rate on workstation parts) is derived.
+    "rtx3090": Gpu("RTX 3090", 71.0, 936, 82, 6, 1.695, 350),
+    "rtx4090": Gpu("RTX 4090", 165.2, 1008, 128, 72, 2.52, 450),
+    "4090": Gpu("RTX 4090", 165.2, 1008, 128, 72, 2.52, 450),
+    "5090": Gpu("RTX 5090", 209.5, 1792, 170, 96, 2.407, 575),
+    "pro6000maxq": Gpu("RTX PRO 6000 Blackwell Max-Q", 438.9, 1792, 188, 128, 2.28, 300),
+}
+
+WORKLOAD = ["flops", "activation_bytes", "weight_bytes"]
+HARDWARE = ["hw_peak_gflops", "hw_mem_bw_gbs"]
+DEGREE = [1]  # interaction degree, set from --degree
+
+
+def load(directory: Path) -> pd.DataFrame:
+    """One row per (file, model, image size): per-sample features, device specs and latency."""
+    frames = []
+    for path in sorted(directory.glob("*benchmark-infer-amp-*.csv")):
+        parts = path.stem.split("-")
+        torch_version, key = parts[4], parts[-1]
+        gpu = GPUS[key]
+        df = pd.read_csv(path)
+        frames.append(pd.DataFrame({
+            "model_id": df["model"] + "@" + df["infer_img_size"].astype(str),
+            "gpu": gpu.name, "device": f"{gpu.name} ({torch_version})", "torch": torch_version,
+            "batch": df["infer_batch_size"].astype(float),
+            "flops": 2e9 * df["infer_gmacs"], "activation_bytes": 2e6 * df["infer_macts"],
+            "weight_bytes": 2e6 * df["param_count"],
+            "hw_peak_gflops": gpu.fp16_tflops * 1e3, "hw_mem_bw_gbs": float(gpu.mem_bw_gbs),
+            "hw_sm_count": float(gpu.sm_count), "hw_l2_mb": gpu.l2_mb, "hw_tdp_w": gpu.tdp_w,
+            "latency_ms": df["infer_step_time"] / df["infer_batch_size"],
+        }))
+    data = pd.concat(frames, ignore_index=True)
+    data = data[(data[WORKLOAD] > 0).all(axis=1)].drop_duplicates(["device", "model_id"], keep="first")
+    return data.reset_index(drop=True)
+
+
+def mape(y: np.ndarray, p: np.ndarray) -> float:
+    ok = np.isfinite(p)
+    return float(np.mean(np.abs(p[ok] - y[ok]) / y[ok]) * 100) if ok.any() else float("nan")
+
+
+def nearest_devices(train: pd.DataFrame, target: pd.Series) -> list[str]:
+    """Training devices ordered by distance in (log peak FLOP/s, log bandwidth); same torch first on ties."""
+    specs = train.groupby("device")[[*HARDWARE, "torch"]].first()
+    dist = np.hypot(np.log(specs["hw_peak_gflops"] / target["hw_peak_gflops"]),
+                    np.log(specs["hw_mem_bw_gbs"] / target["hw_mem_bw_gbs"]))
+    order = pd.DataFrame({"d": dist.round(9), "other_torch": specs["torch"] != target["torch"]})
+    return list(order.sort_values(["d", "other_torch"]).index)
+
+
+def device_baselines(train: pd.DataFrame, test: pd.DataFrame) -> pd.DataFrame:
+    """Same workload on the nearest training device that ran it, scaled by peak FLOP/s and by bandwidth."""
+    out = pd.DataFrame(index=test.index, columns=["peak", "bandwidth", "ref_ms"], dtype=float)
+    for device, rows in test.groupby("device"):
+        todo = rows.index
+        for ref in nearest_devices(train, rows.iloc[0]):
+            src = train[train["device"] == ref].set_index("model_id")
+            hit = rows.loc[todo][rows.loc[todo, "model_id"].isin(src.index)]
+            if hit.empty:
+                continue
+            s = src.loc[hit["model_id"]]
+            out.loc[hit.index, "ref_ms"] = s["latency_ms"].to_numpy()
+            out.loc[hit.index, "peak"] = s["latency_ms"].to_numpy() * s["hw_peak_gflops"].to_numpy() / hit["hw_peak_gflops"]
+            out.loc[hit.index, "bandwidth"] = s["latency_ms"].to_numpy() * s["hw_mem_bw_gbs"].to_numpy() / hit["hw_mem_bw_gbs"]
+            todo = todo.difference(hit.index)
+            if todo.empty:
+                break
+    return out
+
+
+def flops_baseline(train: pd.DataFrame, test: pd.DataFrame) -> np.ndarray:
+    """Nearest training config in standardised log (workload + hardware) features, scaled by the FLOPs ratio."""
+    cols = [*WORKLOAD, *HARDWARE]
+    A, B = np.log(train[cols].to_numpy()), np.log(test[cols].to_numpy())
+    mu, sd = A.mean(0), A.std(0) + 1e-12
+    A, B = (A - mu) / sd, (B - mu) / sd
+    nn = np.array([np.argmin(((A - b) ** 2).sum(1)) for b in B])
+    src = train.iloc[nn]
+    return src["latency_ms"].to_numpy() * test["flops"].to_numpy() / src["flops"].to_numpy()
+
+
+def shot_rows(data: pd.DataFrame, held: pd.Series, k: int, rng: np.random.Generator) -> np.ndarray:
+    """k random rows of each held-out device file (indices)."""
+    picked = [rng.choice(g.index.to_numpy(), size=k, replace=False) for _, g in data[held].groupby("device")]
+    return np.concatenate(picked) if picked else np.array([], dtype=int)
+
+
+def constant_factor(train: pd.DataFrame, shots: pd.DataFrame, test: pd.DataFrame, base: pd.DataFrame) -> np.ndarray:
+    """Nearest-device time x one factor per held-out device (geometric mean ratio on its k shots)."""
+    pred = np.full(len(test), np.nan)
+    shot_base = device_baselines(train, shots)["ref_ms"]
+    for device in test["device"].unique():
+        s = shots["device"] == device
+        ok = s & shot_base.notna()
+        factor = np.exp(np.mean(np.log(shots.loc[ok, "latency_ms"] / shot_base[ok])))
+        m = (test["device"] == device).to_numpy()
+        pred[m] = base["ref_ms"].to_numpy()[m] * factor
+    return pred
+
+
+def evaluate_fold(data: pd.DataFrame, gpu: str, k: int, seed: int) -> dict[str, float]:
+    held = data["gpu"] == gpu
+    shots = shot_rows(data, held, k, np.random.default_rng(seed)) if k else np.array([], dtype=int)
+    train = data[~held | data.index.isin(shots)]
+    test = data[held & ~data.index.isin(shots)]
+    reg = DeviceTransferRegressor(workload_features=WORKLOAD, group_col="gpu", interaction_degree=DEGREE[0]).fit(train, train["latency_ms"])
+    y = test["latency_ms"].to_numpy()
+    pred = reg.predict(test)
+    lo, hi = reg.predict_interval(test)
+    base_train = train[~train.index.isin(shots)]
+    base = device_baselines(base_train, test)
+    row = {"gpu": gpu, "k": k, "seed": seed, "n_test": len(test), "device_transfer": mape(y, pred),
+           "coverage90": float(np.mean((y >= lo) & (y <= hi)) * 100),
+           "baseline_flops_nearest_config": mape(y, flops_baseline(base_train, test)),
+           "baseline_peak_flops": mape(y, base["peak"].to_numpy()),
+           "baseline_bandwidth": mape(y, base["bandwidth"].to_numpy()),
+           "baseline_coverage": float(base["peak"].notna().mean() * 100)}
+    if k:
+        row["constant_factor_k"] = mape(y, constant_factor(base_train, data.loc[shots], test, base))
+    return row
+
+
+def software_floor(data: pd.DataFrame) -> float:
+    """MAPE of one constant factor mapping RTX 4090 torch 2.4 times to torch 2.9 times (fitted on all)."""
+    a = data[data["device"] == "RTX 4090 (pt240)"].set_index("model_id")["latency_ms"]
+    b = data[data["device"] == "RTX 4090 (pt291)"].set_index("model_id")["latency_ms"]
+    common = a.index.intersection(b.index)
+    factor = np.exp(np.mean(np.log(b[common] / a[common])))
+    return mape(b[common].to_numpy(), a[common].to_numpy() * factor)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directory", nargs="?", default="../shared/data/timm-benchmark", type=Path)
+    parser.add_argument("--draws", type=int, default=5)
+    parser.add_argument("--degree", type=int, choices=(1, 2), default=1, help="interaction degree of device_transfer")
+    parser.add_argument("--out", type=Path, default=Path("bench/device_transfer.csv"))
+    args = parser.parse_args(argv)
+    DEGREE[0] = args.degree
+    data = load(args.directory)
+    print(f"{len(data)} rows, {data['model_id'].nunique()} workloads, devices: {sorted(data['device'].unique())}")
+    rows = []
+    for gpu in sorted(data["gpu"].unique()):
+        rows.append(evaluate_fold(data, gpu, 0, 0))
+        for k in (5, 20):
+            rows += [evaluate_fold(data, gpu, k, seed) for seed in range(args.draws)]
+    table = pd.DataFrame(rows)
+    summary = table.drop(columns="seed").groupby(["gpu", "k"], sort=True).mean().reset_index()
+    baselines = [c for c in summary.columns if c.startswith("baseline_") and c != "baseline_coverage"]
+    summary["best_baseline"] = summary[baselines + (["constant_factor_k"] if "constant_factor_k" in summary else [])].min(axis=1)
+    summary["improvement_x"] = summary["best_baseline"] / summary["device_transfer"]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.out, index=False)
+    pd.set_option("display.width", 250)
+    print(summary.round(2).to_markdown(index=False))
+    print(f"\nsoftware-version floor (RTX 4090 torch 2.4 -> 2.9, one factor): {software_floor(data):.2f} % MAPE")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""Device-transfer regressor: predict a workload's time on a GPU from its times on other GPUs.
+
+The model (fitted jointly, by ridge least squares, on the logarithm of the target)::
+
+    log t(w, d) = u(w) + sum_jk B_jk h_j(d) z_k(w) + c . r(w, d) + delta_d(w)
+
+- ``u(w)``: one effect per workload (``workload_col``, e.g. model name and image size), estimated from
+  every training device that ran it. A workload seen on no training device gets ``u`` from a ridge
+  regression of the fitted effects on its (logged, degree-2) workload features.
+- ``h(d)``: logged hardware features of the device (peak tensor FLOP/s at the row's precision, memory
+  bandwidth, ...), ``z(w)``: ``1`` and the standardised logged workload features (FLOPs, activation
+  and weight bytes, arithmetic intensity ...). The products ``h_j z_k`` let the device ratio depend on
+  the workload's roofline position: a compute-bound workload follows peak FLOP/s, a memory-bound one
+  follows bandwidth. ``r(w, d)``: logged per-row features (e.g. batch size).
+- ``delta_d(w) = a_d + b_d . z(w)``: few-shot calibration of a device from its own training rows,
+  ridge-shrunk towards zero (``shot_alpha``), so a device with k = 5 or 20 measured configs gets a
+  correction fitted on exactly those rows, and a device without rows (k = 0) gets none.
+
+``u`` is removed by the within-workload transformation (each column and the target minus its mean over
+the workload's rows), so ``B`` and ``c`` come from how times *differ between devices* for the same
+workload: the fixed-effects estimator of a two-way panel model.
+
+Intervals are split-conformal (Vovk, Gammerman and Shafer, "Algorithmic Learning in a Random World";
+Lei et al., "Distribution-Free Predictive Inference for Regression") on log residuals: each training
+device is held out in turn (with the same number of its rows kept in training as the smallest
+training device has, to mimic a few-shot device), the model is refitted on the rest, and the
+``ceil((n+1)·level)/n`` quantile of the absolute held-out log residuals is the half-width of the
+interval ``[ŷ·exp(-q), ŷ·exp(q)]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import ClassVar
+
+import numpy as np
+import pandas as pd
+
+from perfzoo.io import InputError
+from perfzoo.regressors import Regressor, _check_frame, _require_columns, register_regressor
+from perfzoo.stats import conformal_halfwidth
+
+__all__ = ["DeviceTransferRegressor"]
+
+
+def _ridge(A: np.ndarray, y: np.ndarray, penalty: np.ndarray) -> np.ndarray:
+    """Solve ``min |A b - y|^2 + sum penalty_i b_i^2``."""
+    gram = A.T @ A + np.diag(penalty)
+    return np.linalg.solve(gram, A.T @ y)
+
+
+def _group_means(values: np.ndarray, codes: np.ndarray, n_groups: int) -> np.ndarray:
+    """Mean of the rows of ``values`` per group code, shape ``(n_groups, columns)``."""
+    sums = np.zeros((n_groups, values.shape[1]))
+    np.add.at(sums, codes, values)
+    counts = np.bincount(codes, minlength=n_groups).astype(np.float64)
+    return sums / counts[:, None]
+
+
+def _poly2(Z: np.ndarray) -> np.ndarray:
+    """``[1, z, z_i z_j (i <= j)]`` for standardised workload features."""
+    n, q = Z.shape
+    cols = [np.ones((n, 1)), Z]
+    cols += [(Z[:, i] * Z[:, j])[:, None] for i in range(q) for j in range(i, q)]
+    return np.hstack(cols)
+
+
+@register_regressor
+class DeviceTransferRegressor(Regressor):
+    """Workload effect + hardware x workload interactions + few-shot device correction (see module doc)."""
+
+    kind = "device_transfer"
+    _required_state: ClassVar[tuple[str, ...]] = (
+        "feature_names_", "coef_", "z_mean_", "z_scale_", "h_mean_", "workload_ids_", "workload_effects_",
+        "effect_coef_", "shot_devices_", "shot_coef_", "shot_refs_", "ref_devices_", "ref_residuals_",
+        "interval_halfwidth_",
+    )
+
+    def __init__(
+        self,
+        workload_features: Sequence[str] = ("flops", "activation_bytes", "weight_bytes"),
+        device_features: Sequence[str] = ("hw_peak_gflops",),
+        anchor_feature: str | None = "hw_mem_bw_gbs",
+        row_features: Sequence[str] = ("batch",),
+        workload_col: str = "model_id",
+        device_col: str = "device",
+        group_col: str | None = None,
+        few_shot_max_rows: int = 50,
+        interaction_degree: int = 1,
+        alpha: float = 1.0,
+        shot_alpha: float = 5.0,
+        interval_level: float = 0.9,
+        log_target: bool = True,
+    ) -> None:
+        self.workload_features = workload_features
+        self.device_features = device_features
+        self.anchor_feature = anchor_feature
+        self.row_features = row_features
+        self.workload_col = workload_col
+        self.device_col = device_col
+        self.group_col = group_col
+        self.few_shot_max_rows = few_shot_max_rows
+        self.interaction_degree = interaction_degree
+        self.alpha = alpha
+        self.shot_alpha = shot_alpha
+        self.interval_level = interval_level
+        self.log_target = log_target
+
+    # -- inputs
+
+    def _logged(self, X: pd.DataFrame, columns: Sequence[str]) -> np.ndarray:
+        """``log`` of the named columns; a missing, non-positive or non-finite value is an error."""
+        out = np.empty((len(X), len(columns)))
+        for j, name in enumerate(columns):
+            values = pd.to_numeric(X[name], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+            bad = ~(np.isfinite(values) & (values > 0))
+            if bad.any():
+                first = X.index[np.flatnonzero(bad)[0]]
+                raise InputError(
+                    f"device_transfer: column {name!r} needs positive finite values; {int(bad.sum())} rows "
+                    f"lack one (first: row {first!r})"
+                )
+            out[:, j] = np.log(values)
+        return out
+
+    def _anchor(self, X: pd.DataFrame) -> np.ndarray:
+        """``log`` of the anchor column (its coefficient is fixed at -1), zeros without an anchor."""
+        if self.anchor_feature is None:
+            return np.zeros(len(X))
+        return self._logged(X, [self.anchor_feature])[:, 0]
+
+    def _parts(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Standardised workload features, centred device features (over the anchor) and row features."""
+        Z = (self._logged(X, self.workload_features) - self.z_mean_) / self.z_scale_
+        H = self._logged(X, self.device_features) - self._anchor(X)[:, None] - self.h_mean_
+        R = self._logged(X, self.row_features)
+        return Z, H, R
+
+    def _design(self, Z: np.ndarray, H: np.ndarray, R: np.ndarray) -> np.ndarray:
+        """Columns ``h_j z_k`` (``z`` = ``[1, z]`` or its degree-2 expansion) and the row features."""
+        Z1 = _poly2(Z) if self.interaction_degree == 2 else np.hstack([np.ones((len(Z), 1)), Z])
+        inter = (H[:, :, None] * Z1[:, None, :]).reshape(len(Z), -1)
+        return np.hstack([inter, R])
+
+    def _check(self, X: pd.DataFrame) -> None:
+        cols = [*self.workload_features, *self.device_features, *self.row_features, self.workload_col,
+                self.device_col, *([self.anchor_feature] if self.anchor_feature else [])]
+        _require_columns(_check_frame(X), cols, what="device_transfer")
+        if not 0 < self.interval_level < 1:
+            raise InputError(f"device_transfer: interval_level must lie in (0, 1), got {self.interval_level}")
+
+    def _few_shot_mask(self, X: pd.DataFrame) -> np.ndarray:
+        """Rows of devices with at most ``few_shot_max_rows`` rows: used only for their own calibration."""
+        devices = X[self.device_col].astype(str)
+        counts = devices.map(devices.value_counts())
+        few = (counts <= self.few_shot_max_rows).to_numpy()
+        return few if not few.all() else np.zeros(len(X), dtype=bool)
+
+    # -- fit
+
+    def _fit_core(self, X: pd.DataFrame, t: np.ndarray) -> None:
+        """Fit ``B``/``c`` and workload effects on the fully profiled devices, then few-shot corrections."""
+        full = ~self._few_shot_mask(X)
+        Xf, tf = X[full], t[full]
+        Zraw = self._logged(Xf, self.workload_features)
+        self.z_mean_, self.z_scale_ = Zraw.mean(axis=0), Zraw.std(axis=0)
+        self.z_scale_[~(self.z_scale_ > 0)] = 1.0
+        self.h_mean_ = (self._logged(Xf, self.device_features) - self._anchor(Xf)[:, None]).mean(axis=0)
+        Z, H, R = self._parts(Xf)
+        A = self._design(Z, H, R)
+        target = tf + self._anchor(Xf)
+        ids, codes = np.unique(Xf[self.workload_col].astype(str).to_numpy(), return_inverse=True)
+        A_mean = _group_means(A, codes, len(ids))
+        t_mean = _group_means(target[:, None], codes, len(ids))[:, 0]
+        self.coef_ = _ridge(A - A_mean[codes], target - t_mean[codes], np.full(A.shape[1], float(self.alpha)))
+        self.workload_ids_ = [str(i) for i in ids]
+        self.workload_effects_ = t_mean - A_mean @ self.coef_
+        P = _poly2(_group_means(Z, codes, len(ids)))
+        penalty = np.r_[0.0, np.full(P.shape[1] - 1, float(self.alpha))]
+        self.effect_coef_ = _ridge(P, self.workload_effects_, penalty)
+        self.shot_devices_, self.shot_refs_ = [], np.zeros(0, int)
+        self.shot_coef_ = np.zeros((0, Z.shape[1] + 2))
+        residual = t - self._predict_log(X)
+        self._store_reference_residuals(X[full], residual[full])
+        self._fit_shots(X, residual)
+
+    def _store_reference_residuals(self, X: pd.DataFrame, residual: np.ndarray) -> None:
+        """In-sample log residual of each (fully profiled device, workload): what hardware leaves out."""
+        self.ref_devices_ = sorted(set(X[self.device_col].astype(str)))
+        lookup = {w: i for i, w in enumerate(self.workload_ids_)}
+        table = np.full((len(self.ref_devices_), len(self.workload_ids_)), np.nan)
+        rows = X[self.device_col].astype(str).map({d: i for i, d in enumerate(self.ref_devices_)}).to_numpy()
+        table[rows, X[self.workload_col].astype(str).map(lookup).to_numpy()] = residual
+        self.ref_residuals_ = table
+
+    def _reference_column(self, X: pd.DataFrame, ref: int) -> np.ndarray:
+        """Residual of each row's workload on reference device ``ref`` (0 where it never ran there)."""
+        if ref < 0:
+            return np.zeros(len(X))
+        lookup = {w: i for i, w in enumerate(self.workload_ids_)}
+        idx = np.array([lookup.get(w, -1) for w in X[self.workload_col].astype(str)], dtype=np.int64)
+        col = np.where(idx >= 0, self.ref_residuals_[ref, np.maximum(idx, 0)], np.nan)
+        return np.nan_to_num(col, nan=0.0)
+
+    def _fit_shots(self, X: pd.DataFrame, residual: np.ndarray) -> None:
+        """Per-device ridge correction of the residuals: ``a_d + b_d . z`` (intercept lightly penalised)
+        plus, for a few-shot device, ``g_d`` times the residual of the same workload on the reference
+        device (the fully profiled device whose residuals fit the device's rows best)."""
+        devices = X[self.device_col].astype(str).to_numpy()
+        Z = (self._logged(X, self.workload_features) - self.z_mean_) / self.z_scale_
+        Z1 = np.hstack([np.ones((len(Z), 1)), Z])
+        penalty = np.r_[0.1, np.full(Z.shape[1], float(self.shot_alpha)), 1.0]
+        self.shot_devices_ = sorted(set(devices))
+        coefs, refs = [], []
+        for d in self.shot_devices_:
+            rows = devices == d
+            candidates = [-1] if d in self.ref_devices_ else list(range(len(self.ref_devices_)))
+            best = None
+            for ref in candidates:
+                A = np.hstack([Z1[rows], self._reference_column(X[rows], ref)[:, None]])
+                coef = _ridge(A, residual[rows], penalty)
+                sse = float(np.sum((A @ coef - residual[rows]) ** 2))
+                if best is None or sse < best[0]:
+                    best = (sse, ref, coef)
+            refs.append(best[1])
+            coefs.append(best[2])
+        self.shot_coef_, self.shot_refs_ = np.vstack(coefs), np.array(refs, dtype=np.int64)
+
+    def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> DeviceTransferRegressor:
+        self._check(X)
+        t = self._encode_target(y, len(X))
+        self.feature_names_ = [*self.workload_features, *self.device_features, *self.row_features]
+        self.n_features_in_ = len(self.feature_names_)
+        self.interval_halfwidth_ = self._conformal(X, t)
+        self._fit_core(X, t)
+        return self
+
+    def _conformal(self, X: pd.DataFrame, t: np.ndarray) -> float:
+        """Inner leave-one-group-out absolute log residuals -> conformal half-width (inf if < 2 groups).
+
+        Groups are the fully profiled devices (or their ``group_col`` value, e.g. the GPU model when one
+        GPU appears under two software versions). When the training data hold a few-shot device with k
+        rows, each inner held-out group keeps k random rows of each of its devices in training.
+        """
+        few = self._few_shot_mask(X)
+        devices = X[self.device_col].astype(str).to_numpy()
+        groups = X[self.group_col or self.device_col].astype(str).to_numpy()
+        names = np.unique(groups[~few])
+        if len(names) < 2:
+            return math.inf
+        shots = int(pd.Series(devices[few]).value_counts().max()) if few.any() else 0
+        rng = np.random.default_rng(0)
+        residuals = []
+        for name in names:
+            held = np.flatnonzero((groups == name) & ~few)
+            kept = [rng.choice(rows, size=min(shots, len(rows) - 1), replace=False)
+                    for d in np.unique(devices[held]) for rows in [held[devices[held] == d]]] if shots else []
+            test = np.setdiff1d(held, np.concatenate(kept)) if kept else held
+            train = np.setdiff1d(np.flatnonzero(~few), test)
+            inner = DeviceTransferRegressor(**self.get_params())
+            inner._fit_core(X.iloc[train], t[train])
+            residuals.append(t[test] - inner._predict_log(X.iloc[test]))
+        return conformal_halfwidth(np.abs(np.concatenate(residuals)), float(self.interval_level))
+
+    # -- predict
+
+    def _predict_log(self, X: pd.DataFrame) -> np.ndarray:
+        Z, H, R = self._parts(X)
+        lookup = {w: i for i, w in enumerate(self.workload_ids_)}
+        idx = np.array([lookup.get(w, -1) for w in X[self.workload_col].astype(str)], dtype=np.int64)
+        effects = _poly2(Z) @ self.effect_coef_
+        seen = idx >= 0
+        effects[seen] = self.workload_effects_[idx[seen]]
+        out = effects + self._design(Z, H, R) @ self.coef_ - self._anchor(X)
+        shot_rows = {d: i for i, d in enumerate(self.shot_devices_)}
+        Z1 = np.hstack([np.ones((len(Z), 1)), Z])
+        devices = X[self.device_col].astype(str).to_numpy()
+        for d in set(devices) & set(shot_rows):
+            rows = devices == d
+            i = shot_rows[d]
+            A = np.hstack([Z1[rows], self._reference_column(X[rows], int(self.shot_refs_[i]))[:, None]])
+            out[rows] += A @ self.shot_coef_[i]
+        return out
+
+    def predict(self, X: pd.DataFrame) -> np.ndarray:
+        self._check(X)
+        return self._decode_target(self._predict_log(X))
+
+    def predict_interval(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        """Lower and upper ends of the conformal ``interval_level`` interval of every row."""
+        if not self.log_target:
+            raise InputError("device_transfer: intervals need log_target=True")
+        self._check(X)
+        z = self._predict_log(X)
+        q = float(self.interval_halfwidth_)
+        return np.exp(z - q), np.exp(z + q)

@@ -1,0 +1,158 @@
+"""Device-transfer regressor: exact recovery on constructed data, conformal coverage, few-shot, persistence."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from perfzoo.io import InputError
+from perfzoo.predict import Predictor
+from perfzoo.regressors import load_regressor, make_regressor, save_regressor
+from perfzoo.stats import conformal_halfwidth
+from perfzoo.transfer import DeviceTransferRegressor
+
+FIXTURES = Path(__file__).parent / "fixtures" / "timm"
+#: (peak FP16 tensor GFLOP/s, bandwidth GB/s) of four made-up devices with distinct balance points
+DEVICES = {"A": (70e3, 900.0), "B": (160e3, 1000.0), "C": (210e3, 1800.0), "D": (400e3, 1700.0)}
+
+
+def roofline_panel(n_workloads: int = 60, noise: float = 0.0, seed: int = 0) -> pd.DataFrame:
+    """log t = u(w) - s(w) log P - (1 - s(w)) log B with s linear in log intensity: the model's own form."""
+    rng = np.random.default_rng(seed)
+    flops = np.exp(rng.uniform(np.log(1e8), np.log(1e11), n_workloads))
+    act = np.exp(rng.uniform(np.log(1e6), np.log(1e9), n_workloads))
+    weight = np.exp(rng.uniform(np.log(1e6), np.log(1e9), n_workloads))
+    s = 0.5 + 0.1 * (np.log(flops / act) - np.log(flops / act).mean())
+    rows = []
+    for name, (peak, bw) in DEVICES.items():
+        log_t = np.log(flops) - s * np.log(peak) - (1 - s) * np.log(bw) - 5 + rng.normal(0, noise, n_workloads)
+        rows.append(pd.DataFrame({"model_id": [f"w{i}" for i in range(n_workloads)], "device": name,
+                                  "flops": flops, "activation_bytes": act, "weight_bytes": weight,
+                                  "hw_peak_gflops": peak, "hw_mem_bw_gbs": bw, "batch": 256.0,
+                                  "latency_ms": np.exp(log_t)}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def held_out(data: pd.DataFrame, device: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    return data[data["device"] != device], data[data["device"] == device]
+
+
+def test_unseen_device_is_recovered_exactly_when_the_data_follow_the_model() -> None:
+    train, test = held_out(roofline_panel(), "D")
+    reg = DeviceTransferRegressor(alpha=1e-8).fit(train, train["latency_ms"])
+    rel = np.abs(reg.predict(test) / test["latency_ms"].to_numpy() - 1)
+    assert rel.max() < 1e-4
+
+
+def test_one_constant_factor_cannot_do_what_the_interactions_do() -> None:
+    """Sanity check of the constructed data: the device ratio really depends on the workload."""
+    data = roofline_panel()
+    c, d = data[data["device"] == "C"]["latency_ms"].to_numpy(), data[data["device"] == "D"]["latency_ms"].to_numpy()
+    factor = np.exp(np.mean(np.log(d / c)))
+    assert np.mean(np.abs(c * factor / d - 1)) > 0.02
+
+
+def test_conformal_halfwidth_is_the_finite_sample_quantile() -> None:
+    residuals = np.arange(1.0, 10.0)  # n = 9
+    assert conformal_halfwidth(residuals, 0.9) == 9.0  # ceil(10 * 0.9) = 9th smallest
+    assert conformal_halfwidth(residuals, 0.5) == 5.0  # ceil(10 * 0.5) = 5th
+    assert conformal_halfwidth(residuals[:3], 0.9) == np.inf  # too few residuals for 90 %
+
+
+def test_intervals_cover_about_ninety_percent_of_an_unseen_device() -> None:
+    sigma = 0.1
+    train, test = held_out(roofline_panel(n_workloads=400, noise=sigma, seed=1), "B")
+    reg = DeviceTransferRegressor(alpha=1e-6).fit(train, train["latency_ms"])
+    lo, hi = reg.predict_interval(test)
+    y = test["latency_ms"].to_numpy()
+    coverage = np.mean((y >= lo) & (y <= hi))
+    # residuals of a new device: its own noise plus the noise in the workload effects (3 devices)
+    expected = 1.645 * sigma * np.sqrt(1 + 1 / 3)
+    assert abs(reg.interval_halfwidth_ - expected) / expected < 0.15
+    assert 0.85 <= coverage <= 0.95
+
+
+def test_few_shot_rows_calibrate_a_device_offset_that_hardware_cannot_explain() -> None:
+    data = roofline_panel(n_workloads=200)
+    slow = data["device"] == "D"
+    data.loc[slow, "latency_ms"] *= 1.3  # e.g. a power-capped card: 30 % slower than its specs say
+    train, test = held_out(data, "D")
+    k0 = DeviceTransferRegressor(alpha=1e-6).fit(train, train["latency_ms"])
+    shots = test.iloc[:20]
+    train20 = pd.concat([train, shots])
+    k20 = DeviceTransferRegressor(alpha=1e-6).fit(train20, train20["latency_ms"])
+    rest = test.iloc[20:]
+    err = {name: np.mean(np.abs(r.predict(rest) / rest["latency_ms"].to_numpy() - 1)) for name, r in
+           (("k0", k0), ("k20", k20))}
+    assert err["k0"] == pytest.approx(1 - 1 / 1.3, rel=1e-3)
+    assert err["k20"] < 0.01
+
+
+def test_save_and_load_round_trip_without_pickle(tmp_path: Path) -> None:
+    train, test = held_out(roofline_panel(noise=0.05), "A")
+    reg = make_regressor("device_transfer", alpha=0.5).fit(train, train["latency_ms"])
+    path = tmp_path / "transfer.json"
+    save_regressor(reg, path)
+    assert json.loads(path.read_text())["kind"] == "device_transfer"
+    loaded = load_regressor(path)
+    np.testing.assert_array_equal(loaded.predict(test), reg.predict(test))
+    np.testing.assert_array_equal(loaded.predict_interval(test)[1], reg.predict_interval(test)[1])
+
+
+def test_a_non_positive_feature_is_an_error_naming_the_column() -> None:
+    data = roofline_panel(n_workloads=10)
+    data.loc[3, "flops"] = 0.0
+    with pytest.raises(InputError, match="'flops'"):
+        DeviceTransferRegressor().fit(data, data["latency_ms"])
+
+
+def timm_rows() -> pd.DataFrame:
+    """The fixture subset of timm's AMP inference benchmark, one row per (file, model, image size)."""
+    specs = {"rtx3090": (71e3, 936.0), "rtx4090": (165.2e3, 1008.0), "4090": (165.2e3, 1008.0),
+             "5090": (209.5e3, 1792.0), "pro6000maxq": (438.9e3, 1792.0)}
+    frames = []
+    for path in sorted(FIXTURES.glob("transfer_benchmark-infer-amp-*.csv")):
+        parts = path.stem.split("-")
+        df = pd.read_csv(path)
+        peak, bw = specs[parts[-1]]
+        frames.append(pd.DataFrame({
+            "model_id": df["model"] + "@" + df["infer_img_size"].astype(str), "gpu": parts[-1].replace("rtx", ""),
+            "device": f"{parts[-1]}-{parts[4]}", "batch": df["infer_batch_size"].astype(float),
+            "flops": 2e9 * df["infer_gmacs"], "activation_bytes": 2e6 * df["infer_macts"],
+            "weight_bytes": 2e6 * df["param_count"], "hw_peak_gflops": peak, "hw_mem_bw_gbs": bw,
+            "latency_ms": df["infer_step_time"] / df["infer_batch_size"]}))
+    return pd.concat(frames, ignore_index=True).drop_duplicates(["device", "model_id"])
+
+
+def test_real_timm_subset_few_shot_beats_zero_shot_on_a_held_out_gpu() -> None:
+    data = timm_rows()
+    assert data["device"].nunique() == 5 and len(data) > 500
+    held = data["gpu"] == "3090"
+    train, test = data[~held], data[held]
+    zero = DeviceTransferRegressor().fit(train, train["latency_ms"])
+    shots = test.sample(20, random_state=0)
+    rest = test.drop(shots.index)
+    train20 = pd.concat([train, shots])
+    few = DeviceTransferRegressor().fit(train20, train20["latency_ms"])
+    y = rest["latency_ms"].to_numpy()
+    mape0 = np.mean(np.abs(zero.predict(rest) / y - 1))
+    mape20 = np.mean(np.abs(few.predict(rest) / y - 1))
+    assert np.isfinite(zero.interval_halfwidth_) and np.isfinite(few.interval_halfwidth_)
+    assert mape20 < mape0
+    assert mape20 < 0.15
+
+
+def test_predict_prints_the_conformal_interval_of_a_device_transfer_predictor() -> None:
+    train, test = held_out(roofline_panel(noise=0.05), "A")
+    reg = DeviceTransferRegressor(alpha=0.5).fit(train, train["latency_ms"])
+    predictor = Predictor("latency_ms", "device_transfer", "leave_one_device_out", Path("unused"),
+                          {"0": reg}, {}, None, None, None, "")
+    point, lo, hi, method = predictor.predict(test)
+    expected_lo, expected_hi = reg.predict_interval(test)
+    np.testing.assert_allclose(lo, expected_lo)
+    np.testing.assert_allclose(hi, expected_hi)
+    assert "conformal" in method
