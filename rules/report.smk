@@ -19,6 +19,7 @@ rule report:
         records=prediction_records,
         gianniti=gianniti_tables,
         ablation="results/evaluate/ablation.parquet",
+        sensors=sensors_targets,
     output:
         index="results/report/index.html",
         provenance="results/report/provenance.json",

@@ -1,6 +1,8 @@
 # Energy fidelity of NVML's power fields against an external meter, for the runs listed under
 # `sensor_logs:` (nothing when the list is empty, the default):
 #   snakemake results/sensors/energy_fidelity.csv
+from perfzoo.report_outputs import by_name as report_output, snakemake_report_args
+
 SENSOR_RUNS = config.get("sensor_logs", [])
 SENSOR_FILES = ("gpudata.csv", "PMD_data.bin", "PMD_start_ts.txt", "timestamps.csv")
 
@@ -32,17 +34,11 @@ if SENSOR_RUNS:
         output:
             table=report(
                 "results/sensors/energy_fidelity.csv",
-                caption="../report/sensors_energy_fidelity.rst",
-                category="Energy",
-                subcategory="sensor fidelity",
-                labels={"table": "NVML vs meter energy error"},
+                **snakemake_report_args(report_output("sensors_energy_fidelity")),
             ),
             png=report(
                 "results/sensors/meter_vs_nvml.png",
-                caption="../report/sensors_meter_vs_nvml.rst",
-                category="Energy",
-                subcategory="sensor fidelity",
-                labels={"figure": "meter vs NVML power"},
+                **snakemake_report_args(report_output("sensors_meter_vs_nvml")),
             ),
             pdf="results/sensors/meter_vs_nvml.pdf",
             provenance="results/sensors/provenance.json",

@@ -27,7 +27,8 @@ SHOWN = (  # (quantity, column title, unit) of the first screen
     ("energy_per_sample_j", "energy per sample", "J"), ("cost_per_1k_samples", "cost per 1000 samples", ""),
 )  # fmt: skip
 BASELINE_REGRESSORS = ("roofline", "linear")
-COVERAGE_COLUMNS = ("interval_coverage", "coverage")
+BASELINE_PREFIX = "baseline:"  # rows of perfzoo.baselines in the metrics table
+COVERAGE_COLUMNS = ("coverage90", "interval_coverage", "coverage")
 SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 NEAR_NOISE = 1.5  # best MAPE within 1.5x the noise floor counts as "at the noise floor"
 
@@ -113,6 +114,7 @@ def _best_rows(metrics: pd.DataFrame) -> pd.DataFrame:
     if metrics.empty or "mape" not in metrics:
         return metrics
     rows = metrics.dropna(subset=["mape"])
+    rows = rows[~rows["regressor"].astype(str).str.startswith(BASELINE_PREFIX)]
     first = rows.groupby("target")["split"].transform(lambda s: PRIMARY_SPLIT if (s == PRIMARY_SPLIT).any()
                                                       else sorted(s)[0])
     rows = rows[rows["split"] == first]
@@ -129,9 +131,9 @@ def _hardest_text(metrics: pd.DataFrame, target: str) -> str:
 
 
 def _baseline_text(metrics: pd.DataFrame, row: pd.Series) -> str:
-    if "baseline_mape" in metrics and pd.notna(row.get("baseline_mape")):
-        verdict = "beats" if row["mape"] < row["baseline_mape"] else "does NOT beat"
-        return f"baseline {fmt(row['baseline_mape'], '%')} ({verdict} it)"
+    if "best_baseline_mape" in metrics and pd.notna(row.get("best_baseline_mape")):
+        verdict = "beats" if row["mape"] < row["best_baseline_mape"] else "does NOT beat"
+        return f"best baseline ({row['best_baseline']}) {fmt(row['best_baseline_mape'], '%')} ({verdict} it)"
     same = metrics[(metrics["target"] == row["target"]) & (metrics["split"] == row["split"])]
     simple = [f"{r.regressor} {fmt(r.mape, '%')}" for r in same.itertuples() if r.regressor in BASELINE_REGRESSORS]
     text = "baseline MAPE " + NOT_COMPUTED
