@@ -159,9 +159,13 @@ def test_page_shows_baseline_coverage_and_flags_when_other_stages_write_them(tmp
     data.loc[0, "interference"] = True
     predictions = held_out(data)
     noise = pd.DataFrame({"target": ["latency_ms", "peak_mem_mb"], "noise_mape": [4.0, 0.5]})
-    metrics = metrics_table(predictions, noise).assign(baseline_mape=1000.0, interval_coverage=0.9)
+    metrics = metrics_table(predictions, noise).assign(
+        best_baseline="baseline:flops_nearest", best_baseline_mape=1000.0, coverage90=0.9)
+    baseline_row = metrics.iloc[:1].assign(regressor="baseline:flops_nearest", mape=0.001)
+    metrics = pd.concat([metrics, baseline_row], ignore_index=True)  # never reported as the best regressor
     top = first_screen(render_index(tmp_path, tables_for(data, predictions, metrics), data, [record()], [], PROV))
-    assert "baseline 1,000%" in top and "(beats it)" in top
+    assert "best baseline (baseline:flops_nearest) 1,000%" in top and "(beats it)" in top
+    assert "best MAPE 0.001" not in top
     assert "90.0% of held-out values inside the interval" in top
     assert "1 flagged for interference" in top and NOT_COMPUTED not in top
 

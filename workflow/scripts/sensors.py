@@ -18,8 +18,7 @@ def main() -> None:
     out = snakemake.output  # noqa: F821
     table = fidelity_table(runs)
     write_text(out.table, table.to_csv(index=False, float_format="%.4f"))
-    plot_meter_vs_nvml(runs, out.png)
-    plot_meter_vs_nvml(runs, out.pdf)
+    plot_meter_vs_nvml(runs, out.png)  # writes the PDF beside the PNG
     prov = provenance(list(snakemake.input.logs), {"sensor_logs": list(snakemake.params.runs)})  # noqa: F821
     write_json(out.provenance, {**prov, "runs": [f"{r.gpu} {r.load}" for r in runs]})
 

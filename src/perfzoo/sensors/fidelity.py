@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfzoo.energy import _new_figure, _save_figure, cumulative_energy
+from perfzoo.energy import cumulative_energy
+from perfzoo.figures import new_figure, save_figure
 from perfzoo.io import InputError
 from perfzoo.sensors.pmd import START_LEAD_US, read_pmd, read_start_us
 from perfzoo.sensors.smi import read_smi_csv
@@ -171,8 +172,8 @@ def fidelity_table(runs: Sequence[MeterRun], windows_s: Sequence[float] = WINDOW
 
 def plot_meter_vs_nvml(runs: Sequence[MeterRun], path: str | os.PathLike[str]) -> Path:
     """Power over time around the load, one panel per run: meter vs power.draw and power.draw.instant."""
-    fig, axes = _new_figure(len(runs), 1, height=1.7, width=7.0)
-    for ax, run in zip(axes[:, 0], runs, strict=True):
+    fig, axes = new_figure(len(runs), panel_height_in=1.7, ncols=1)
+    for ax, run in zip(axes, runs, strict=True):
         t0 = run.edges_ns[0]
         meter = run.meter.iloc[:: max(len(run.meter) // 6000, 1)]
         ax.plot((meter["t_ns"] - t0) / 1e9, meter["power_w"], lw=0.4, color="0.6", label="meter (PMD)")
@@ -181,11 +182,11 @@ def plot_meter_vs_nvml(runs: Sequence[MeterRun], path: str | os.PathLike[str]) -
                 ax.step((run.smi["t_ns"] - t0) / 1e9, run.smi[column], where="post", lw=0.9, color=color,
                         label=f"NVML {field}")
         ax.set_xlim(-0.5, (run.edges_ns[-1] - t0) / 1e9 + 1.0)
-        ax.set_ylabel("W")
+        ax.set_ylabel("power (W)")
         ax.set_title(f"{run.gpu}, {run.load} load", fontsize=8, loc="right")
-    axes[0, 0].legend(fontsize=7, loc="upper left", ncols=3)
-    axes[-1, 0].set_xlabel("time since the load's first edge (s)")
-    return _save_figure(fig, path)
+    axes[0].legend(fontsize=8, loc="upper left", ncols=1)
+    axes[-1].set_xlabel("time since the load's first edge (s)")
+    return save_figure(fig, path, "meter vs NVML power")[0]
 
 
 def default_estimate(table: pd.DataFrame, min_window_s: float) -> pd.DataFrame:
