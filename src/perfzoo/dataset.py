@@ -225,6 +225,17 @@ def build_dataset(
     return data, noise_floor(runs), status_counts(runs)
 
 
+def imported_only(external: list[pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(dataset, noise floor, status counts) of a config without local devices: the imported rows, and
+    empty measurement tables (imported tables carry no repeated measurements or run statuses)."""
+    if not external:
+        raise InputError("no traces and no imported tables: nothing to build a dataset from")
+    data = pd.concat(external, ignore_index=True).sort_values("row_id").reset_index(drop=True)
+    noise = pd.DataFrame(columns=["device", "target", "pairs", "noise_mape"])
+    statuses = pd.DataFrame(columns=["device", "status", "configs"])
+    return data, noise, statuses
+
+
 def add_roofline_features(data: pd.DataFrame) -> pd.DataFrame:
     """Roofline times (seed 003 ch. 3) from model and hardware features: compute- and memory-bound bounds.
 

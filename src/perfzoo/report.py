@@ -92,7 +92,13 @@ def plot_actual_vs_predicted(predictions: pd.DataFrame, best: pd.DataFrame, path
     save_figure(fig, path, prov)
 
 
+def profiled_rows(data: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Rows that carry ``column`` (profiled rows; imported rows have no CI or CV): empty when none do."""
+    return data[data[column].notna()] if column in data.columns else data.iloc[0:0].assign(**{column: []})
+
+
 def plot_latency_vs_batch(data: pd.DataFrame, path: Path, prov: str) -> None:
+    data = profiled_rows(data, "latency_ci_lo")
     families = sorted(data["family"].unique())
     cols = 3
     nrows = max(int(np.ceil(len(families) / cols)), 1)
@@ -118,7 +124,7 @@ def plot_latency_vs_batch(data: pd.DataFrame, path: Path, prov: str) -> None:
 
 def plot_cv_distribution(data: pd.DataFrame, path: Path, prov: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    cv = data["cv"].dropna() * 100
+    cv = profiled_rows(data, "cv")["cv"] * 100
     ax.hist(cv, bins=30, color="tab:blue")
     ax.set_xlabel("coefficient of variation of iteration times [%]")
     ax.set_ylabel("configs")
@@ -301,6 +307,9 @@ def report_notes(statuses: pd.DataFrame, prediction_files: list[str], split_file
         where = f"{fit.get('target')}/{fit.get('regressor')}/{fit.get('split')}"
         if info.get("excluded_nonfinite_labels"):
             notes.append(f"{where}: {info['excluded_nonfinite_labels']} row(s) with NaN or infinite labels excluded")
+        if info.get("excluded_unfeaturised_rows"):
+            notes.append(f"{where}: {info['excluded_unfeaturised_rows']} row(s) of "
+                         f"{len(info.get('unfeaturised_models', []))} model(s) that could not be featurised excluded")
         for fold, why in sorted(info.get("skipped_folds", {}).items()):
             notes.append(f"{where}: fold {fold} skipped ({why})")
     return notes
