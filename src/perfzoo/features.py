@@ -470,13 +470,15 @@ def featurise(
     mode: str,
     input_dtype: str = "float32",
     model_id: str = "",
+    trace_graph: bool = True,
 ) -> tuple[dict, pd.DataFrame]:
     """Build the model on the meta device and return (model-level features, per-layer table).
 
     ``input_shape`` excludes the batch dim; ``input_dtype`` is a torch dtype name ("float32" for
     images/MLPs, "int64" for token ids). ``mode`` is "inference" or "training". A model that
     fails to build or run raises ``InputError`` naming ``model_id``. See the module docstring
-    for the definition of every feature.
+    for the definition of every feature. ``trace_graph=False`` skips the fx trace (graph features NaN,
+    ``graph_error`` "not traced"), for callers that already traced the same model.
     """
     if mode not in MODES:
         raise InputError(f"model {model_id}: unknown mode {mode!r} (expected one of {', '.join(MODES)})")
@@ -503,7 +505,8 @@ def featurise(
         finally:
             for handle in handles:
                 handle.remove()
-        graph_nodes, graph_edges, graph_error = _graph_size(model)
+        graph_nodes, graph_edges, graph_error = (_graph_size(model) if trace_graph
+                                                 else (math.nan, math.nan, "not traced"))
 
     table = _layer_table(recorder.rows, output, mode, batch, model_id)
     params = _unique_tensors(model.parameters())

@@ -5,7 +5,8 @@ features of one ``FeatureJob`` (model, resolution, precision, mode) are computed
 sizes:
 
 * the model is built once on the meta device and stepped at two probe batches (2 and 4; batch 1 would
-  trip BatchNorm's "more than one value per channel" check in training);
+  trip BatchNorm's "more than one value per channel" check in training); its fx graph (which has no
+  batch dimension) is traced once;
 * the batch-proportional features (FLOPs, MACs, activation and input bytes, Gianniti complexities) must
   be exactly proportional (value at 4 == 2 x value at 2, an even integer), and every other feature must be
   equal at both probes; then each requested batch gets ``value(2) / 2 * batch`` — exact integers, the
@@ -33,6 +34,7 @@ PROBE_BATCHES = (2, 4)
 PROPORTIONAL = ("flops", "flops_fw", "macs", "activation_bytes", "input_bytes", "complexity_fw", "complexity_bw")
 DERIVED = ("train_mem_estimate_bytes",)
 PER_CALL = ("model_id", "mode", "batch")
+GRAPH = ("graph_nodes", "graph_edges", "graph_error")
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,9 @@ def featurise_job(job: FeatureJob) -> FeatureResult:
     label = f"timm:{job.name}" if job.builder == "timm" else f"{job.builder}:{job.name}"
     try:
         dtype = BUILD_DTYPES[job.precision]
-        probes = [featurise(build, shape, b, job.mode, dtype, label)[0] for b in PROBE_BATCHES]
+        low = featurise(build, shape, PROBE_BATCHES[0], job.mode, dtype, label)[0]
+        high = featurise(build, shape, PROBE_BATCHES[1], job.mode, dtype, label, trace_graph=False)[0]
+        probes = [low, {**high, **{k: low[k] for k in GRAPH}}]  # the fx graph does not depend on the batch
         scaled = {b: scale_features(probes[0], probes[1], b) for b in job.batches}
         if all(f is not None for f in scaled.values()):
             return FeatureResult(job, scaled, method="scaled", probes=(probes[0], probes[1]))
