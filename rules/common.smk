@@ -6,12 +6,13 @@ from pathlib import Path
 SRC = str(Path(workflow.basedir) / "src")
 sys.path.insert(0, SRC)  # the rule scripts import the installed package (pip install -e .)
 
-from perfzoo.config import check_model_names, check_sources
+from perfzoo.config import check_model_names, check_precisions, check_sources
 from perfzoo.io import InputError
 from perfzoo.zoo import expand_zoo, shard_names, shard_size
 
 try:
     check_sources(config)
+    check_precisions(config)
     check_model_names(config)
 except InputError as exc:
     raise WorkflowError(str(exc)) from None

@@ -95,3 +95,13 @@ def test_shipped_timm_config_is_valid_and_plans_every_stage() -> None:
     validate_config(cfg)
     assert set(cfg["splits"]["schemes"]) == {"leave_one_device_out", "leave_one_family_out", "few_shot_device"}
     assert len(cfg["external"]) == 6 and all(e["format"] == "timm" for e in cfg["external"].values())
+
+
+def test_bf16_in_the_zoo_on_a_gpu_without_bf16_is_a_validation_error_naming_the_device() -> None:
+    family = {"builder": "mlp", "models": ["mlp"], "precisions": ["fp32", "bf16"]}
+    cfg = {"devices": {"v100": {"kind": "cuda", "gpu_name": "V100-SXM2-16GB"}},
+           "zoo": {"families": {"m": family}}}
+    with pytest.raises(InputError, match=r"devices.v100: precision bf16 is not supported on V100 SXM2 16GB"):
+        validate_config(cfg)
+    cfg["devices"] = {"a100": {"kind": "cuda", "gpu_name": "A100-SXM4-80GB"}}
+    validate_config(cfg)
