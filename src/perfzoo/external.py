@@ -158,8 +158,8 @@ def _read_rows(path: Path) -> list[tuple[int, int, dict[str, str]]]:
     header = [h.strip().lower() for h in next(reader)]
     missing = [c for c in REQUIRED_COLUMNS if c not in header]
     if missing:
-        timm = " — looks like a timm benchmark file: use --format timm (format: timm in the config)" if "infer_step_time" in header or (
-            "train_step_time" in header) else ""
+        looks_timm = "infer_step_time" in header or "train_step_time" in header
+        timm = " — looks like a timm benchmark file: use --format timm (format: timm in the config)" if looks_timm else ""
         raise InputError(f"{path}: missing columns {missing} (required: {', '.join(REQUIRED_COLUMNS)}){timm}")
     unknown = [c for c in header if c not in REQUIRED_COLUMNS and c not in OPTIONAL_COLUMNS]
     if unknown:
