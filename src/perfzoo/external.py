@@ -382,9 +382,10 @@ class ImportOptions:
     featurise_models: bool = True
     workers: int | None = None
     progress: bool = False
+    feature_cache: str | None = None  # JSON lines file of probe features kept between runs
 
 
-def _feature_jobs(data: pd.DataFrame) -> tuple[list[FeatureJob], dict[tuple, str]]:
+def feature_jobs(data: pd.DataFrame) -> tuple[list[FeatureJob], dict[tuple, str]]:
     """One featurisation job per (model, precision, resolution, mode); reasons for unknown names."""
     groups = data.groupby(["model", "precision", "resolution", "mode"], sort=True)["batch"]
     jobs, unknown = [], {}
@@ -399,8 +400,8 @@ def _feature_jobs(data: pd.DataFrame) -> tuple[list[FeatureJob], dict[tuple, str
 
 
 def _add_model_features(data: pd.DataFrame, options: ImportOptions) -> pd.DataFrame:
-    jobs, unknown = _feature_jobs(data)
-    results = featurise_jobs(jobs, options.workers, options.progress)
+    jobs, unknown = feature_jobs(data)
+    results = featurise_jobs(jobs, options.workers, options.progress, options.feature_cache)
     by_group = {}
     for result, job in zip(results, jobs, strict=True):
         by_group[(job.builder, job.name, job.precision, job.resolution, job.mode)] = result
@@ -527,6 +528,8 @@ def build_parser(prog: str = "perfzoo-import") -> argparse.ArgumentParser:
                         help="YAML file mapping the table's GPU names to rows of the GPU spec table")
     parser.add_argument("--strict", action="store_true", help="fail when a model cannot be featurised")
     parser.add_argument("--workers", type=int, default=None, help="featurising processes (default: CPU cores)")
+    parser.add_argument("--feature-cache", default=None,
+                        help="JSON lines file of probe features reused between imports (same library versions)")
     parser.add_argument("--no-features", action="store_true",
                         help="skip featurising timm/torchvision models on the meta device")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -553,7 +556,7 @@ def external_main(argv: Sequence[str] | None = None) -> int:
         options = ImportOptions(fmt=args.format, device=args.device, precision=args.precision,
                                 software=args.software, device_map=load_device_map(args.device_map),
                                 strict=args.strict, featurise_models=not args.no_features, workers=args.workers,
-                                progress=not args.quiet)
+                                progress=not args.quiet, feature_cache=args.feature_cache)
         data, prov = import_external(args.csv, options=options)
     except InputError as exc:
         print(f"perfzoo-import: error: {exc}", file=sys.stderr)

@@ -4,14 +4,15 @@ An imported table often lists the same model at several batch sizes (and on seve
 features of one ``FeatureJob`` (model, resolution, precision, mode) are computed once for all its batch
 sizes:
 
-* the model is built once on the meta device and stepped at two probe batches (2 and 4; batch 1 would
-  trip BatchNorm's "more than one value per channel" check in training); its fx graph (which has no
-  batch dimension) is traced once;
-* the batch-proportional features (FLOPs, MACs, activation and input bytes, Gianniti complexities) must
-  be exactly proportional (value at 4 == 2 x value at 2, an even integer), and every other feature must be
-  equal at both probes; then each requested batch gets ``value(2) / 2 * batch`` — exact integers, the
-  same numbers a direct featurisation at that batch gives. Otherwise every batch is featurised directly
-  (``method == "direct"``);
+* the model is built once on the meta device and stepped at probe batches 2 and 4 (batch 1 would trip
+  BatchNorm's "more than one value per channel" check in training); its fx graph (which has no batch
+  dimension) is traced once;
+* the batch-dependent features (FLOPs, MACs, activation and input bytes, Gianniti complexities) must be
+  exactly proportional to the batch (value at 4 == 2 x value at 2, an even integer), or — checked with a
+  third probe at batch 8 — exactly affine with an integer slope (a part computed once per step, such as
+  a relative position bias); every other feature must be equal at all probes. Then each requested batch
+  gets its value on that line: exact integers, the numbers a direct featurisation at that batch gives.
+  Otherwise every batch is featurised directly (``method == "direct"``);
 * jobs run in a pool of warm worker processes forked after torch, torchvision and timm are imported.
 
 A model that cannot be built or stepped gives no numbers: ``reason`` holds the builder's one-line error.
@@ -19,18 +20,21 @@ A model that cannot be built or stepped gives no numbers: ``reason`` holds the b
 
 from __future__ import annotations
 
+import functools
+import json
 import multiprocessing
 import os
 import sys
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from perfzoo.io import InputError
 from perfzoo.precision import BUILD_DTYPES
 
-PROBE_BATCHES = (2, 4)
+PROBE_BATCHES = (2, 4, 8)
 PROPORTIONAL = ("flops", "flops_fw", "macs", "activation_bytes", "input_bytes", "complexity_fw", "complexity_bw")
 DERIVED = ("train_mem_estimate_bytes",)
 PER_CALL = ("model_id", "mode", "batch")
@@ -58,7 +62,7 @@ class FeatureResult:
     features: dict[int, dict[str, Any]] = field(default_factory=dict)
     reason: str = ""
     method: str = ""
-    probes: tuple[dict[str, Any], dict[str, Any]] | None = None
+    probes: tuple[dict[str, Any], ...] | None = None
 
 
 #: probe features (or the failure) per (builder, name, precision, resolution, mode, num_classes) of this process
@@ -67,6 +71,45 @@ _CACHE: dict[tuple, FeatureResult] = {}
 
 def _cache_key(job: FeatureJob) -> tuple:
     return (job.builder, job.name, job.precision, job.resolution, job.mode, job.num_classes)
+
+
+@functools.lru_cache(maxsize=1)
+def _versions() -> dict[str, str]:
+    """What the cached numbers depend on: torch, torchvision, timm and perfzoo's featuriser source."""
+    import hashlib
+    from importlib.metadata import version
+
+    import perfzoo.features
+
+    source = hashlib.sha256(Path(perfzoo.features.__file__).read_bytes()).hexdigest()[:16]
+    return {"torch": version("torch"), "torchvision": version("torchvision"), "timm": version("timm"),
+            "features_py": source}
+
+
+def load_cache(path: str | Path) -> int:
+    """Load probe features saved by :func:`featurise_jobs` (``cache_path``) for the same library versions;
+    entries of other versions are ignored. Returns the number of entries loaded."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    versions, loaded = _versions(), 0
+    for line in path.read_text().splitlines():
+        entry = json.loads(line)
+        if entry["versions"] != versions:
+            continue
+        key = tuple(entry["key"])
+        job = FeatureJob(*key[:5], batches=(), num_classes=key[5])
+        probes = tuple(entry["probes"]) if entry["probes"] else None
+        _CACHE[key] = FeatureResult(job, reason=entry["reason"], probes=probes)
+        loaded += 1
+    return loaded
+
+
+def _save(path: Path, result: FeatureResult) -> None:
+    entry = {"key": list(_cache_key(result.job)), "versions": _versions(), "reason": result.reason,
+             "probes": list(result.probes) if result.probes else None}
+    with path.open("a") as handle:
+        handle.write(json.dumps(entry, default=float) + "\n")
 
 
 def _from_cache(job: FeatureJob) -> FeatureResult | None:
@@ -78,10 +121,8 @@ def _from_cache(job: FeatureJob) -> FeatureResult | None:
         return FeatureResult(job, reason=cached.reason)
     if cached.probes is None:
         return None
-    scaled = {b: scale_features(*cached.probes, b) for b in job.batches}
-    if any(f is None for f in scaled.values()):
-        return None
-    return FeatureResult(job, scaled, method="scaled", probes=cached.probes)
+    scaled = _scaled(cached.probes, job.batches)
+    return None if scaled is None else FeatureResult(job, scaled, method="scaled", probes=cached.probes)
 
 
 def _builder(job: FeatureJob) -> Callable[[], Any]:
@@ -102,25 +143,49 @@ def _builder(job: FeatureJob) -> Callable[[], Any]:
     return build
 
 
-def scale_features(low: dict[str, Any], high: dict[str, Any], batch: int) -> dict[str, Any] | None:
-    """Features at ``batch`` from the two probe batches, or None when they do not scale exactly."""
-    ratio = PROBE_BATCHES[1] // PROBE_BATCHES[0]
-    out = dict(low)
+def _line(values: list[Any]) -> tuple[int, int] | None:
+    """(intercept, per-sample slope) of a feature exactly affine over the probe batches, else None.
+
+    Two probes must lie on a line through the origin; with a third probe (taken only when they do not),
+    the three must lie on one line with an integer slope (a batch-independent part, such as a relative
+    position bias computed once per step, makes the intercept)."""
+    if any(int(v) != v for v in values):
+        return None
+    values = [int(v) for v in values]
+    b0, b1 = PROBE_BATCHES[0], PROBE_BATCHES[1]
+    if values[0] * b1 == values[1] * b0 and values[0] % b0 == 0:
+        return 0, values[0] // b0
+    if len(values) < 3:
+        return None
+    rise, run = values[1] - values[0], b1 - b0
+    if rise % run or (values[2] - values[1]) * run != rise * (PROBE_BATCHES[2] - b1):
+        return None
+    slope = rise // run
+    return values[0] - slope * b0, slope
+
+
+def scale_features(probes: tuple[dict[str, Any], ...], batch: int) -> dict[str, Any] | None:
+    """Features at ``batch`` from the probe batches, or None when they do not scale exactly."""
+    out = dict(probes[0])
     for key in PROPORTIONAL:
-        a, b = low[key], high[key]
-        if b != a * ratio or int(a) != a or int(a) % PROBE_BATCHES[0]:
+        line = _line([p[key] for p in probes])
+        if line is None:
             return None
-        out[key] = int(a) // PROBE_BATCHES[0] * batch
-    for key, value in low.items():
+        out[key] = line[0] + line[1] * batch
+    for key, value in probes[0].items():
         if key in (*PROPORTIONAL, *DERIVED, *PER_CALL):
             continue
-        same = value == high[key] or (value != value and high[key] != high[key])  # NaN == NaN here
-        if not same:
+        if not all(value == p[key] or (value != value and p[key] != p[key]) for p in probes[1:]):  # NaN==NaN
             return None
-    k = 4 if low["mode"] == "training" else 1
+    k = 4 if probes[0]["mode"] == "training" else 1
     out["train_mem_estimate_bytes"] = out["weight_bytes"] * k + out["activation_bytes"]
     out["batch"] = batch
     return out
+
+
+def _scaled(probes: tuple[dict[str, Any], ...], batches: tuple[int, ...]) -> dict[int, dict[str, Any]] | None:
+    scaled = {b: scale_features(probes, b) for b in batches}
+    return None if any(f is None for f in scaled.values()) else scaled
 
 
 def featurise_job(job: FeatureJob) -> FeatureResult:
@@ -129,14 +194,22 @@ def featurise_job(job: FeatureJob) -> FeatureResult:
 
     build, shape = _builder(job), (3, job.resolution, job.resolution)
     label = f"timm:{job.name}" if job.builder == "timm" else f"{job.builder}:{job.name}"
+    dtype = BUILD_DTYPES[job.precision]
+
+    def probe(batch: int, graph: dict[str, Any] | None = None) -> dict[str, Any]:
+        features = featurise(build, shape, batch, job.mode, dtype, label, trace_graph=graph is None)[0]
+        return features if graph is None else {**features, **graph}  # the fx graph has no batch dimension
+
     try:
-        dtype = BUILD_DTYPES[job.precision]
-        low = featurise(build, shape, PROBE_BATCHES[0], job.mode, dtype, label)[0]
-        high = featurise(build, shape, PROBE_BATCHES[1], job.mode, dtype, label, trace_graph=False)[0]
-        probes = [low, {**high, **{k: low[k] for k in GRAPH}}]  # the fx graph does not depend on the batch
-        scaled = {b: scale_features(probes[0], probes[1], b) for b in job.batches}
-        if all(f is not None for f in scaled.values()):
-            return FeatureResult(job, scaled, method="scaled", probes=(probes[0], probes[1]))
+        low = probe(PROBE_BATCHES[0])
+        graph = {k: low[k] for k in GRAPH}
+        probes: tuple[dict[str, Any], ...] = (low, probe(PROBE_BATCHES[1], graph))
+        scaled = _scaled(probes, job.batches)
+        if scaled is None:
+            probes = (*probes, probe(PROBE_BATCHES[2], graph))
+            scaled = _scaled(probes, job.batches)
+        if scaled is not None:
+            return FeatureResult(job, scaled, method="scaled", probes=probes)
         direct = {b: featurise(_builder(job), shape, b, job.mode, dtype, label)[0] for b in job.batches}
         return FeatureResult(job, direct, method="direct")
     except InputError as exc:
@@ -157,13 +230,16 @@ def _worker_init() -> None:
     torch.set_num_threads(1)
 
 
-def featurise_jobs(jobs: Iterable[FeatureJob], workers: int | None = None, progress: bool = False
-                   ) -> list[FeatureResult]:
+def featurise_jobs(jobs: Iterable[FeatureJob], workers: int | None = None, progress: bool = False,
+                   cache_path: str | Path | None = None) -> list[FeatureResult]:
     """Results of every job, in order; ``workers`` warm processes (default: the usable CPU cores).
 
     Probe features are cached per process by (model, resolution, precision, mode), so the same model
-    imported from several tables is built once.
+    imported from several tables is built once; with ``cache_path`` they are also appended to that JSON
+    lines file as they finish (with the library versions) and loaded from it first.
     """
+    if cache_path is not None:
+        load_cache(cache_path)
     from tqdm import tqdm
 
     jobs = list(jobs)
@@ -177,20 +253,23 @@ def featurise_jobs(jobs: Iterable[FeatureJob], workers: int | None = None, progr
     bar = tqdm(total=len(todo), desc="features", file=sys.stderr, disable=not progress, mininterval=1)
     if workers <= 1 or len(todo) <= 1:
         computed = (featurise_job(jobs[i]) for i in todo)
-        _collect(todo, computed, results, bar)
+        _collect(todo, computed, results, bar, cache_path)
     else:
         _warm_imports()
         context = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init) as pool:
-            _collect(todo, pool.map(featurise_job, [jobs[i] for i in todo], chunksize=2), results, bar)
+            _collect(todo, pool.map(featurise_job, [jobs[i] for i in todo], chunksize=1), results, bar,
+                     cache_path)
     bar.close()
     return [results[i] for i in range(len(jobs))]
 
 
 def _collect(todo: list[int], computed: Iterable[FeatureResult], results: dict[int, FeatureResult],
-             bar: Any) -> None:
+             bar: Any, cache_path: str | Path | None) -> None:
     for i, result in zip(todo, computed, strict=True):
         results[i] = result
         if result.reason or result.probes is not None:
             _CACHE[_cache_key(result.job)] = result
+            if cache_path is not None:
+                _save(Path(cache_path), result)
         bar.update()
