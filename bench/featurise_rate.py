@@ -12,6 +12,7 @@ model, exact batch scaling, ``W`` warm worker processes). The second must give t
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 import time
 from pathlib import Path
@@ -51,11 +52,23 @@ def timm_jobs(n_models: int) -> list[FeatureJob]:
             for (name, res), g in rows.groupby(["model", "infer_img_size"], sort=False)]
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process and of its finished children (the pool's workers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def equal(a: dict, b: dict) -> bool:
+    """Same features (NaN equal to NaN, e.g. graph size where fx cannot trace), ignoring the model id."""
+    return a.keys() == b.keys() and all(k == "model_id" or a[k] == b[k] or (a[k] != a[k] and b[k] != b[k])
+                                        for k in a)
+
+
 def timm_rate(n_models: int, workers: int) -> None:
     jobs = timm_jobs(n_models)
     configs = sum(len(j.batches) for j in jobs)
     featurise(_builder(jobs[0]), (3, 224, 224), 2, "inference", "float32", "warm")  # warm imports
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_seconds()
     one_by_one = {}
     for job in jobs:
         for batch in job.batches:
@@ -64,17 +77,20 @@ def timm_rate(n_models: int, workers: int) -> None:
                     _builder(job), (3, job.resolution, job.resolution), batch, "inference", "float32", "x")[0]
             except Exception:  # noqa: BLE001 - an unfeaturisable model counts as done
                 one_by_one[(job.name, job.resolution, batch)] = None
-    old = time.perf_counter() - start
-    start = time.perf_counter()
+    old, old_cpu = time.perf_counter() - start, cpu_seconds() - cpu
+    start, cpu = time.perf_counter(), cpu_seconds()
     results = featurise_jobs(jobs, workers=workers)
-    new = time.perf_counter() - start
+    new, new_cpu = time.perf_counter() - start, cpu_seconds() - cpu
     same = all((one_by_one[(r.job.name, r.job.resolution, b)] is None) == bool(r.reason) and (
-        r.reason or {k: v for k, v in one_by_one[(r.job.name, r.job.resolution, b)].items() if k != "model_id"}
-        == {k: v for k, v in r.features[b].items() if k != "model_id"}) for r in results for b in r.job.batches)
+        r.reason or equal(one_by_one[(r.job.name, r.job.resolution, b)], r.features[b]))
+        for r in results for b in r.job.batches)
     print(f"{len(jobs)} timm models x resolution, {configs} configs (AMP inference, RTX 4090 + PRO 6000 batches)")
-    print(f"  one featurisation per config, 1 process: {old:.1f} s, {configs / old:.2f} configs/s")
-    print(f"  one build per model, exact batch scaling, {workers} warm workers: {new:.1f} s, "
-          f"{configs / new:.2f} configs/s; methods {pd.Series([r.method or 'failed' for r in results]).value_counts().to_dict()}")
+    methods = pd.Series([r.method or "failed" for r in results]).value_counts().to_dict()
+    print(f"  one featurisation per config, 1 process: {old:.1f} s wall, {configs / old:.2f} configs/s; "
+          f"{old_cpu:.1f} CPU s = {configs / old_cpu:.2f} configs per CPU s")
+    print(f"  one build per model, exact batch scaling, {workers} warm workers: {new:.1f} s wall, "
+          f"{configs / new:.2f} configs/s; {new_cpu:.1f} CPU s = {configs / new_cpu:.2f} configs per CPU s, "
+          f"i.e. {workers * configs / new_cpu:.2f} configs/s on {workers} idle cores; methods {methods}")
     print(f"  identical features: {same}")
 
 
