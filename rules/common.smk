@@ -25,11 +25,13 @@ SRC = None if WORKFLOW_ROOT is None else str(WORKFLOW_ROOT / "src")
 if SRC is not None and SRC not in sys.path:
     sys.path.insert(0, SRC)  # the rule scripts import the installed package (pip install -e .)
 
-from perfzoo.config import check_model_names
+from perfzoo.config import check_model_names, check_precisions, check_sources
 from perfzoo.io import InputError
 from perfzoo.zoo import expand_zoo, shard_names, shard_size
 
 try:
+    check_sources(config)
+    check_precisions(config)
     check_model_names(config)
 except InputError as exc:
     raise WorkflowError(str(exc)) from None
@@ -220,8 +222,35 @@ def regressor_params(wildcards):
 EXTERNAL = sorted(config.get("external", {}))
 
 
+def external_entry(name):
+    """One `external:` entry as a dict (a bare string is the path of a long-format table)."""
+    entry = config["external"][name]
+    return {"path": entry} if isinstance(entry, str) else dict(entry)
+
+
 def external_table(wildcards):
-    return config["external"][wildcards.name]
+    """The entry's table; a relative path is read from `external_dir` (default: the working directory)."""
+    return str(Path(config.get("external_dir") or ".") / os.path.expandvars(external_entry(wildcards.name)["path"]))
+
+
+def external_device_map(wildcards):
+    """The entry's device-map file, as an input (an inline mapping needs no file)."""
+    device_map = external_entry(wildcards.name).get("device_map")
+    return [os.path.expandvars(device_map)] if isinstance(device_map, str) else []
+
+
+def external_options(wildcards):
+    """How to read the entry's table (format, device, precision, software, inline device map, strict)."""
+    entry = external_entry(wildcards.name)
+    entry.pop("path")
+    return entry
+
+
+def zoo_files(wildcards=None):
+    """The zoo manifest and model features, when the config profiles a zoo (import-only configs do not)."""
+    if not ZOO:
+        return {}
+    return {"manifest": "results/zoo/manifest.parquet", "features": "results/features/models.parquet"}
 
 
 def external_rows(wildcards=None):

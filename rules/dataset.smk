@@ -2,8 +2,7 @@ rule dataset:
     """Aggregate raw traces into labels (median latency with CI, memory, ...) joined with features."""
     input:
         pkg("dataset.py", "stats.py", "hardware.py"),
-        manifest="results/zoo/manifest.parquet",
-        features="results/features/models.parquet",
+        unpack(zoo_files),
         traces=trace_files,
         hardware=hardware_files,
         external=external_rows,

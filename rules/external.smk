@@ -1,10 +1,15 @@
 rule import_external:
     """Turn a table of external measurements into dataset rows of kind `external` (source sha256 kept)."""
     input:
-        pkg("external.py", "hardware_specs.py", "features.py", "builders.py"),
+        pkg("external.py", "hardware_specs.py", "features.py", "builders.py", "precision.py",
+            "featurise_pool.py", "timm_results.py", "data/gpu_specs.csv"),
         table=external_table,
+        device_map=external_device_map,
     output:
         "results/external/{name}.parquet",
+    params:
+        options=external_options,
+    threads: 2
     localrule: True
     log:
         "logs/external/{name}.log",

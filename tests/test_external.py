@@ -4,17 +4,32 @@ from __future__ import annotations
 
 import hashlib
 import math
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 import perfzoo.provenance
-from perfzoo.external import LABELS, convert, external_main, family_from_name, import_external
+from perfzoo.builders import build_model
+from perfzoo.dataset import MODEL_FEATURES
+from perfzoo.external import (
+    LABELS,
+    ImportOptions,
+    convert,
+    external_main,
+    family_from_name,
+    import_external,
+    import_summary,
+)
+from perfzoo.features import featurise
+from perfzoo.featurise_pool import FeatureJob, featurise_job, scale_features
+from perfzoo.fitting import fit_split
 from perfzoo.hardware_specs import lookup_gpu
 from perfzoo.io import InputError
 from perfzoo.provenance import read_provenance
 from perfzoo.splits import make_split, split_notes
+from perfzoo.timm_results import TimmFile, describe_file
 
 FIXTURE = Path(__file__).parent / "fixtures" / "external_measurements.csv"
 HEADER = "model,device,batch,mode,precision,n_gpus,metric,value,unit"
@@ -65,12 +80,14 @@ def test_import_converts_units_and_adds_spec_hardware_features(tmp_path: Path) -
     assert train["latency_ms"] == pytest.approx(25.0) and train["precision"] == "fp16"
     for _, row in data.iterrows():
         spec = lookup_gpu(row["device"])
-        assert row["hw_peak_gflops"] == pytest.approx(spec["peak_fp32_tflops"] * 1000)
+        peak = spec["peak_fp16_tflops"] if row["precision"] == "fp16" else spec["peak_fp32_tflops"]
+        assert row["hw_peak_gflops"] == pytest.approx(peak * 1000)  # the peak of the row's precision
+        assert row["hw_tensor_cores"] == (1.0 if row["precision"] == "fp16" else 0.0)
         assert row["hw_mem_bw_gbs"] == spec["mem_bw_gbs"] and row["hw_cores"] == spec["sm_count"]
         assert row["hw_mem_gb"] == spec["mem_gb"] and row["hw_spec_tdp_w"] == spec["tdp_w"]
         assert row["trace_kind"] == "external" and row["source_sha256"] == prov["source"]["sha256"]
     assert set(LABELS) <= set(data.columns)
-    assert data.select_dtypes("number").columns.str.startswith("hw_").sum() == 8
+    assert data.select_dtypes("number").columns.str.startswith("hw_").sum() == 11
     key = data[["model_id", "device", "mode", "batch"]].astype(str)
     assert data["row_id"].equals(key.agg("|".join, axis=1))
 
@@ -171,3 +188,137 @@ def test_cli_writes_table_with_provenance_and_reports_bad_input(
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("perfzoo-import: error:") and "row 1" in err[-1]
     assert not (tmp_path / "bad.parquet").exists()
+
+
+# --------------------------------------------------------------------------- honest imports (issue: GPU transfer)
+
+TIMM = Path(__file__).parent / "fixtures" / "timm"
+TIMM_3090 = TIMM / "benchmark-infer-amp-nchw-pt240-cu124-rtx3090.csv"
+TIMM_4090 = TIMM / "benchmark-infer-amp-nchw-pt291-cu128-4090.csv"
+
+
+def test_unknown_optional_column_is_an_error_naming_it_and_the_accepted_ones(tmp_path: Path) -> None:
+    path = write_csv(tmp_path, [ROWS[0].replace(",1,latency", ",1,latency")], header=HEADER.replace("n_gpus", "n_gpu"))
+    with pytest.raises(InputError, match=r"unknown column 'n_gpu' \(required: .*optional: precision, n_gpus"):
+        import_external(path, featurise_models=False)
+
+
+def test_every_unmapped_gpu_is_listed_at_once_with_close_names_and_the_device_map_hint(tmp_path: Path) -> None:
+    rows = [ROWS[0], "resnet18,GeForce RTX 3090 Ti,8,inference,fp32,1,latency,3,ms",
+            "resnet18,Tesla V100 32G,8,inference,fp32,1,latency,3,ms",
+            "resnet18,GeForce RTX 3090 Ti,16,inference,fp32,1,latency,5,ms"]
+    path = write_csv(tmp_path, rows)
+    with pytest.raises(InputError) as err:
+        import_external(path, featurise_models=False)
+    message = str(err.value)
+    assert "2 GPU names not in the spec table" in message and "\n" not in message
+    assert "row 2 (line 3): device 'GeForce RTX 3090 Ti' (close names: RTX 3090" in message
+    assert "row 3 (line 4): device 'Tesla V100 32G' (close names: V100" in message
+    assert "--device-map" in message and "device_map:" in message
+    mapping = {"GeForce RTX 3090 Ti": "RTX 3090", "Tesla V100 32G": "V100 PCIe 32GB"}
+    data, prov = import_external(path, options=ImportOptions(device_map=mapping, featurise_models=False))
+    assert sorted(data["device"].unique()) == ["A100 SXM4 80GB", "RTX 3090", "V100 PCIe 32GB"]
+    assert set(data.loc[data["device"] == "RTX 3090", "device_reported"]) == {"GeForce RTX 3090 Ti"}
+    assert prov["config"]["device_map"] == mapping
+    with pytest.raises(InputError, match="device map entry 'x': GPU 'Z1' is not in"):
+        import_external(path, options=ImportOptions(device_map={"x": "Z1"}, featurise_models=False))
+
+
+def test_device_map_file_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_csv(tmp_path, ["resnet18,my-gpu-7,8,inference,fp32,1,latency,3,ms"])
+    out = tmp_path / "o.parquet"
+    assert external_main([str(path), "-o", str(out), "--no-features", "--quiet"]) == 2
+    assert "my-gpu-7" in capsys.readouterr().err
+    (tmp_path / "map.yaml").write_text("my-gpu-7: L40S\n")
+    assert external_main([str(path), "-o", str(out), "--no-features", "--quiet",
+                          "--device-map", str(tmp_path / "map.yaml")]) == 0
+    assert pd.read_parquet(out)["device"].tolist() == ["L40S"]
+
+
+@pytest.mark.parametrize(("precision", "column", "tensor"), [
+    ("fp32", "peak_fp32_tflops", 0.0), ("tf32", "peak_tf32_tflops", 1.0), ("fp16", "peak_fp16_tflops", 1.0),
+    ("bf16", "peak_bf16_tflops", 1.0), ("amp", "peak_fp16_tflops", 1.0), ("mixed", "peak_fp16_tflops", 1.0),
+])
+def test_peak_and_roofline_follow_the_precision(tmp_path: Path, precision: str, column: str, tensor: float) -> None:
+    path = write_csv(tmp_path, [f"resnet18,NVIDIA A100-SXM4-80GB,8,inference,{precision},1,latency,3,ms"])
+    row = import_external(path)[0].iloc[0]
+    peak = lookup_gpu("A100 SXM4 80GB")[column] * 1000
+    assert row["hw_peak_gflops"] == pytest.approx(peak) and row["hw_tensor_cores"] == tensor
+    assert row["roofline_compute_ms"] == pytest.approx(row["flops"] / (peak * 1e9) * 1e3)
+
+
+@pytest.mark.parametrize("device", ["Tesla V100-SXM2-16GB", "Tesla T4", "NVIDIA GeForce RTX 2080 Ti"])
+def test_bf16_on_a_gpu_without_bf16_is_an_error_naming_the_device(tmp_path: Path, device: str) -> None:
+    path = write_csv(tmp_path, [f"resnet18,{device},8,inference,bf16,1,latency,3,ms"])
+    with pytest.raises(InputError, match=r"row 1 \(line 2\): precision bf16 is not supported on (V100|T4|RTX 2080)"):
+        import_external(path, featurise_models=False)
+    with pytest.raises(InputError, match=r"unknown precision 'fp8' \(accepted: fp32, tf32, fp16, bf16, amp"):
+        import_external(write_csv(tmp_path, [f"resnet18,{device},8,inference,fp8,1,latency,3,ms"]),
+                        featurise_models=False)
+
+
+def test_unfeaturisable_models_are_named_counted_and_never_given_features(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="looks like a timm benchmark file: use --format timm"):
+        import_external(TIMM_4090)
+    data, prov = import_external(TIMM_4090, options=ImportOptions(fmt="timm"))
+    bad = data[data["feature_missing_reason"] != ""]
+    assert list(bad["name"]) == ["timm:test_vit3"] and bad[list(MODEL_FEATURES)].isna().all().all()
+    assert bad["roofline_ms"].isna().all()  # no roofline from features that do not exist
+    assert "timm:test_vit3" in bad["feature_missing_reason"].iloc[0]
+    assert [m["name"] for m in prov["unfeaturisable"]] == ["timm:test_vit3"]
+    summary = import_summary(data, "x.parquet")
+    assert summary[0].startswith(f"{len(data)} rows ({len(data) - 1} featurised, 1 without features")
+    assert f"of {data['name'].nunique()} models ({data['name'].nunique() - 1} featurised, 1 not)" in summary[0]
+    assert summary[1].startswith("  not featurised: timm:test_vit3 (amp, 160px, inference; 1 rows): model timm:")
+    with pytest.raises(InputError, match=r"1 model\(s\) cannot be featurised, e.g. timm:test_vit3 \(model timm:"):
+        import_external(TIMM_4090, options=ImportOptions(fmt="timm", strict=True))
+
+
+def test_fitting_leaves_unfeaturisable_rows_out_and_counts_them() -> None:
+    data = pd.concat([import_external(p, options=ImportOptions(fmt="timm"))[0] for p in (TIMM_3090, TIMM_4090)],
+                     ignore_index=True)
+    split = make_split("leave_one_device_out", data, {"seed": 1337})
+    predictions, _, notes = fit_split(data, split, "latency_ms", "linear")
+    assert notes["excluded_unfeaturised_rows"] == 1 and notes["unfeaturised_models"] == ["timm:test_vit3@amp"]
+    assert "timm:test_vit3" not in set(predictions["label"].str.split("@").str[0])
+    assert len(predictions) == int((data["feature_missing_reason"] == "").sum())
+
+
+def test_timm_benchmark_files_are_read_with_device_precision_software_and_timm_family() -> None:
+    data, prov = import_external(TIMM_3090, options=ImportOptions(fmt="timm"))
+    raw = pd.read_csv(TIMM_3090)
+    assert len(data) == len(raw) and prov["source"]["models"] == raw["model"].nunique()
+    assert set(data["device"]) == {"RTX 3090 pt240-cu124"} and set(data["gpu"]) == {"RTX 3090"}
+    assert set(data["precision"]) == {"amp"} and set(data["mode"]) == {"inference"}
+    row = data[(data["name"] == "timm:resnet50") & (data["resolution"] == 224)].iloc[0]
+    source = raw[(raw["model"] == "resnet50") & (raw["infer_img_size"] == 224)].iloc[0]
+    assert row["latency_ms"] == source["infer_step_time"] and row["throughput"] == source["infer_samples_per_sec"]
+    assert row["batch"] == source["infer_batch_size"] and row["derived_labels"] == ""
+    families = data.drop_duplicates("name").set_index("name")["family"]
+    assert families["timm:resnet50"] == "resnet" and families["timm:deit_tiny_patch16_224"] == "deit"
+    assert families["timm:vit_tiny_patch16_224"] == "vision_transformer"
+    assert row["hw_peak_gflops"] == lookup_gpu("RTX 3090")["peak_fp16_tflops"] * 1000  # AMP: FP16 tensor peak
+    assert describe_file("results/benchmark-train-amp-nchw-pt112-cu113-rtx3090.csv") == TimmFile(
+        "training", "amp", "rtx3090", "pt112-cu113")
+    with pytest.raises(InputError, match="does not say the device and precision"):
+        import_external(FIXTURE, options=ImportOptions(fmt="timm"))
+
+
+def test_batch_scaled_features_equal_a_direct_featurisation() -> None:
+    job = FeatureJob("timm", "efficientnet_b0", "amp", 96, "training", (3, 64))
+    result = featurise_job(job)
+    assert result.method == "scaled" and not result.reason
+    for batch in job.batches:
+        build = partial(build_model, "timm", "efficientnet_b0", {}, 1000, (3, 96, 96))
+        direct, _ = featurise(build, (3, 96, 96), batch, "training", "float32", "x")
+        assert {k: v for k, v in result.features[batch].items() if k != "model_id"} == {
+            k: v for k, v in direct.items() if k != "model_id"}
+    low, high = result.probes  # proportional: two probes (batches 2 and 4) were enough
+    assert scale_features((low, {**high, "flops": high["flops"] + 2}), 8) is None  # not proportional: refused
+    assert scale_features((low, {**high, "params": high["params"] + 1}), 8) is None  # batch-dependent: refused
+    eight = featurise(partial(build_model, "timm", "efficientnet_b0", {}, 1000, (3, 96, 96)), (3, 96, 96), 8,
+                      "training", "float32", "x")[0]
+    shifted = tuple({**p, "flops": p["flops"] + 6} for p in (low, high, eight))  # a once-per-step part
+    assert scale_features(shifted, 64)["flops"] == result.features[64]["flops"] + 6  # affine: exact
+    bent = (*shifted[:2], {**shifted[2], "flops": shifted[2]["flops"] + 4})  # not on one line
+    assert scale_features(bent, 64) is None

@@ -40,10 +40,32 @@ def test_columns_sources_and_positive_numbers() -> None:
     for column in NUMERIC_COLUMNS:
         values = table[column].dropna()
         assert (values > 0).all(), column
-    for column in ("peak_fp32_tflops", "peak_fp16_tflops", "mem_gb", "mem_bw_gbs", "sm_count", "tdp_w"):
+    for column in ("mem_gb", "mem_bw_gbs", "sm_count", "tdp_w", "arch"):
         assert table[column].notna().all(), column
-    assert (table["peak_fp16_tflops"] > table["peak_fp32_tflops"]).all()  # tensor cores beat CUDA cores
+    both = table.dropna(subset=["peak_fp16_tflops", "peak_fp32_tflops"])
+    assert len(both) >= len(table) - 2  # a peak the source does not state is missing, said so in the note
+    assert (both["peak_fp16_tflops"] > both["peak_fp32_tflops"]).all()  # tensor cores beat CUDA cores
+    unstated = table[table[["peak_fp32_tflops", "peak_fp16_tflops"]].isna().any(axis=1)]
+    assert unstated["note"].str.contains("missing").all()
+    pre_ampere = table["arch"].isin(["Volta", "Turing"])
+    assert table.loc[pre_ampere, ["peak_tf32_tflops", "peak_bf16_tflops"]].isna().all().all()
+    assert table.loc[~pre_ampere, "peak_bf16_tflops"].notna().sum() >= len(table[~pre_ampere]) - 1
     assert (table["min_power_w"].dropna() < table.loc[table["min_power_w"].notna(), "tdp_w"]).all()
+
+
+DEVELOPMENT_AND_COMMON_GPUS = [
+    "NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 4090", "NVIDIA GeForce RTX 5090",
+    "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", "Tesla V100-SXM2-16GB", "Tesla T4",
+    "NVIDIA A10", "NVIDIA A30", "NVIDIA A40", "NVIDIA L4", "NVIDIA L40", "NVIDIA L40S", "NVIDIA H100 PCIe",
+    "NVIDIA H200", "NVIDIA B200", "NVIDIA GeForce RTX 2080 Ti", "Quadro RTX 8000", "NVIDIA RTX A5000",
+    "NVIDIA RTX A6000", "NVIDIA RTX 6000 Ada Generation",
+]
+
+
+@pytest.mark.parametrize("nvml_name", DEVELOPMENT_AND_COMMON_GPUS)
+def test_development_and_common_gpus_have_a_row_with_its_source(nvml_name: str) -> None:
+    spec = lookup_gpu(nvml_name)
+    assert spec["source"].startswith("https://") and spec["mem_bw_gbs"] > 0
 
 
 @pytest.mark.parametrize(("nvml_name", "row"), sorted(NVML_NAMES.items()))

@@ -14,6 +14,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -116,13 +117,17 @@ def _with_image_size(builder: str, name: str, kwargs: dict[str, Any], side: int)
 
 
 def _timm_takes_img_size(name: str) -> bool:
-    import inspect
-
     import timm.models
 
-    entry = timm.models.model_entrypoint(name)
-    source = inspect.getsource(inspect.getmodule(entry))  # model classes declare img_size in __init__
-    return "img_size" in source
+    return _module_mentions_img_size(timm.models.model_entrypoint(name).__module__)
+
+
+@functools.lru_cache(maxsize=None)
+def _module_mentions_img_size(module_name: str) -> bool:
+    """Whether a timm model module's source mentions ``img_size`` (its classes declare it in __init__)."""
+    import inspect
+
+    return "img_size" in inspect.getsource(sys.modules[module_name])
 
 
 def _build_torchvision(name: str, kwargs: dict[str, Any], num_classes: int) -> Any:

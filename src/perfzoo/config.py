@@ -32,7 +32,40 @@ def validate_config(config: dict[str, Any], source: str = "config") -> None:
         validate(config, str(SCHEMA))
     except Exception as exc:  # WorkflowError carrying jsonschema's message and the key path
         raise InputError(f"{source}: {_first_line(exc)}") from None
+    check_sources(config, source)
+    check_precisions(config, source)
     check_model_names(config)
+
+
+def check_sources(config: dict[str, Any], source: str = "config") -> None:
+    """The config profiles local devices (devices and zoo.families both given), imports tables, or both."""
+    devices = bool(config.get("devices"))
+    families = bool(config.get("zoo", {}).get("families"))
+    if devices != families:
+        given, lacking = ("devices", "zoo.families") if devices else ("zoo.families", "devices")
+        raise InputError(f"{source}: {given} is given but {lacking} is empty; profiling needs both "
+                         "(or leave both out and import measurement tables under external:)")
+    if not devices and not config.get("external"):
+        raise InputError(f"{source}: nothing to do: give devices and zoo.families to profile, "
+                         "or external: tables to import")
+
+
+def check_precisions(config: dict[str, Any], source: str = "config") -> None:
+    """A zoo precision that needs tensor cores a configured GPU lacks (bf16 on a V100) names the device."""
+    from perfzoo.hardware_specs import lookup_gpu
+    from perfzoo.precision import check_supported
+
+    wanted = {p for family in config.get("zoo", {}).get("families", {}).values()
+              for p in family.get("precisions", ["fp32"])}
+    for name, device in config.get("devices", {}).items():
+        if device.get("kind") != "cuda":
+            continue
+        try:
+            spec = lookup_gpu(device.get("spec") or device.get("gpu_name", ""))
+        except InputError:
+            continue  # a GPU the spec table does not know: its own profiling job reports what it is
+        for precision in sorted(wanted):
+            check_supported(spec, precision, f"{source}: devices.{name}")
 
 
 def check_model_names(config: dict[str, Any]) -> None:

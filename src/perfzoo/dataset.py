@@ -208,7 +208,8 @@ def build_dataset(
     first = runs[(runs["repeat"] == 0) & (runs["status"] == "ok")].drop(columns=["repeat", "message", "status"])
     labels = energy_labels(first, hardware)
     hw = pd.DataFrame([{"device": d, **hardware_features(h)} for d, h in sorted(hardware.items())])
-    info = manifest[["config_id", "family", "name", "variant", "label", "builder"]]
+    info = manifest[["config_id", "family", "name", "variant", "label", "builder",
+                     *(["precision"] if "precision" in manifest.columns else [])]]
     model_cols = ["model_id", "mode", "batch", *[c for c in MODEL_FEATURES if c in features.columns]]
     data = (labels.merge(info, on="config_id", how="left")
             .merge(features[model_cols], on=["model_id", "mode", "batch"], how="left")
@@ -219,10 +220,44 @@ def build_dataset(
         dup = data.loc[data.duplicated(key, keep=False), key].head(3).to_dict("records")
         raise InputError(f"dataset rows are not unique per {key}, e.g. {dup} (traces measured twice?)")
     data["is_training"] = (data["mode"] == "training").astype(float)
+    data = precision_peaks(data, hardware)
     data = add_roofline_features(data)
     data.insert(0, "row_id", _row_id(data, key) if len(data) else pd.Series(dtype=object))
     data = data.sort_values("row_id").reset_index(drop=True)
     return data, noise_floor(runs), status_counts(runs)
+
+
+def imported_only(external: list[pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(dataset, noise floor, status counts) of a config without local devices: the imported rows, and
+    empty measurement tables (imported tables carry no repeated measurements or run statuses)."""
+    if not external:
+        raise InputError("no traces and no imported tables: nothing to build a dataset from")
+    data = pd.concat(external, ignore_index=True).sort_values("row_id").reset_index(drop=True)
+    noise = pd.DataFrame(columns=["device", "target", "pairs", "noise_mape"])
+    statuses = pd.DataFrame(columns=["device", "status", "configs"])
+    return data, noise, statuses
+
+
+#: the measured GEMM of ``hardware/{device}.json`` that matches each precision (amp runs matmuls in fp16)
+GEMM_OF_PRECISION = {"fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "bf16": "bf16", "amp": "fp16"}
+
+
+def precision_peaks(data: pd.DataFrame, hardware: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """Rows profiled at a precision other than fp32 get the measured GEMM rate of that precision as
+    ``hw_peak_gflops`` (NaN where the GPU did not measure it, e.g. unsupported) and ``hw_tensor_cores``.
+
+    A zoo of fp32 configs only is left exactly as before (no new column)."""
+    if "precision" not in data.columns or (data["precision"].fillna("fp32") == "fp32").all():
+        return data
+    data = data.copy()
+    precision = data["precision"].fillna("fp32")
+    data["hw_tensor_cores"] = ((precision != "fp32") & (data["device"].map(
+        lambda d: hardware.get(d, {}).get("kind") == "cuda"))).astype(float)
+    for i in np.flatnonzero((precision != "fp32").to_numpy()):
+        hw = hardware.get(data["device"].iat[i], {})
+        rate = (hw.get("measured_gemm_tflops") or {}).get(GEMM_OF_PRECISION[precision.iat[i]])
+        data.iat[i, data.columns.get_loc("hw_peak_gflops")] = math.nan if rate is None else float(rate) * 1000
+    return data
 
 
 def add_roofline_features(data: pd.DataFrame) -> pd.DataFrame:

@@ -55,22 +55,27 @@ import math
 import re
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from perfzoo.dataset import KEY, MODEL_FEATURES, add_roofline_features
-from perfzoo.hardware_specs import lookup_gpu
+from perfzoo.featurise_pool import FeatureJob, featurise_jobs
+from perfzoo.hardware_specs import close_names, lookup_gpu
 from perfzoo.io import InputError
+from perfzoo.precision import check_supported, normalise_precision, peak_for
 from perfzoo.provenance import provenance, sha256_file, write_table
+from perfzoo.timm_results import describe_file, read_timm_rows
 from perfzoo.zoo import stable_id
 
 TRACE_KIND = "external"
 REQUIRED_COLUMNS = ("model", "device", "batch", "mode", "metric", "value", "unit")
-OPTIONAL_COLUMNS = {"precision": "fp32", "n_gpus": "1", "family": "", "resolution": "224"}
+OPTIONAL_COLUMNS = {"precision": "fp32", "n_gpus": "1", "family": "", "resolution": "224", "software": ""}
 NUM_CLASSES = 1000
 LABELS = ("latency_ms", "throughput", "peak_mem_mb", "mean_power_w", "energy_j", "energy_per_sample_j", "edp")
 
@@ -98,10 +103,9 @@ UNITS: dict[str, dict[str, float]] = {
 PER_BATCH_THROUGHPUT_UNITS = ("it/s", "iter/s", "iters/s", "iterations/s", "batches/s", "steps/s")
 MODES = {"inference": "inference", "infer": "inference", "eval": "inference",
          "training": "training", "train": "training"}
-PRECISION_DTYPES = {"fp32": "float32", "float32": "float32", "tf32": "float32", "amp": "float32",
-                    "mixed": "float32", "fp16": "float16", "float16": "float16", "half": "float16",
-                    "bf16": "bfloat16", "bfloat16": "bfloat16"}
-HW_EXTRAS = ("peak_tf32_tflops", "peak_fp16_tflops", "tdp_w")
+HW_EXTRAS = ("peak_fp32_tflops", "peak_tf32_tflops", "peak_fp16_tflops", "peak_bf16_tflops", "tdp_w")
+DEVICE_MAP_HINT = ("map each to a row of the spec table with a device map (perfzoo-import --device-map FILE, "
+                   "or device_map: in the config's external entry)")
 
 
 # --------------------------------------------------------------------------- reading and checking rows
@@ -157,7 +161,13 @@ def _read_rows(path: Path) -> list[tuple[int, int, dict[str, str]]]:
         raise InputError(f"{path}: an nvidia-smi sensor log, not a measurement table; read it with "
                          "`perfzoo sensors LOG --utc-offset HOURS -o OUT.parquet`")
     if missing:
-        raise InputError(f"{path}: missing columns {missing} (required: {', '.join(REQUIRED_COLUMNS)})")
+        looks_timm = "infer_step_time" in header or "train_step_time" in header
+        timm = " — looks like a timm benchmark file: use --format timm (format: timm in the config)" if looks_timm else ""
+        raise InputError(f"{path}: missing columns {missing} (required: {', '.join(REQUIRED_COLUMNS)}){timm}")
+    unknown = [c for c in header if c not in REQUIRED_COLUMNS and c not in OPTIONAL_COLUMNS]
+    if unknown:
+        raise InputError(f"{path}: unknown column{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+                         f"(required: {', '.join(REQUIRED_COLUMNS)}; optional: {', '.join(OPTIONAL_COLUMNS)})")
     rows, n = [], 0
     for values in reader:
         line = start + reader.line_num
@@ -190,14 +200,52 @@ def _gpu(device: str) -> dict[str, Any]:
     return lookup_gpu(device)
 
 
-def _check_row(row: dict[str, str], where: str) -> dict[str, Any]:
+def load_device_map(path: str | Path | None) -> dict[str, str]:
+    """``{name in a table: spec-table name}`` from a YAML mapping file (None → empty)."""
+    if path is None:
+        return {}
+    try:
+        mapping = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: device map not found") from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path}: not a YAML file ({str(exc).splitlines()[0]})") from None
+    if not isinstance(mapping, dict) or not all(isinstance(v, str) for v in mapping.values()):
+        raise InputError(f"{path}: a device map is a mapping 'name in the table: spec-table name'")
+    return {str(k): v for k, v in mapping.items()}
+
+
+def resolve_devices(rows: list[tuple[int, int, dict[str, str]]], device_map: dict[str, str],
+                    path: Path) -> dict[str, dict[str, Any]]:
+    """Spec row of every device name in ``rows`` (through ``device_map``); every unmapped name at once."""
+    for given, target in device_map.items():
+        try:
+            _gpu(target)
+        except InputError as exc:
+            raise InputError(f"device map entry {given!r}: {exc}") from None
+    specs, bad = {}, {}
+    for n, line, row in rows:
+        name = row["device"]
+        if name in specs or name in bad:
+            continue
+        try:
+            specs[name] = _gpu(device_map.get(name, name))
+        except InputError:
+            close = close_names(name)
+            bad[name] = (f"row {n} (line {line}): device {name!r}"
+                         + (f" (close names: {', '.join(close)})" if close else " (no close names)"))
+    if bad:
+        raise InputError(f"{path}: {len(bad)} GPU name{'s' if len(bad) > 1 else ''} not in the spec table: "
+                         f"{'; '.join(bad.values())}; {DEVICE_MAP_HINT}")
+    return specs
+
+
+def _check_row(row: dict[str, str], where: str, spec: dict[str, Any]) -> dict[str, Any]:
     """One long-format measurement in perfzoo units, or InputError naming ``where`` and the value."""
     if not row["model"]:
         raise InputError(f"{where}: empty model name")
-    try:
-        spec = _gpu(row["device"])
-    except InputError as exc:
-        raise InputError(f"{where}: device {row['device']!r} is not in the GPU spec table ({exc})") from None
+    precision = normalise_precision(row["precision"], where)
+    check_supported(spec, precision, where)
     mode = MODES.get(row["mode"].lower())
     if mode is None:
         raise InputError(f"{where}: unknown mode {row['mode']!r} (expected inference or training)")
@@ -218,8 +266,10 @@ def _check_row(row: dict[str, str], where: str) -> dict[str, Any]:
     except KeyError:
         raise InputError(f"{where}: unknown unit {row['unit']!r} for metric {row['metric']!r} "
                          f"(expected one of: {', '.join(_units_of(label))})") from None
-    return {"model": row["model"], "device": spec["name"], "device_reported": row["device"], "mode": mode,
-            "batch": batch, "precision": row["precision"].lower(), "n_gpus": n_gpus, "resolution": resolution,
+    software = row["software"]
+    return {"model": row["model"], "device": f"{spec['name']} {software}" if software else spec["name"],
+            "gpu": spec["name"], "software": software, "device_reported": row["device"], "mode": mode,
+            "batch": batch, "precision": precision, "n_gpus": n_gpus, "resolution": resolution,
             "family_given": row["family"], "label_name": label, "value": converted}
 
 
@@ -246,6 +296,7 @@ def _families(long: pd.DataFrame, path: Path) -> dict[str, str]:
 
 
 CONFIG = ["model", "precision", "n_gpus", "resolution"]
+DEVICE_COLUMNS = ["gpu", "software", "device_reported"]
 
 
 def _wide(long: pd.DataFrame, path: Path) -> pd.DataFrame:
@@ -259,7 +310,7 @@ def _wide(long: pd.DataFrame, path: Path) -> pd.DataFrame:
     wide = wide.reindex(columns=[c for c in LABELS if c != "edp"]).reset_index()
     wide.columns.name = None
     rows = long.groupby(keys)["data_row"].apply(lambda r: ",".join(map(str, sorted(r)))).rename("source_rows")
-    reported = long.groupby(keys)["device_reported"].first()
+    reported = long.groupby(keys)[DEVICE_COLUMNS].first()
     wide = wide.merge(rows.reset_index(), on=keys).merge(reported.reset_index(), on=keys)
     return _derive(wide)
 
@@ -285,16 +336,21 @@ def _derive(wide: pd.DataFrame) -> pd.DataFrame:
     return wide
 
 
-def hardware_columns(device: str, n_gpus: int = 1) -> dict[str, float]:
-    """Spec-sheet hardware features of one GPU of ``device`` (a spec-table or NVML name)."""
+def hardware_columns(device: str, n_gpus: int = 1, precision: str = "fp32") -> dict[str, float]:
+    """Spec-sheet hardware features of one GPU of ``device`` (a spec-table or NVML name).
+
+    ``hw_peak_gflops`` is the peak of the unit that runs ``precision`` (``perfzoo.precision``) and
+    ``hw_tensor_cores`` says whether that unit is a tensor core (1.0) or not (0.0).
+    """
     spec = _gpu(device)
+    peak = peak_for(spec, precision)
 
     def num(key: str) -> float:
         return math.nan if spec.get(key) is None else float(spec[key])
 
-    return {"hw_peak_gflops": num("peak_fp32_tflops") * 1000, "hw_mem_bw_gbs": num("mem_bw_gbs"),
-            "hw_cores": num("sm_count"), "hw_mem_gb": num("mem_gb"), "hw_n_gpus": float(n_gpus),
-            **{f"hw_spec_{k}": num(k) for k in HW_EXTRAS}}
+    return {"hw_peak_gflops": peak.tflops * 1000, "hw_tensor_cores": float(peak.tensor_cores),
+            "hw_mem_bw_gbs": num("mem_bw_gbs"), "hw_cores": num("sm_count"), "hw_mem_gb": num("mem_gb"),
+            "hw_n_gpus": float(n_gpus), **{f"hw_spec_{k}": num(k) for k in HW_EXTRAS}}
 
 
 def _library_names(library: str) -> frozenset[str]:
@@ -316,61 +372,98 @@ def resolve_builder(model: str) -> tuple[str, str] | None:
     return None
 
 
-def model_features(model: str, precision: str, resolution: int, mode: str, batch: int,
-                   model_id: str = "") -> tuple[dict[str, Any], str]:
-    """(features, "") of a timm/torchvision model featurised on the meta device, or ({}, reason)."""
-    import torch
+@dataclass
+class ImportOptions:
+    """How to read and featurise a table: its format and what a timm file does not say about itself."""
 
-    from perfzoo.builders import build_model
-    from perfzoo.features import featurise
-
-    resolved = resolve_builder(model)
-    if resolved is None:
-        return {}, f"{model!r} is not a timm or torchvision model name"
-    dtype = PRECISION_DTYPES.get(precision)
-    if dtype is None:
-        return {}, f"precision {precision!r} is not featurised (known: {', '.join(sorted(PRECISION_DTYPES))})"
-    builder, name = resolved
-    shape = (3, resolution, resolution)
-
-    def build() -> Any:
-        return build_model(builder, name, {}, NUM_CLASSES, shape).to(getattr(torch, dtype))
-
-    try:
-        feats, _ = featurise(build, shape, batch, mode, dtype, model_id)
-    except InputError as exc:
-        return {}, str(exc)
-    return {k: feats[k] for k in MODEL_FEATURES if k in feats}, ""
+    fmt: str = "long"  # "long" (perfzoo's measurement table) or "timm" (timm's benchmark CSV)
+    device: str = ""  # timm: the GPU of the file (default: from the file name)
+    precision: str = ""  # timm: the precision of the file (default: from the file name)
+    software: str = ""  # timm: torch/CUDA stack, becomes part of the device name (default: file name)
+    device_map: dict[str, str] = field(default_factory=dict)
+    strict: bool = False  # fail when a model cannot be featurised
+    featurise_models: bool = True
+    workers: int | None = None
+    progress: bool = False
+    feature_cache: str | None = None  # JSON lines file of probe features kept between runs
 
 
-def _add_model_features(data: pd.DataFrame, progress: bool) -> pd.DataFrame:
-    from tqdm import tqdm
+def feature_jobs(data: pd.DataFrame) -> tuple[list[FeatureJob], dict[tuple, str]]:
+    """One featurisation job per (model, precision, resolution, mode); reasons for unknown names."""
+    groups = data.groupby(["model", "precision", "resolution", "mode"], sort=True)["batch"]
+    jobs, unknown = [], {}
+    for (model, precision, resolution, mode), batches in groups:
+        resolved = resolve_builder(str(model))
+        if resolved is None:
+            unknown[(model, precision, resolution, mode)] = f"{model!r} is not a timm or torchvision model name"
+            continue
+        jobs.append(FeatureJob(resolved[0], resolved[1], precision, int(resolution), mode,
+                               tuple(sorted({int(b) for b in batches})), NUM_CLASSES))
+    return jobs, unknown
 
-    configs = data[[*CONFIG, "mode", "batch", "model_id"]].drop_duplicates(["model_id", "mode", "batch"])
+
+def _add_model_features(data: pd.DataFrame, options: ImportOptions) -> pd.DataFrame:
+    jobs, unknown = feature_jobs(data)
+    results = featurise_jobs(jobs, options.workers, options.progress, options.feature_cache)
+    by_group = {}
+    for result, job in zip(results, jobs, strict=True):
+        by_group[(job.builder, job.name, job.precision, job.resolution, job.mode)] = result
     rows = []
-    for c in tqdm(configs.to_dict("records"), desc="features", file=sys.stderr, disable=not progress,
-                  mininterval=1):
-        feats, reason = model_features(c["model"], c["precision"], c["resolution"], c["mode"], c["batch"],
-                                       c["model_id"])
-        rows.append({"model_id": c["model_id"], "mode": c["mode"], "batch": c["batch"], **feats,
-                     "feature_missing_reason": reason})
-    table = pd.DataFrame(rows).reindex(columns=["model_id", "mode", "batch", *MODEL_FEATURES,
-                                                "feature_missing_reason"])
+    for r in data[["model", "precision", "resolution", "mode", "batch"]].drop_duplicates().itertuples(index=False):
+        group = (r.model, r.precision, r.resolution, r.mode)
+        resolved = resolve_builder(str(r.model))
+        result = by_group.get((*resolved, *group[1:])) if resolved else None
+        feats = result.features.get(int(r.batch), {}) if result else {}
+        reason = unknown.get(group) or (result.reason if result else "")
+        rows.append({"model": r.model, "precision": r.precision, "resolution": r.resolution, "mode": r.mode,
+                     "batch": r.batch, **{k: feats[k] for k in MODEL_FEATURES if k in feats},
+                     "feature_missing_reason": reason, "featurised_by": result.method if result else ""})
+    keys = ["model", "precision", "resolution", "mode", "batch"]
+    table = pd.DataFrame(rows).reindex(columns=[*keys, *MODEL_FEATURES, "feature_missing_reason", "featurised_by"])
     for col in MODEL_FEATURES:
         table[col] = pd.to_numeric(table[col], errors="coerce").astype("float64")
-    return data.merge(table, on=["model_id", "mode", "batch"], how="left")
+    return data.merge(table, on=keys, how="left")
 
 
-def import_external(csv_path: str | Path, featurise_models: bool = True,
-                    progress: bool = False) -> tuple[pd.DataFrame, dict[str, Any]]:
+def unfeaturisable_models(data: pd.DataFrame) -> pd.DataFrame:
+    """One row per model (name, precision, resolution, mode) without features, with the reason and rows."""
+    missing = data[data["feature_missing_reason"].fillna("") != ""]
+    if missing.empty:
+        return pd.DataFrame(columns=["name", "precision", "resolution", "mode", "rows", "reason"])
+    return (missing.groupby(["name", "precision", "resolution", "mode"], sort=True)
+            .agg(rows=("row_id", "size"), reason=("feature_missing_reason", "first")).reset_index())
+
+
+def _long_rows(path: Path, options: ImportOptions) -> list[tuple[int, int, dict[str, str]]]:
+    """Rows in perfzoo's long format, whatever the table's format."""
+    if options.fmt == "long":
+        return _read_rows(path)
+    if options.fmt != "timm":
+        raise InputError(f"{path}: unknown table format {options.fmt!r} (accepted: long, timm)")
+    described = describe_file(path)
+    device = options.device or (described.device if described else "")
+    precision = options.precision or (described.precision if described else "")
+    software = options.software or (described.software if described else "")
+    if not device or not precision:
+        raise InputError(f"{path}: the file name does not say the device and precision of this timm file; "
+                         "give them (--device, --precision or device:/precision: in the config)")
+    return [(n, line, {**OPTIONAL_COLUMNS, **row}) for n, line, row in
+            read_timm_rows(path, device, precision, software)]
+
+
+def import_external(csv_path: str | Path, featurise_models: bool = True, progress: bool = False,
+                    options: ImportOptions | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
     """(dataset-like table, provenance record) of an external measurement CSV; see the module docstring.
 
     ``featurise_models=False`` skips the meta-device featurisation (features NaN with a reason).
+    With ``options.strict`` a model that cannot be featurised fails the import (InputError naming it).
     """
+    options = options or ImportOptions(featurise_models=featurise_models, progress=progress)
     path = Path(csv_path)
-    records = []
-    for n, line, row in _read_rows(path):
-        records.append({**_check_row(row, f"{path}: row {n} (line {line})"), "data_row": n})
+    rows = _long_rows(path, options)
+    specs = resolve_devices(rows, options.device_map, path)
+    records = [{**_check_row(row, f"{path}: row {n} (line {line})", specs[row["device"]]), "data_row": n}
+               for n, line, row in rows]
     long = pd.DataFrame(records)
     families = _families(long, path)
     data = _wide(long, path)
@@ -387,26 +480,35 @@ def import_external(csv_path: str | Path, featurise_models: bool = True,
     data["source_file"] = str(path)
     data["source_sha256"] = sha
     data["energy_missing_reason"] = np.where(data["energy_j"].isna(), "no energy in the imported table", "")
-    hw = pd.DataFrame([{"device": d, "n_gpus": n, **hardware_columns(d, n)}
-                       for d, n in sorted(set(zip(data["device"], data["n_gpus"], strict=True)))])
-    data = data.merge(hw, on=["device", "n_gpus"], how="left")
-    if featurise_models:
-        data = _add_model_features(data, progress)
+    hw = pd.DataFrame([{"gpu": g, "n_gpus": n, "precision": p, **hardware_columns(g, n, p)}
+                       for g, n, p in sorted(set(zip(data["gpu"], data["n_gpus"], data["precision"], strict=True)))])
+    data = data.merge(hw, on=["gpu", "n_gpus", "precision"], how="left")
+    if options.featurise_models:
+        data = _add_model_features(data, options)
     else:
-        data = data.assign(**{c: math.nan for c in MODEL_FEATURES},
+        data = data.assign(**{c: math.nan for c in MODEL_FEATURES}, featurised_by="",
                            feature_missing_reason="model features not computed (featurise_models=False)")
     data["is_training"] = (data["mode"] == "training").astype(float)
     data = add_roofline_features(data)
     data.insert(0, "row_id", data[KEY].astype(str).agg("|".join, axis=1))
     data = data.drop(columns=["model"])
     front = ["row_id", *KEY, "family", "name", "label", "builder", "precision", "n_gpus", "resolution",
-             "device_reported", *LABELS, "derived_labels", "energy_missing_reason"]
+             *DEVICE_COLUMNS, *LABELS, "derived_labels", "energy_missing_reason"]
     data = data[front + [c for c in data.columns if c not in front]]
     data = data.sort_values("row_id").reset_index(drop=True)
-    prov = provenance([path], {"import": TRACE_KIND, "featurise_models": featurise_models,
-                               "num_classes": NUM_CLASSES})
+    missing = unfeaturisable_models(data) if options.featurise_models else None
+    if options.strict and missing is not None and len(missing):
+        first = missing.iloc[0]
+        raise InputError(f"{path}: {len(missing)} model(s) cannot be featurised, e.g. {first['name']} "
+                         f"({first['reason']}); all: {', '.join(sorted(set(missing['name'])))}")
+    prov = provenance([path], {"import": TRACE_KIND, "featurise_models": options.featurise_models,
+                               "num_classes": NUM_CLASSES, "format": options.fmt,
+                               "device_map": options.device_map})
     prov["source"] = {"path": str(path), "sha256": sha, "kind": TRACE_KIND, "data_rows": len(long),
-                      "dataset_rows": len(data)}
+                      "dataset_rows": len(data), "models": int(data["name"].nunique()),
+                      "model_configs": int(data["model_id"].nunique())}
+    if missing is not None:
+        prov["unfeaturisable"] = missing.to_dict("records")
     return data, prov
 
 
@@ -416,28 +518,55 @@ def import_external(csv_path: str | Path, featurise_models: bool = True,
 def build_parser(prog: str = "perfzoo-import") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog, description="Import an external measurement CSV (model, device, batch, mode, precision, "
-                               "n_gpus, metric, value, unit) into a perfzoo dataset table.")
-    parser.add_argument("csv", help="measurement table (long format, one number per row)")
+                               "n_gpus, metric, value, unit), or a timm benchmark CSV, into a perfzoo dataset table.")
+    parser.add_argument("csv", help="measurement table (long format, one number per row; or --format timm)")
     parser.add_argument("-o", "--output", required=True, help="output Parquet file (dataset-like table)")
+    parser.add_argument("--format", default="long", choices=("long", "timm"), help="table format (long)")
+    parser.add_argument("--device", default="", help="timm format: the file's GPU (default: from the file name)")
+    parser.add_argument("--precision", default="", help="timm format: fp32, tf32, fp16, bf16 or amp "
+                                                        "(default: from the file name)")
+    parser.add_argument("--software", default="", help="timm format: torch/CUDA stack, e.g. pt291-cu128 "
+                                                       "(default: from the file name)")
+    parser.add_argument("--device-map", default=None,
+                        help="YAML file mapping the table's GPU names to rows of the GPU spec table")
+    parser.add_argument("--strict", action="store_true", help="fail when a model cannot be featurised")
+    parser.add_argument("--workers", type=int, default=None, help="featurising processes (default: CPU cores)")
+    parser.add_argument("--feature-cache", default=None,
+                        help="JSON lines file of probe features reused between imports (same library versions)")
     parser.add_argument("--no-features", action="store_true",
                         help="skip featurising timm/torchvision models on the meta device")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
 
+def import_summary(data: pd.DataFrame, output: str) -> list[str]:
+    """Summary lines: rows and models counted separately, then every unfeaturisable model with why."""
+    ok = data["feature_missing_reason"].fillna("") == ""
+    missing = unfeaturisable_models(data)
+    lines = [f"{len(data)} rows ({int(ok.sum())} featurised, {int((~ok).sum())} without features, left out of "
+             f"fitting) of {data['name'].nunique()} models ({data.loc[ok, 'name'].nunique()} featurised, "
+             f"{missing['name'].nunique()} not) in {data['model_id'].nunique()} model configs on "
+             f"{data['device'].nunique()} devices -> {output}"]
+    lines += [f"  not featurised: {r.name} ({r.precision}, {r.resolution}px, {r.mode}; {r.rows} rows): {r.reason}"
+              for r in missing.itertuples(index=False)]
+    return lines
+
+
 def external_main(argv: Sequence[str] | None = None) -> int:
     """``perfzoo-import CSV -o OUT.parquet``: 0 on success; bad input prints one line and returns 2."""
     args = build_parser().parse_args(argv)
     try:
-        data, prov = import_external(args.csv, featurise_models=not args.no_features, progress=not args.quiet)
+        options = ImportOptions(fmt=args.format, device=args.device, precision=args.precision,
+                                software=args.software, device_map=load_device_map(args.device_map),
+                                strict=args.strict, featurise_models=not args.no_features, workers=args.workers,
+                                progress=not args.quiet, feature_cache=args.feature_cache)
+        data, prov = import_external(args.csv, options=options)
     except InputError as exc:
         print(f"perfzoo-import: error: {exc}", file=sys.stderr)
         return 2
     write_table(args.output, data, prov)
-    featurised = int((data["feature_missing_reason"] == "").sum())
-    print(f"perfzoo-import: {len(data)} rows ({data['device'].nunique()} devices, "
-          f"{data['model_id'].nunique()} model configs, {featurised} featurised) -> {args.output}",
-          file=sys.stderr)
+    for line in import_summary(data, args.output):
+        print(f"perfzoo-import: {line}", file=sys.stderr)
     return 0
 
 

@@ -64,6 +64,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
 from perfzoo.io import InputError
+from perfzoo.precision import BUILD_DTYPES
 
 MODES = ("inference", "training")
 CATEGORIES = ("conv_fc", "norm", "pool_s1", "pool_s2", "relu_drop", "attention", "embedding", "other")
@@ -470,13 +471,15 @@ def featurise(
     mode: str,
     input_dtype: str = "float32",
     model_id: str = "",
+    trace_graph: bool = True,
 ) -> tuple[dict, pd.DataFrame]:
     """Build the model on the meta device and return (model-level features, per-layer table).
 
     ``input_shape`` excludes the batch dim; ``input_dtype`` is a torch dtype name ("float32" for
     images/MLPs, "int64" for token ids). ``mode`` is "inference" or "training". A model that
     fails to build or run raises ``InputError`` naming ``model_id``. See the module docstring
-    for the definition of every feature.
+    for the definition of every feature. ``trace_graph=False`` skips the fx trace (graph features NaN,
+    ``graph_error`` "not traced"), for callers that already traced the same model.
     """
     if mode not in MODES:
         raise InputError(f"model {model_id}: unknown mode {mode!r} (expected one of {', '.join(MODES)})")
@@ -503,7 +506,8 @@ def featurise(
         finally:
             for handle in handles:
                 handle.remove()
-        graph_nodes, graph_edges, graph_error = _graph_size(model)
+        graph_nodes, graph_edges, graph_error = (_graph_size(model) if trace_graph
+                                                 else (math.nan, math.nan, "not traced"))
 
     table = _layer_table(recorder.rows, output, mode, batch, model_id)
     params = _unique_tensors(model.parameters())
@@ -534,6 +538,17 @@ def featurise(
     return {key: features[key] for key in MODEL_COLUMNS}, table
 
 
+def _at_precision(build: Callable[[], nn.Module], input_dtype: str, precision: str
+                  ) -> tuple[Callable[[], nn.Module], str]:
+    """(builder, input dtype) of a config at ``precision``: fp16/bf16 models and float inputs take that dtype;
+    fp32, tf32 and amp keep float32 weights (amp's float16 activations are not modelled on the meta device)."""
+    dtype = BUILD_DTYPES.get(precision, "float32")
+    if dtype == "float32":
+        return build, input_dtype
+    floating = input_dtype.startswith(("float", "bfloat"))
+    return (lambda: build().to(getattr(torch, dtype))), (dtype if floating else input_dtype)
+
+
 def featurise_manifest(manifest: pd.DataFrame, num_classes: int, progress: bool = True) -> tuple[
         pd.DataFrame, pd.DataFrame]:
     """Features of every (model, mode, batch) config of the zoo manifest: (model table, layer table)."""
@@ -551,8 +566,9 @@ def featurise_manifest(manifest: pd.DataFrame, num_classes: int, progress: bool 
         shape = tuple(json.loads(row["input_shape"]))
         build = partial(build_model, row["builder"], row["name"], json.loads(row["builder_kwargs"]), num_classes,
                         shape)
+        build, input_dtype = _at_precision(build, row["dtype"], row.get("precision", "fp32"))
         try:
-            feats, table = featurise(build, shape, int(row["batch"]), row["mode"], row["dtype"], row["model_id"])
+            feats, table = featurise(build, shape, int(row["batch"]), row["mode"], input_dtype, row["model_id"])
         except InputError as exc:  # a model that cannot be built keeps a row, its features missing
             print(f"features: {exc}", file=sys.stderr)
             feats, table = {"model_id": row["model_id"], "mode": row["mode"], "batch": int(row["batch"]),

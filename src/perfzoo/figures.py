@@ -290,7 +290,10 @@ def ablation(table: pd.DataFrame) -> Figure:
 
 
 def latency_vs_batch(data: pd.DataFrame) -> Figure:
-    """Measured median latency (95 % CI) against batch size, one panel per family, one line per model/mode."""
+    """Measured median latency (95 % CI) against batch size, one panel per family, one line per model/mode.
+
+    Only profiled rows are drawn: imported rows carry no confidence interval."""
+    data = data[data["latency_ci_lo"].notna()] if "latency_ci_lo" in data else data.iloc[0:0]
     families = sorted(data["family"].unique()) if len(data) else []
     if not families:
         return empty_figure("no measured configs")

@@ -38,6 +38,14 @@ INTERVAL_LEVEL = 0.9
 MIN_CALIBRATION_ROWS = 20
 
 
+def featurised_rows(data: pd.DataFrame) -> pd.Series:
+    """Rows whose model could be featurised: an imported row with a ``feature_missing_reason`` has no model
+    features and is left out of fitting (never given another model's features); profiled rows always count."""
+    if "feature_missing_reason" not in data.columns:
+        return pd.Series(True, index=data.index)
+    return data["feature_missing_reason"].fillna("").astype(str) == ""
+
+
 def regressor_inputs(data: pd.DataFrame, feature_set: str = "all") -> pd.DataFrame:
     """What a regressor sees: the numeric feature columns plus identifying columns it may group by.
 
@@ -64,8 +72,12 @@ def fit_split(
     """(predictions on val/test rows of every fold, fitted model per fold, notes on skipped folds)."""
     if target not in data.columns:
         raise InputError(f"dataset has no target column {target!r}")
-    usable = finite_target_rows(data, target)
-    notes: dict[str, Any] = {"excluded_nonfinite_labels": int((~usable).sum()), "usable_rows": int(usable.sum()),
+    finite = finite_target_rows(data, target)
+    featurised = featurised_rows(data)
+    usable = finite & featurised
+    notes: dict[str, Any] = {"excluded_nonfinite_labels": int((~finite).sum()), "usable_rows": int(usable.sum()),
+                             "excluded_unfeaturised_rows": int((finite & ~featurised).sum()),
+                             "unfeaturised_models": sorted(set(data.loc[finite & ~featurised, "label"].astype(str))),
                              "skipped_folds": {}}
     data = data[usable].set_index("row_id", drop=False)
     predictions, models = [], {}

@@ -1,12 +1,15 @@
 """GPU spec-sheet table (``data/gpu_specs.csv``) and lookup by table name or NVML device name.
 
 Columns: ``name``; ``match`` (case-insensitive regular expression searched in the NVML name);
-``peak_fp32_tflops`` (non-tensor FP32); ``peak_tf32_tflops`` and ``peak_fp16_tflops`` (dense tensor-core
-peaks, i.e. without structured sparsity; FP16 with FP32 accumulate, which is what PyTorch uses, so
-GeForce cards show half their FP16-accumulate figure; empty where the GPU has no such unit);
+``arch`` (Volta, Turing, Ampere, Ada, Hopper, Blackwell: TF32 and BF16 tensor cores need Ampere or
+newer); ``peak_fp32_tflops`` (non-tensor FP32); ``peak_tf32_tflops``, ``peak_fp16_tflops`` and
+``peak_bf16_tflops`` (dense tensor-core peaks, i.e. without structured sparsity; FP16/BF16 with FP32
+accumulate, which is what PyTorch uses, so GeForce cards show half their FP16-accumulate figure; empty
+where the GPU has no such unit, or where the source does not state the figure);
 ``mem_gb``; ``mem_bw_gbs``; ``sm_count``; ``tdp_w`` (maximum board power); ``min_power_w`` (lowest
 settable power limit where documented, else empty: NVML's limit constraints, read at run time, are the
-authority); ``source`` (the NVIDIA datasheet or whitepaper the row comes from).
+authority); ``source`` (the NVIDIA datasheet or whitepaper the row comes from); ``note`` (how a figure
+was read, or why one is missing).
 """
 
 from __future__ import annotations
@@ -24,17 +27,21 @@ from perfzoo.io import InputError
 SPEC_COLUMNS: tuple[str, ...] = (
     "name",
     "match",
+    "arch",
     "peak_fp32_tflops",
     "peak_tf32_tflops",
     "peak_fp16_tflops",
+    "peak_bf16_tflops",
     "mem_gb",
     "mem_bw_gbs",
     "sm_count",
     "tdp_w",
     "min_power_w",
     "source",
+    "note",
 )
-NUMERIC_COLUMNS: tuple[str, ...] = SPEC_COLUMNS[2:-1]
+NUMERIC_COLUMNS: tuple[str, ...] = SPEC_COLUMNS[3:-2]
+TEXT_COLUMNS: dict[str, type] = {"name": str, "match": str, "arch": str, "source": str, "note": str}
 SPEC_FILE = "data/gpu_specs.csv"
 
 
@@ -42,7 +49,8 @@ SPEC_FILE = "data/gpu_specs.csv"
 def _load() -> pd.DataFrame:
     path = resources.files("perfzoo").joinpath(SPEC_FILE)
     with resources.as_file(path) as csv_path:
-        table = pd.read_csv(csv_path, dtype={"name": str, "match": str, "source": str})
+        table = pd.read_csv(csv_path, dtype=TEXT_COLUMNS, keep_default_na=False, na_values={
+            c: [""] for c in NUMERIC_COLUMNS})
     missing = [c for c in SPEC_COLUMNS if c not in table.columns]
     if missing:
         raise InputError(f"{SPEC_FILE}: missing columns {missing}")
@@ -81,7 +89,18 @@ def lookup_gpu(name: str) -> dict[str, Any]:
         return _row_dict(hits.iloc[0])
     if len(hits) > 1:
         raise InputError(f"GPU '{name}' matches several rows of {SPEC_FILE}: {list(hits['name'])}")
-    normalised = {_normalise(n): n for n in table["name"]}
-    close = difflib.get_close_matches(_normalise(name), list(normalised), n=3, cutoff=0.3)
-    hint = f"; close names: {', '.join(normalised[c] for c in close)}" if close else ""
-    raise InputError(f"GPU '{name}' is not in {SPEC_FILE}{hint}")
+    hint = close_names(name)
+    raise InputError(f"GPU '{name}' is not in {SPEC_FILE}{'; close names: ' + ', '.join(hint) if hint else ''}")
+
+
+def close_names(name: str, n: int = 3) -> list[str]:
+    """Spec-table names close to ``name``: rows sharing a model number first ('3090 Ti' → 'RTX 3090'),
+    then by string similarity of the names without vendor words."""
+    names = list(_load()["name"])
+    query = _normalise(name)
+    numbers = set(re.findall(r"[a-z]*\d+[a-z]*", query))
+    shared = [t for t in names if numbers & set(re.findall(r"[a-z]*\d+[a-z]*", _normalise(t)))]
+    shared.sort(key=lambda t: -difflib.SequenceMatcher(None, query, _normalise(t)).ratio())
+    normalised = {_normalise(t): t for t in names}
+    similar = [normalised[c] for c in difflib.get_close_matches(query, list(normalised), n=n, cutoff=0.3)]
+    return list(dict.fromkeys([*shared, *similar]))[:n]

@@ -98,6 +98,9 @@ def report_notes(statuses: pd.DataFrame, prediction_files: list[str], split_file
         where = f"{fit.get('target')}/{fit.get('regressor')}/{fit.get('split')}"
         if info.get("excluded_nonfinite_labels"):
             notes.append(f"{where}: {info['excluded_nonfinite_labels']} row(s) with NaN or infinite labels excluded")
+        if info.get("excluded_unfeaturised_rows"):
+            notes.append(f"{where}: {info['excluded_unfeaturised_rows']} row(s) of "
+                         f"{len(info.get('unfeaturised_models', []))} model(s) that could not be featurised excluded")
         for fold, why in sorted(info.get("skipped_folds", {}).items()):
             notes.append(f"{where}: fold {fold} skipped ({why})")
     return notes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ import pandas as pd
 
 MANIFEST_COLUMNS = [
     "config_id", "model_id", "family", "builder", "name", "variant", "label", "builder_kwargs",
-    "input_shape", "dtype", "batch", "mode", "shard",
+    "input_shape", "dtype", "batch", "mode", "shard", "precision",
 ]
 
 
@@ -34,6 +35,7 @@ class ModelConfig:
     batch: int
     mode: str
     shard: str
+    precision: str = "fp32"  # fp32, tf32, fp16, bf16 or amp (perfzoo.precision)
 
 
 def stable_id(payload: dict[str, Any]) -> str:
@@ -65,26 +67,33 @@ def _inputs(family: dict[str, Any]) -> Iterator[tuple[list[int], str, str]]:
         yield list(shape), "float32", "x".join(map(str, shape))
 
 
+def _precisions(family: dict[str, Any]) -> list[str]:
+    """The family's precisions (``precisions:``; fp32 when not given)."""
+    return list(family.get("precisions", ["fp32"]))
+
+
 def iter_configs(config: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """All (model, input, batch, mode) configs in config order (before sharding)."""
     num_classes = config["zoo"].get("num_classes", 100)
     for family_name, family in config["zoo"]["families"].items():
         for entry in model_entries(family):
             kwargs = json.dumps(entry["kwargs"], sort_keys=True)
-            for shape, dtype, suffix in _inputs(family):
+            for (shape, dtype, suffix), precision in itertools.product(_inputs(family), _precisions(family)):
                 model = {
                     "family": family_name, "builder": family["builder"], "name": entry["name"],
                     "builder_kwargs": kwargs, "input_shape": json.dumps(shape), "dtype": dtype,
                     "num_classes": num_classes,
                 }
-                model_id = stable_id(model)
+                # fp32 configs keep the ids they had before precision was a dimension
+                model_id = stable_id(model if precision == "fp32" else {**model, "precision": precision})
                 variant = entry["variant"]
                 label = f"{entry['name']}{'-' + variant if variant else ''}@{suffix}"
+                label += "" if precision == "fp32" else f"/{precision}"
                 for batch in family.get("batch_sizes", [1]):
                     for mode in family.get("modes", ["inference", "training"]):
                         config_id = stable_id({"model_id": model_id, "batch": batch, "mode": mode})
                         yield {**model, "model_id": model_id, "config_id": config_id, "variant": variant,
-                               "label": label, "batch": int(batch), "mode": mode}
+                               "label": label, "batch": int(batch), "mode": mode, "precision": precision}
 
 
 def shard_name(index: int) -> str:

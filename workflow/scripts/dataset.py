@@ -1,7 +1,7 @@
 """Rule dataset: labels from raw traces joined with model and hardware features (+ imported rows)."""
 import pandas as pd
 
-from perfzoo.dataset import build_dataset
+from perfzoo.dataset import build_dataset, imported_only
 from perfzoo.io import read_parquet
 from perfzoo.provenance import provenance, write_table
 from perfzoo.workflow import run_step
@@ -9,12 +9,18 @@ from perfzoo.workflow import run_step
 
 def main() -> None:
     inputs = snakemake.input
-    data, noise, statuses = build_dataset(read_parquet(inputs.manifest), read_parquet(inputs.features),
-                                          list(inputs.traces), list(inputs.hardware))
-    if inputs.external:
-        data = pd.concat([data, *(read_parquet(p) for p in inputs.external)], ignore_index=True)
+    external = [read_parquet(p) for p in inputs.external]
+    if hasattr(inputs, "manifest"):
+        data, noise, statuses = build_dataset(read_parquet(inputs.manifest), read_parquet(inputs.features),
+                                              list(inputs.traces), list(inputs.hardware))
+        local = [inputs.manifest, inputs.features, *inputs.traces, *inputs.hardware]
+    else:  # an import-only config: no zoo, no local device
+        data, noise, statuses = imported_only(external)
+        external, local = [], []
+    if external:
+        data = pd.concat([data, *external], ignore_index=True)
         data = data.sort_values("row_id").reset_index(drop=True)
-    prov = provenance([inputs.manifest, inputs.features, *inputs.traces, *inputs.hardware, *inputs.external])
+    prov = provenance([*local, *inputs.external])
     write_table(snakemake.output.dataset, data, prov)
     write_table(snakemake.output.noise, noise, prov)
     write_table(snakemake.output.statuses, statuses, prov)

@@ -408,7 +408,7 @@ def measure_on_cuda(
     import torch
 
     from perfzoo.builders import build_model
-    from perfzoo.profiling.measure import Measurement, make_step, synthetic_batch
+    from perfzoo.profiling.measure import Measurement, make_step, set_precision, synthetic_batch
 
     cuda = _backend(backend)
     index = int(settings.get("gpu_index", 0))
@@ -422,7 +422,8 @@ def measure_on_cuda(
     model = build_model(spec["builder"], spec["name"], json.loads(spec["builder_kwargs"]),
                         settings["num_classes"], tuple(json.loads(spec["input_shape"]))).to(device)
     x, y = synthetic_batch(spec, settings["num_classes"], device)
-    step = make_step(model, x, y, spec["mode"], settings["optimizer"])
+    model, x, context = set_precision(model, x, spec.get("precision", "fp32"), "cuda")
+    step = make_step(model, x, y, spec["mode"], settings["optimizer"], context)
     for _ in range(settings["warmup_iters"]):
         step()
     cuda.synchronize(device)

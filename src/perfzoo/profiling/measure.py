@@ -60,15 +60,44 @@ def synthetic_batch(spec: dict[str, Any], num_classes: int, device: str) -> tupl
     return x.to(device), y.to(device)
 
 
-def make_step(model: Any, x: Any, y: Any, mode: str, optimizer: str) -> Callable[[], None]:
-    """One inference forward (no_grad) or one training step (forward, loss, backward, optimizer)."""
+def set_precision(model: Any, x: Any, precision: str, device_type: str) -> tuple[Any, Any, Callable[[], Any]]:
+    """(model, input, context of each forward) running at ``precision`` (see ``perfzoo.precision``).
+
+    fp16/bf16 convert the model and floating-point inputs; amp keeps float32 weights and runs the forward
+    under float16 ``torch.autocast``; tf32 allows TF32 in matmuls and cuDNN convolutions, and every other
+    precision forbids it (PyTorch lets cuDNN use TF32 by default, which would make fp32 not fp32).
+    """
+    import contextlib
+
     import torch
 
+    from perfzoo.precision import BUILD_DTYPES
+
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    if precision in ("fp16", "bf16"):
+        dtype = getattr(torch, BUILD_DTYPES[precision])
+        model = model.to(dtype)
+        x = x.to(dtype) if x.is_floating_point() else x
+    if precision == "amp":
+        return model, x, lambda: torch.autocast(device_type, dtype=torch.float16)
+    return model, x, contextlib.nullcontext
+
+
+def make_step(model: Any, x: Any, y: Any, mode: str, optimizer: str,
+              forward_context: Callable[[], Any] | None = None) -> Callable[[], None]:
+    """One inference forward (no_grad) or one training step (forward, loss, backward, optimizer);
+    ``forward_context`` (e.g. autocast from :func:`set_precision`) wraps each forward and loss."""
+    import contextlib
+
+    import torch
+
+    context = forward_context or contextlib.nullcontext
     if mode == "inference":
         model.eval()
 
         def infer() -> None:
-            with torch.no_grad():
+            with torch.no_grad(), context():
                 model(x)
 
         return infer
@@ -79,7 +108,9 @@ def make_step(model: Any, x: Any, y: Any, mode: str, optimizer: str) -> Callable
 
     def train() -> None:
         opt.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
+        with context():
+            loss = loss_fn(model(x), y)
+        loss.backward()
         opt.step()
 
     return train
@@ -132,7 +163,8 @@ def measure_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Measuremen
     model = build_model(spec["builder"], spec["name"], json.loads(spec["builder_kwargs"]),
                         settings["num_classes"], tuple(json.loads(spec["input_shape"])))
     x, y = synthetic_batch(spec, settings["num_classes"], "cpu")
-    step = make_step(model, x, y, spec["mode"], settings["optimizer"])
+    model, x, context = set_precision(model, x, spec.get("precision", "fp32"), "cpu")
+    step = make_step(model, x, y, spec["mode"], settings["optimizer"], context)
     for _ in range(settings["warmup_iters"]):
         step()
     times, reason = time_cpu_iterations(step, settings)

@@ -1,0 +1,275 @@
+"""Fast featurisation of many imported configs: one build per model, exact batch scaling, warm workers.
+
+An imported table often lists the same model at several batch sizes (and on several devices). The
+features of one ``FeatureJob`` (model, resolution, precision, mode) are computed once for all its batch
+sizes:
+
+* the model is built once on the meta device and stepped at probe batches 2 and 4 (batch 1 would trip
+  BatchNorm's "more than one value per channel" check in training); its fx graph (which has no batch
+  dimension) is traced once;
+* the batch-dependent features (FLOPs, MACs, activation and input bytes, Gianniti complexities) must be
+  exactly proportional to the batch (value at 4 == 2 x value at 2, an even integer), or — checked with a
+  third probe at batch 8 — exactly affine with an integer slope (a part computed once per step, such as
+  a relative position bias); every other feature must be equal at all probes. Then each requested batch
+  gets its value on that line: exact integers, the numbers a direct featurisation at that batch gives.
+  Otherwise every batch is featurised directly (``method == "direct"``);
+* jobs run in a pool of warm worker processes forked after torch, torchvision and timm are imported.
+
+A model that cannot be built or stepped gives no numbers: ``reason`` holds the builder's one-line error.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import multiprocessing
+import os
+import sys
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perfzoo.io import InputError
+from perfzoo.precision import BUILD_DTYPES
+
+PROBE_BATCHES = (2, 4, 8)
+PROPORTIONAL = ("flops", "flops_fw", "macs", "activation_bytes", "input_bytes", "complexity_fw", "complexity_bw")
+DERIVED = ("train_mem_estimate_bytes",)
+PER_CALL = ("model_id", "mode", "batch")
+GRAPH = ("graph_nodes", "graph_edges", "graph_error")
+
+
+@dataclass(frozen=True)
+class FeatureJob:
+    """One model to featurise at one resolution, precision and mode, for a set of batch sizes."""
+
+    builder: str
+    name: str
+    precision: str
+    resolution: int
+    mode: str
+    batches: tuple[int, ...]
+    num_classes: int = 1000
+
+
+@dataclass
+class FeatureResult:
+    """Features per batch of a job, or the reason none exist."""
+
+    job: FeatureJob
+    features: dict[int, dict[str, Any]] = field(default_factory=dict)
+    reason: str = ""
+    method: str = ""
+    probes: tuple[dict[str, Any], ...] | None = None
+
+
+#: probe features (or the failure) per (builder, name, precision, resolution, mode, num_classes) of this process
+_CACHE: dict[tuple, FeatureResult] = {}
+
+
+def _cache_key(job: FeatureJob) -> tuple:
+    return (job.builder, job.name, job.precision, job.resolution, job.mode, job.num_classes)
+
+
+@functools.lru_cache(maxsize=1)
+def _versions() -> dict[str, str]:
+    """What the cached numbers depend on: torch, torchvision, timm and perfzoo's featuriser source."""
+    import hashlib
+    from importlib.metadata import version
+
+    import perfzoo.features
+
+    source = hashlib.sha256(Path(perfzoo.features.__file__).read_bytes()).hexdigest()[:16]
+    return {"torch": version("torch"), "torchvision": version("torchvision"), "timm": version("timm"),
+            "features_py": source}
+
+
+def load_cache(path: str | Path) -> int:
+    """Load probe features saved by :func:`featurise_jobs` (``cache_path``) for the same library versions;
+    entries of other versions are ignored. Returns the number of entries loaded."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    versions, loaded = _versions(), 0
+    for line in path.read_text().splitlines():
+        entry = json.loads(line)
+        if entry["versions"] != versions:
+            continue
+        key = tuple(entry["key"])
+        job = FeatureJob(*key[:5], batches=(), num_classes=key[5])
+        probes = tuple(entry["probes"]) if entry["probes"] else None
+        _CACHE[key] = FeatureResult(job, reason=entry["reason"], probes=probes)
+        loaded += 1
+    return loaded
+
+
+def _save(path: Path, result: FeatureResult) -> None:
+    entry = {"key": list(_cache_key(result.job)), "versions": _versions(), "reason": result.reason,
+             "probes": list(result.probes) if result.probes else None}
+    with path.open("a") as handle:
+        handle.write(json.dumps(entry, default=float) + "\n")
+
+
+def _from_cache(job: FeatureJob) -> FeatureResult | None:
+    """The job's result from cached probes when every batch scales exactly (or the cached failure)."""
+    cached = _CACHE.get(_cache_key(job))
+    if cached is None:
+        return None
+    if cached.reason:
+        return FeatureResult(job, reason=cached.reason)
+    if cached.probes is None:
+        return None
+    scaled = _scaled(cached.probes, job.batches)
+    return None if scaled is None else FeatureResult(job, scaled, method="scaled", probes=cached.probes)
+
+
+def _builder(job: FeatureJob) -> Callable[[], Any]:
+    """A build function that constructs the model once and hands the same module to every step."""
+    import torch
+
+    from perfzoo.builders import build_model
+
+    shape = (3, job.resolution, job.resolution)
+    built: list[Any] = []
+
+    def build() -> Any:
+        if not built:
+            dtype = getattr(torch, BUILD_DTYPES[job.precision])
+            built.append(build_model(job.builder, job.name, {}, job.num_classes, shape).to(dtype))
+        return built[0]
+
+    return build
+
+
+def _line(values: list[Any]) -> tuple[int, int] | None:
+    """(intercept, per-sample slope) of a feature exactly affine over the probe batches, else None.
+
+    Two probes must lie on a line through the origin; with a third probe (taken only when they do not),
+    the three must lie on one line with an integer slope (a batch-independent part, such as a relative
+    position bias computed once per step, makes the intercept)."""
+    if any(int(v) != v for v in values):
+        return None
+    values = [int(v) for v in values]
+    b0, b1 = PROBE_BATCHES[0], PROBE_BATCHES[1]
+    if values[0] * b1 == values[1] * b0 and values[0] % b0 == 0:
+        return 0, values[0] // b0
+    if len(values) < 3:
+        return None
+    rise, run = values[1] - values[0], b1 - b0
+    if rise % run or (values[2] - values[1]) * run != rise * (PROBE_BATCHES[2] - b1):
+        return None
+    slope = rise // run
+    return values[0] - slope * b0, slope
+
+
+def scale_features(probes: tuple[dict[str, Any], ...], batch: int) -> dict[str, Any] | None:
+    """Features at ``batch`` from the probe batches, or None when they do not scale exactly."""
+    out = dict(probes[0])
+    for key in PROPORTIONAL:
+        line = _line([p[key] for p in probes])
+        if line is None:
+            return None
+        out[key] = line[0] + line[1] * batch
+    for key, value in probes[0].items():
+        if key in (*PROPORTIONAL, *DERIVED, *PER_CALL):
+            continue
+        if not all(value == p[key] or (value != value and p[key] != p[key]) for p in probes[1:]):  # NaN==NaN
+            return None
+    k = 4 if probes[0]["mode"] == "training" else 1
+    out["train_mem_estimate_bytes"] = out["weight_bytes"] * k + out["activation_bytes"]
+    out["batch"] = batch
+    return out
+
+
+def _scaled(probes: tuple[dict[str, Any], ...], batches: tuple[int, ...]) -> dict[int, dict[str, Any]] | None:
+    scaled = {b: scale_features(probes, b) for b in batches}
+    return None if any(f is None for f in scaled.values()) else scaled
+
+
+def featurise_job(job: FeatureJob) -> FeatureResult:
+    """Featurise one job (in the calling process); see the module docstring."""
+    from perfzoo.features import featurise
+
+    build, shape = _builder(job), (3, job.resolution, job.resolution)
+    label = f"timm:{job.name}" if job.builder == "timm" else f"{job.builder}:{job.name}"
+    dtype = BUILD_DTYPES[job.precision]
+
+    def probe(batch: int, graph: dict[str, Any] | None = None) -> dict[str, Any]:
+        features = featurise(build, shape, batch, job.mode, dtype, label, trace_graph=graph is None)[0]
+        return features if graph is None else {**features, **graph}  # the fx graph has no batch dimension
+
+    try:
+        low = probe(PROBE_BATCHES[0])
+        graph = {k: low[k] for k in GRAPH}
+        probes: tuple[dict[str, Any], ...] = (low, probe(PROBE_BATCHES[1], graph))
+        scaled = _scaled(probes, job.batches)
+        if scaled is None:
+            probes = (*probes, probe(PROBE_BATCHES[2], graph))
+            scaled = _scaled(probes, job.batches)
+        if scaled is not None:
+            return FeatureResult(job, scaled, method="scaled", probes=probes)
+        direct = {b: featurise(_builder(job), shape, b, job.mode, dtype, label)[0] for b in job.batches}
+        return FeatureResult(job, direct, method="direct")
+    except InputError as exc:
+        return FeatureResult(job, reason=str(exc))
+
+
+def _warm_imports() -> None:
+    """Import what every featurisation needs, once, before the workers fork."""
+    import timm  # noqa: F401
+    import torchvision  # noqa: F401
+
+    import perfzoo.features  # noqa: F401
+
+
+def _worker_init() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def featurise_jobs(jobs: Iterable[FeatureJob], workers: int | None = None, progress: bool = False,
+                   cache_path: str | Path | None = None) -> list[FeatureResult]:
+    """Results of every job, in order; ``workers`` warm processes (default: the usable CPU cores).
+
+    Probe features are cached per process by (model, resolution, precision, mode), so the same model
+    imported from several tables is built once; with ``cache_path`` they are also appended to that JSON
+    lines file as they finish (with the library versions) and loaded from it first.
+    """
+    if cache_path is not None:
+        load_cache(cache_path)
+    from tqdm import tqdm
+
+    jobs = list(jobs)
+    results: dict[int, FeatureResult] = {}
+    for i, job in enumerate(jobs):
+        cached = _from_cache(job)
+        if cached is not None:
+            results[i] = cached
+    todo = [i for i in range(len(jobs)) if i not in results]
+    workers = workers or len(os.sched_getaffinity(0))
+    bar = tqdm(total=len(todo), desc="features", file=sys.stderr, disable=not progress, mininterval=1)
+    if workers <= 1 or len(todo) <= 1:
+        computed = (featurise_job(jobs[i]) for i in todo)
+        _collect(todo, computed, results, bar, cache_path)
+    else:
+        _warm_imports()
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init) as pool:
+            _collect(todo, pool.map(featurise_job, [jobs[i] for i in todo], chunksize=1), results, bar,
+                     cache_path)
+    bar.close()
+    return [results[i] for i in range(len(jobs))]
+
+
+def _collect(todo: list[int], computed: Iterable[FeatureResult], results: dict[int, FeatureResult],
+             bar: Any, cache_path: str | Path | None) -> None:
+    for i, result in zip(todo, computed, strict=True):
+        results[i] = result
+        if result.reason or result.probes is not None:
+            _CACHE[_cache_key(result.job)] = result
+            if cache_path is not None:
+                _save(Path(cache_path), result)
+        bar.update()

@@ -1,0 +1,97 @@
+"""Reader of timm's benchmark CSV files (``results/benchmark-*.csv`` of pytorch-image-models).
+
+timm's ``benchmark.py`` writes one row per model (columns documented in timm's ``results/README``):
+
+* inference: ``model, infer_img_size, infer_samples_per_sec, infer_step_time`` (ms per batch),
+  ``infer_batch_size, param_count, infer_gmacs, infer_macts``;
+* training: ``model, train_samples_per_sec, train_step_time, train_batch_size, train_img_size,
+  param_count``.
+
+Each row becomes long-format measurements for ``perfzoo.external`` (latency in ms per batch and
+throughput in samples/s, both as measured; timm's own parameter and MAC counts are not used). The model is
+named ``timm:<name>`` so the import builds it with timm (torchvision has different models of the same
+names), and its family is the timm module that defines it (``timm.models.resnet`` → ``resnet``,
+``vision_transformer``), read from timm's model registry. The device, precision and software stack are
+not in the file; they are given by the caller (the file name, e.g.
+``benchmark-infer-amp-nchw-pt291-cu130-5090.csv``, suggests them: :func:`describe_file`).
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from perfzoo.io import InputError
+
+MODES = {"infer": "inference", "train": "training"}
+REQUIRED = {
+    "inference": ("model", "infer_img_size", "infer_samples_per_sec", "infer_step_time", "infer_batch_size"),
+    "training": ("model", "train_img_size", "train_samples_per_sec", "train_step_time", "train_batch_size"),
+}
+FILE_NAME = re.compile(r"benchmark-(?P<mode>infer|train)-(?P<precision>[a-z0-9]+)-(?P<layout>nchw|nhwc)-"
+                       r"(?P<torch>pt\d+)-(?P<backend>cu\d+|cpu)-(?P<device>.+?)(-dynamo)?$")
+
+
+@dataclass(frozen=True)
+class TimmFile:
+    """What a timm benchmark file's name says: mode, precision, device token and software stack."""
+
+    mode: str
+    precision: str
+    device: str
+    software: str
+
+
+def describe_file(path: str | Path) -> TimmFile | None:
+    """Mode, precision, device token and ``pt<ver>-<backend>`` of a timm benchmark file name, or None."""
+    match = FILE_NAME.search(Path(path).stem)
+    if match is None:
+        return None
+    return TimmFile(MODES[match["mode"]], match["precision"], match["device"],
+                    f"{match['torch']}-{match['backend']}")
+
+
+def timm_family(name: str) -> str:
+    """The timm module that defines the model (its architecture family), or '' for an unknown name."""
+    import timm.models
+
+    try:
+        return timm.models.model_entrypoint(name.split(".", 1)[0]).__module__.rsplit(".", 1)[-1]
+    except RuntimeError:  # timm: "Unknown model"
+        return ""
+
+
+def _mode_of(header: list[str], path: Path) -> str:
+    for mode, columns in REQUIRED.items():
+        if all(c in header for c in columns):
+            return mode
+    raise InputError(f"{path}: not a timm benchmark file (needs the columns {', '.join(REQUIRED['inference'])} "
+                     f"or {', '.join(REQUIRED['training'])})")
+
+
+def read_timm_rows(path: str | Path, device: str, precision: str, software: str = ""
+                   ) -> list[tuple[int, int, dict[str, str]]]:
+    """(1-based data row, file line, long-format row) for the latency and throughput of every model."""
+    path = Path(path)
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as handle:
+            records = list(csv.DictReader(handle))
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found") from None
+    if not records:
+        raise InputError(f"{path}: no data rows")
+    mode = _mode_of(list(records[0]), path)
+    prefix = "infer" if mode == "inference" else "train"
+    rows = []
+    for n, record in enumerate(records, start=1):
+        name = record["model"].strip()
+        common = {"model": f"timm:{name}", "device": device, "batch": record[f"{prefix}_batch_size"],
+                  "mode": mode, "precision": precision, "n_gpus": "1", "family": timm_family(name),
+                  "resolution": record[f"{prefix}_img_size"], "software": software}
+        rows.append((n, n + 1, {**common, "metric": "latency", "value": record[f"{prefix}_step_time"],
+                                "unit": "ms"}))
+        rows.append((n, n + 1, {**common, "metric": "throughput", "value": record[f"{prefix}_samples_per_sec"],
+                                "unit": "samples/s"}))
+    return rows

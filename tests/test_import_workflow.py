@@ -1,0 +1,107 @@
+"""Import-only workflow: real Snakemake on a subset of timm's benchmark files, no local device, no zoo."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from perfzoo.config import validate_config
+from perfzoo.io import InputError
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.e2e
+
+TIMM = ROOT / "tests" / "fixtures" / "timm"
+FILES = {"rtx3090": "benchmark-infer-amp-nchw-pt240-cu124-rtx3090.csv",
+         "rtx4090": "benchmark-infer-amp-nchw-pt291-cu128-4090.csv",
+         "rtx5090": "benchmark-infer-amp-nchw-pt291-cu130-5090.csv"}
+
+
+def config(timm_dir: Path) -> dict:
+    external = {name: {"path": f, "format": "timm"} for name, f in FILES.items()}
+    external["rtx4090"]["device_map"] = "gpus.yaml"  # a device-map file, relative to the working directory
+    return {"external_dir": str(timm_dir), "external": external,
+            "splits": {"schemes": ["leave_one_device_out", "leave_one_family_out"]},
+            "fit": {"targets": ["latency_ms"], "regressors": ["linear"], "ablation_regressors": ["xgboost"],
+                    "grid_search_splits": []}}
+
+
+def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--cores", "2", *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=600, env=env)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    workdir = tmp_path_factory.mktemp("import_only")
+    (workdir / "config.yaml").write_text(yaml.safe_dump(config(TIMM)))
+    (workdir / "gpus.yaml").write_text('"4090": RTX 4090\n')
+    proc = snakemake(workdir)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return workdir
+
+
+def test_import_only_config_runs_to_the_report(run: Path) -> None:
+    data = pd.read_parquet(run / "results/dataset/dataset.parquet")
+    expected = sum(len(pd.read_csv(TIMM / f)) for f in FILES.values())
+    assert len(data) == expected and (data["trace_kind"] == "external").all()
+    assert sorted(data["device"].unique()) == ["RTX 3090 pt240-cu124", "RTX 4090 pt291-cu128",
+                                                "RTX 5090 pt291-cu130"]
+    assert not (run / "results/zoo").exists() and not (run / "results/traces").exists()
+    metrics = pd.read_parquet(run / "results/evaluate/metrics.parquet")
+    assert set(metrics["split"]) == {"leave_one_device_out", "leave_one_family_out"}
+    lodo = metrics[metrics["split"] == "leave_one_device_out"].iloc[0]
+    featurised = int((data["feature_missing_reason"] == "").sum())
+    assert lodo["n"] == featurised and lodo["folds"] == 3  # every featurised row held out once
+    index = (run / "results/report/index.html").read_text()
+    assert "2 row(s) of 1 model(s) that could not be featurised excluded" in index
+    assert (run / "results/report/figures/latency_vs_batch.png").stat().st_size > 0
+    log = (run / "logs/external/rtx4090.log").read_text()
+    assert "not featurised: timm:test_vit3" in log and "of 9 models (8 featurised, 1 not)" in log
+
+
+def test_relative_tables_are_read_from_external_dir(tmp_path: Path) -> None:
+    for name in FILES.values():
+        (tmp_path / name).write_text((TIMM / name).read_text())
+    cfg = config(tmp_path / "elsewhere")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (tmp_path / "gpus.yaml").write_text('"4090": RTX 4090\n')
+    proc = snakemake(tmp_path, "-n", "--config", f"external_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = snakemake(tmp_path, "-n")
+    assert proc.returncode != 0 and "elsewhere" in proc.stderr + proc.stdout
+
+
+def test_a_config_needs_devices_and_zoo_together_or_external_tables() -> None:
+    with pytest.raises(InputError, match="nothing to do"):
+        validate_config({})
+    with pytest.raises(InputError, match="devices is given but zoo.families is empty"):
+        validate_config({"devices": {"cpu": {"kind": "cpu"}}, "external": {"t": "x.csv"}})
+    cfg = {"external": {"t": {"path": "x.csv", "format": "timm", "precision": "bf16"}}}
+    validate_config(cfg)
+    assert cfg["devices"] == {} and cfg["zoo"]["families"] == {}
+
+
+def test_shipped_timm_config_is_valid_and_plans_every_stage() -> None:
+    cfg = yaml.safe_load((ROOT / "config" / "timm-benchmark.yaml").read_text())
+    validate_config(cfg)
+    assert set(cfg["splits"]["schemes"]) == {"leave_one_device_out", "leave_one_family_out", "few_shot_device"}
+    assert len(cfg["external"]) == 6 and all(e["format"] == "timm" for e in cfg["external"].values())
+
+
+def test_bf16_in_the_zoo_on_a_gpu_without_bf16_is_a_validation_error_naming_the_device() -> None:
+    family = {"builder": "mlp", "models": ["mlp"], "precisions": ["fp32", "bf16"]}
+    cfg = {"devices": {"v100": {"kind": "cuda", "gpu_name": "V100-SXM2-16GB"}},
+           "zoo": {"families": {"m": family}}}
+    with pytest.raises(InputError, match=r"devices.v100: precision bf16 is not supported on V100 SXM2 16GB"):
+        validate_config(cfg)
+    cfg["devices"] = {"a100": {"kind": "cuda", "gpu_name": "A100-SXM4-80GB"}}
+    validate_config(cfg)
