@@ -7,6 +7,7 @@ sys.path.insert(0, SRC)  # the rule scripts import the installed package (pip in
 
 from perfzoo.config import check_model_names
 from perfzoo.io import InputError
+from perfzoo.model_files import predict_model_files, zoo_model_files
 from perfzoo.zoo import expand_zoo, shard_names, shard_size
 
 try:
@@ -16,6 +17,7 @@ except InputError as exc:
 
 DEVICES = sorted(config["devices"])
 ZOO = expand_zoo(config)
+MODEL_FILES = zoo_model_files(config)  # python-builder files and the local modules they import
 SHARDS = shard_names(len(ZOO), shard_size(config, len(ZOO)))
 SPLITS = config["splits"]["schemes"]
 TARGETS = config["fit"]["targets"]
@@ -194,6 +196,11 @@ def prediction_spec(wildcards):
     entry = dict(config["predict"][wildcards.name])
     model = entry.pop("model")
     return {**entry, "name": model}
+
+
+def prediction_model_files(wildcards):
+    """User files behind one `predict:` entry (a python-builder model)."""
+    return predict_model_files(config["predict"][wildcards.name])
 
 
 def prediction_records(wildcards=None):
