@@ -161,3 +161,22 @@ def test_server_featurises_in_the_callers_environment(run_dir: Path, server_env,
                   env={**server_env, "OMP_NUM_THREADS": "3"})
     assert threads.returncode == 0, threads.stderr
     assert json.loads(threads.stdout)["featurised_by"] != "server"
+
+
+def test_planted_symlink_is_not_used_as_the_socket_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another user's symlink at the fallback folder's name (pointing at a folder of theirs) is refused."""
+    from perfzoo import featuriser_server
+
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    target = tmp_path / "attacker"
+    target.mkdir(mode=0o700)
+    (tmp_path / f"perfzoo-{os.getuid()}").symlink_to(target)
+    assert featuriser_server.server_dir() is None
+    assert featuriser_server.socket_path("k") is None
+    (tmp_path / f"perfzoo-{os.getuid()}").unlink()
+    folder = featuriser_server.server_dir()  # now created afresh, private
+    assert folder == tmp_path / f"perfzoo-{os.getuid()}" and not folder.is_symlink()
+    assert folder.stat().st_mode & 0o777 == 0o700
+    folder.chmod(0o755)  # readable by others: refused too
+    assert featuriser_server.server_dir() is None

@@ -33,6 +33,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -62,14 +63,31 @@ def server_dir() -> Path | None:
     """The user's private socket folder, created 0700; None when it is not safely private."""
     base = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
     folder = base / f"perfzoo-{os.getuid()}"
+    with contextlib.suppress(FileExistsError, OSError):
+        os.mkdir(folder, 0o700)
+    return folder if _is_private_folder(folder) else None
+
+
+def _is_private_folder(folder: Path) -> bool:
+    """Whether ``folder`` itself (not a symlink's target) is a directory owned by this user, mode 0700,
+    checked through a file descriptor opened without following links. In a sticky shared folder such as
+    ``/tmp`` no other user can rename or replace it afterwards."""
     try:
-        folder.mkdir(mode=0o700, exist_ok=True)
-        info = folder.stat()
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:  # a symlink (ELOOP), not a directory, or gone
+        return False
+    try:
+        info, named = os.fstat(fd), os.lstat(folder)
     except OSError:
-        return None
-    if info.st_uid != os.getuid() or info.st_mode & 0o077:
-        return None
-    return folder
+        return False
+    finally:
+        os.close(fd)
+    return (
+        stat.S_ISDIR(info.st_mode)
+        and (info.st_dev, info.st_ino) == (named.st_dev, named.st_ino)
+        and info.st_uid == os.getuid()
+        and not info.st_mode & 0o077
+    )
 
 
 def server_key() -> str:
