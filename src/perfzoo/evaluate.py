@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from perfzoo.stats import all_metrics, mape, rmse
+from perfzoo.stats import METRICS, all_metrics, mape, rmse
 
 GROUP = ["target", "regressor", "split"]
+METRIC_COLUMNS = [*GROUP, "n", "folds", *METRICS, "noise_floor_mape"]
+FAMILY_COLUMNS = [*GROUP, "family", "n", "mape", "rmse"]
 
 
 def test_rows(predictions: pd.DataFrame) -> pd.DataFrame:
@@ -19,6 +21,8 @@ def metrics_table(predictions: pd.DataFrame, noise: pd.DataFrame) -> pd.DataFram
     for (target, regressor, split), g in test_rows(predictions).groupby(GROUP, sort=True):
         rows.append({"target": target, "regressor": regressor, "split": split, "n": len(g),
                      "folds": g["fold"].nunique(), **all_metrics(g["y_true"].to_numpy(), g["y_pred"].to_numpy())})
+    if not rows:  # no held-out predictions at all (every family failed): an empty, well-formed table
+        return pd.DataFrame(columns=METRIC_COLUMNS)
     table = pd.DataFrame(rows)
     floor = noise.groupby("target")["noise_mape"].mean().rename("noise_floor_mape")
     return table.merge(floor, left_on="target", right_index=True, how="left") if len(table) else table
@@ -31,11 +35,13 @@ def per_family_table(predictions: pd.DataFrame) -> pd.DataFrame:
         y, p = g["y_true"].to_numpy(), g["y_pred"].to_numpy()
         rows.append({"target": target, "regressor": regressor, "split": split, "family": family,
                      "n": len(g), "mape": mape(y, p), "rmse": rmse(y, p)})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=FAMILY_COLUMNS)
 
 
 def best_per_target(metrics: pd.DataFrame) -> pd.DataFrame:
     """The lowest-MAPE regressor of every (target, split)."""
+    if metrics.empty:
+        return metrics.copy()
     idx = metrics.groupby(["target", "split"])["mape"].idxmin()
     return metrics.loc[idx].reset_index(drop=True)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -20,3 +21,6 @@ def run_step(snakemake: Any, step: Callable[[], None]) -> None:
             print(f"perfzoo: error: {exc}", file=log)
             print(f"perfzoo: error: {exc}", file=real_stderr)
             sys.exit(1)
+        except Exception:  # a bug or an unforeseen failure: the full traceback goes to the rule's log too
+            traceback.print_exc(file=log)
+            raise
