@@ -33,3 +33,28 @@ def test_rule_log_gets_the_full_traceback(tmp_path: Path) -> None:
         run_step(job, failing_step)
     text = log.read_text()
     assert "Traceback (most recent call last)" in text and "failing_step" in text and "KeyError: 'target'" in text
+
+
+def test_torn_journal_line_does_not_swallow_the_next_entry(tmp_path: Path) -> None:
+    from perfzoo.profiling.runner import Journal
+
+    path = tmp_path / "s0000.journal.jsonl"
+    journal = Journal(path, "fp")
+    journal.append({"key": "a/0", "status": "ok"})
+    with path.open("a") as fh:  # a kill in the middle of writing an entry
+        fh.write('{"key": "b/0", "sta')
+    journal.append({"key": "c/0", "status": "ok"})
+    assert Journal(path, "fp").load().keys() == {"a/0", "c/0"}
+
+
+def test_a_failed_30_gb_cpu_allocation_is_oom() -> None:
+    torch = pytest.importorskip("torch")
+    from perfzoo.profiling.worker import is_out_of_memory
+
+    try:
+        torch.empty(30 * 10**9 * 1000, dtype=torch.uint8)  # 30 TB: beyond any test machine
+    except RuntimeError as exc:
+        assert is_out_of_memory(exc), str(exc)
+    else:
+        pytest.skip("the allocation succeeded (overcommitting allocator)")
+    assert not is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
