@@ -89,7 +89,7 @@ def test_editing_an_imported_model_module_reruns_and_breaks_the_audit(tmp_path) 
         "profiling": {"warmup_iters": 1, "min_iters": 3, "max_iters": 4, "max_time_s": 0.1, "repeat_every": 2},
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    targets = ["results/features/models.parquet", "results/traces/cpu/s000.parquet"]
+    targets = ["results/features/models.parquet", "results/traces/cpu/s0000.parquet"]
     snakemake(tmp_path, *targets)
     assert "Nothing to be done" in snakemake(tmp_path, "-n", *targets).stdout
     features = tmp_path / "results/features/models.parquet"
@@ -103,5 +103,5 @@ def test_editing_an_imported_model_module_reruns_and_breaks_the_audit(tmp_path) 
     assert after["models/layers.py"] == CHANGED and after["models/net.py"] == OK
     traces = {link.key: link.status for link in audit(tmp_path / targets[1]).links}
     assert traces["models/layers.py"] == CHANGED
-    meta = json.loads((tmp_path / "results/traces/cpu/s000.meta.json").read_text())
+    meta = json.loads((tmp_path / "results/traces/cpu/s0000.meta.json").read_text())
     assert "config.yaml#devices.cpu,profiling,zoo.num_classes" in meta["provenance"]["inputs"]

@@ -1,6 +1,7 @@
 """Rule profile: measure one shard on one device; resume from the journal after an interruption."""
 from pathlib import Path
 
+from perfzoo.finished import keep_finished
 from perfzoo.io import read_parquet, write_json
 from perfzoo.profiling.runner import profile_shard
 from perfzoo.provenance import config_link, provenance, write_table
@@ -21,6 +22,7 @@ def main() -> None:
     write_table(snakemake.output.sensors, sensors, prov)
     write_json(snakemake.output.meta, {**meta, "attempt": snakemake.resources.attempt, "provenance": prov})
     write_table(snakemake.output.traces, traces, prov)
+    keep_finished([snakemake.output.sensors, snakemake.output.meta, snakemake.output.traces])
     journal.unlink(missing_ok=True)  # the trace file now holds every row; a forced rerun measures afresh
 
 
