@@ -5,13 +5,13 @@ from pathlib import Path
 SRC = str(Path(workflow.basedir) / "src")
 sys.path.insert(0, SRC)  # the rule scripts import the installed package (pip install -e .)
 
-from perfzoo.config import check_model_names
+from perfzoo.config import check_workflow_config
 from perfzoo.io import InputError
 from perfzoo.model_files import predict_model_files, zoo_model_files
 from perfzoo.zoo import expand_zoo, shard_names, shard_size
 
 try:
-    check_model_names(config)
+    check_workflow_config(config)
 except InputError as exc:
     raise WorkflowError(str(exc)) from None
 

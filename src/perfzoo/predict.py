@@ -738,6 +738,8 @@ def _select_devices(requested: Any, configured: Mapping[str, Any], hardware: Map
     names = [
         d.strip() for d in (requested.split(",") if isinstance(requested, str) else requested) if d.strip()
     ]
+    if not names:
+        raise InputError(f"--devices: no device named in {requested!r}; known devices: {', '.join(known) or 'none'}")
     for name in names:
         if name not in configured and name not in hardware:
             raise InputError(
@@ -1463,6 +1465,8 @@ def predict(
     cfg, config_path = _load_config(config, results)
     if num_classes is None:
         num_classes = int((cfg.get("zoo") or {}).get("num_classes") or DEFAULT_NUM_CLASSES)
+    elif int(num_classes) < 1:
+        raise InputError(f"--num-classes: expected a classifier head of at least 1 class, got {num_classes}")
     # the featurisation (torch, timm/torchvision, the meta-device step) overlaps with everything
     # below when it runs in a child process
     featuriser = _Featuriser(spec, batch, mode, num_classes, _child_strategy(spec), use_server)
