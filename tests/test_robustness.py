@@ -130,3 +130,21 @@ def test_snakemake_schema_error_is_one_line(tmp_path, config) -> None:
     line = next(ln for ln in output.splitlines() if ln.startswith("config: "))
     assert "'four' is not of type 'integer'" in line and "shards" in line
     assert "Failed validating" not in output
+
+
+def test_predict_fails_when_no_device_has_hardware(run_dir, tmp_path) -> None:
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    work = tmp_path / "wf"
+    shutil.copytree(run_dir, work, symlinks=True)
+    for hw in (work / "results" / "hardware").glob("*.json"):
+        hw.unlink()
+    proc = subprocess.run([sys.executable, "-m", "perfzoo", "predict", "mlp:mlp_small", "--input", "64",
+                           "--devices", "cpu"], cwd=work, env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "no results/hardware/cpu.json" in proc.stderr, proc.stderr[-2000:]

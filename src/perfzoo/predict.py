@@ -1518,6 +1518,8 @@ def predict(
             device_missing[d] = row
         else:
             rows[d] = row
+    if not rows:  # nothing to predict on: an error, not an empty answer
+        raise InputError(f"no device to predict on: {'; '.join(f'{d}: {w}' for d, w in device_missing.items())}")
     X = _with_roofline(pd.DataFrame(list(rows.values()))) if rows else pd.DataFrame()
     ctx = {
         "predictors": predictors,
