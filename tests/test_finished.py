@@ -66,3 +66,15 @@ def test_killed_forcerun_keeps_the_complete_shard(tmp_path: Path) -> None:
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert not stale.exists()
     assert kept_path(tmp_path / SHARD).read_bytes() == (tmp_path / SHARD).read_bytes() != finished
+
+
+def test_deleted_hardware_description_is_measured_again(tmp_path: Path) -> None:
+    """results/hardware/<device>.json is a target of the default run, not only an input of finished rules."""
+    config = {**CONFIG, "profiling": {**CONFIG["profiling"], "max_iters": 4, "max_time_s": 0.1}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    built = subprocess.run(snakemake_cmd("results/dataset/dataset.parquet"), cwd=tmp_path, env=env(),
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-3000:]
+    (tmp_path / "results/hardware/cpu.json").unlink()
+    dry = subprocess.run(snakemake_cmd("-n"), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300)
+    assert dry.returncode == 0 and "rule hardware_cpu:" in dry.stdout, dry.stdout[-3000:]
