@@ -95,6 +95,11 @@ def test_editing_an_imported_model_module_reruns_and_breaks_the_audit(tmp_path) 
     features = tmp_path / "results/features/models.parquet"
     before = {link.key: link.status for link in audit(features).links}
     assert before["models/layers.py"] == OK and before["config.yaml#zoo.num_classes"] == OK
+    # a prediction record carries this flattened chain, so its audit re-hashes the model files too
+    from perfzoo.audit import provenance_chain
+
+    chain = provenance_chain({"features": features}, tmp_path)
+    assert {"models/net.py", "models/layers.py", "models/blocks/head.py"} <= set(chain)
 
     write_models(tmp_path, width=64)  # the factory file itself is unchanged; a module it imports is not
     dry = snakemake(tmp_path, "-n", *targets).stdout
