@@ -25,19 +25,21 @@ SRC = None if WORKFLOW_ROOT is None else str(WORKFLOW_ROOT / "src")
 if SRC is not None and SRC not in sys.path:
     sys.path.insert(0, SRC)  # the rule scripts import the installed package (pip install -e .)
 
-from perfzoo.config import check_model_names, check_precisions, check_sources
+from perfzoo.config import check_precisions, check_sources, check_workflow_config
 from perfzoo.io import InputError
+from perfzoo.model_files import predict_model_files, zoo_model_files
 from perfzoo.zoo import expand_zoo, shard_names, shard_size
 
 try:
     check_sources(config)
     check_precisions(config)
-    check_model_names(config)
+    check_workflow_config(config)
 except InputError as exc:
     raise WorkflowError(str(exc)) from None
 
 DEVICES = sorted(config["devices"])
 ZOO = expand_zoo(config)
+MODEL_FILES = zoo_model_files(config)  # python-builder files and the local modules they import
 SHARDS = shard_names(len(ZOO), shard_size(config, len(ZOO)))
 SPLITS = config["splits"]["schemes"]
 TARGETS = config["fit"]["targets"]
@@ -267,6 +269,11 @@ def prediction_spec(wildcards):
     return {**entry, "name": model}
 
 
+def prediction_model_files(wildcards):
+    """User files behind one `predict:` entry (a python-builder model)."""
+    return predict_model_files(config["predict"][wildcards.name])
+
+
 def prediction_records(wildcards=None):
     return expand("results/predictions/{name}.json", name=PREDICTIONS)
 
@@ -276,4 +283,6 @@ def gianniti_tables(wildcards=None):
 
 
 def all_targets(wildcards):
-    return ["results/report/index.html", *prediction_records(), *energy_targets(), *sensors_targets()]
+    # the hardware descriptions are targets themselves: one deleted is measured again (as an input only,
+    # Snakemake would not regenerate it for outputs that already exist)
+    return ["results/report/index.html", *prediction_records(), *energy_targets(), *hardware_files(), *sensors_targets()]

@@ -3,6 +3,7 @@ rule features:
     input:
         pkg("features.py", "builders.py", "zoo.py"),
         manifest="results/zoo/manifest.parquet",
+        model_files=MODEL_FILES,
     output:
         models="results/features/models.parquet",
         layers="results/features/layers.parquet",

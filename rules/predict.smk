@@ -7,6 +7,7 @@ rule predict:
         models=model_files,
         fits=prediction_files,
         hardware=hardware_files,
+        model_files=prediction_model_files,
     output:
         "results/predictions/{name}.json",
     params:

@@ -32,6 +32,7 @@ for _device in DEVICES:
         input:
             pkg("profiling", "builders.py", "hardware.py", "hardware_specs.py", "energy.py", "stats.py", "zoo.py"),
             manifest="results/zoo/manifest.parquet",
+            model_files=MODEL_FILES,
         output:
             traces=f"results/traces/{_device}/{{shard}}.parquet",
             sensors=f"results/traces/{_device}/{{shard}}.sensors.parquet",

@@ -133,3 +133,50 @@ def test_server_is_off_for_local(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not enabled()
     monkeypatch.setenv("PERFZOO_FEATURISER", "auto")
     assert enabled()
+
+
+def test_server_featurises_in_the_callers_environment(run_dir: Path, server_env, tmp_path: Path) -> None:
+    """A model reading its width from an environment variable: server and --no-server agree."""
+    from perfzoo.featuriser_server import running
+
+    (tmp_path / "envnet.py").write_text(
+        "import os\nfrom torch import nn\n\nWIDTH = int(os.environ.get('NET_WIDTH', '4'))\n\n"
+        "def build():\n    return nn.Sequential(nn.Linear(64, WIDTH), nn.ReLU(), nn.Linear(WIDTH, 10))\n"
+    )
+    (tmp_path / "config.yaml").symlink_to(run_dir / "config.yaml")
+    (tmp_path / "results").symlink_to(run_dir / "results")
+    first = cli("predict", "envnet.py:build", "--input", "64", "--json", cwd=tmp_path, env=server_env)
+    assert first.returncode == 0, first.stderr
+    path = socket_of(server_env)
+    assert wait_until(lambda: running(path)), f"no server on {path}"
+    wide = {**server_env, "NET_WIDTH": "512"}
+    served = cli("predict", "envnet.py:build", "--input", "64", "--json", cwd=tmp_path, env=wide)
+    fresh = cli("predict", "envnet.py:build", "--input", "64", "--json", "--no-server", cwd=tmp_path, env=wide)
+    assert served.returncode == 0 and fresh.returncode == 0, served.stderr + fresh.stderr
+    served_out, fresh_out = json.loads(served.stdout), json.loads(fresh.stdout)
+    assert served_out["featurised_by"] == "server" and fresh_out["featurised_by"] != "server"
+    assert served_out["features"]["params"] == fresh_out["features"]["params"] == 64 * 512 + 512 + 512 * 10 + 10
+    # a variable torch reads at import cannot be applied to a warm server: it refuses, the caller featurises
+    threads = cli("predict", "envnet.py:build", "--input", "64", "--json", cwd=tmp_path,
+                  env={**server_env, "OMP_NUM_THREADS": "3"})
+    assert threads.returncode == 0, threads.stderr
+    assert json.loads(threads.stdout)["featurised_by"] != "server"
+
+
+def test_planted_symlink_is_not_used_as_the_socket_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another user's symlink at the fallback folder's name (pointing at a folder of theirs) is refused."""
+    from perfzoo import featuriser_server
+
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    target = tmp_path / "attacker"
+    target.mkdir(mode=0o700)
+    (tmp_path / f"perfzoo-{os.getuid()}").symlink_to(target)
+    assert featuriser_server.server_dir() is None
+    assert featuriser_server.socket_path("k") is None
+    (tmp_path / f"perfzoo-{os.getuid()}").unlink()
+    folder = featuriser_server.server_dir()  # now created afresh, private
+    assert folder == tmp_path / f"perfzoo-{os.getuid()}" and not folder.is_symlink()
+    assert folder.stat().st_mode & 0o777 == 0o700
+    folder.chmod(0o755)  # readable by others: refused too
+    assert featuriser_server.server_dir() is None

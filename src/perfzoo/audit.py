@@ -48,6 +48,7 @@ EXPLAIN_LABELS = ("latency_ms", "throughput", "peak_mem_mb", "mean_power_w", "en
 
 
 def _looks_like_path(key: str) -> bool:
+    key = key.partition("#")[0]  # ``config.yaml#zoo``: a section of a file
     return "/" in key or key.endswith(_PATH_SUFFIXES)
 
 
@@ -220,6 +221,33 @@ def _sha(path: Path, cache: dict[Path, str | None]) -> str | None:
     return cache[path]
 
 
+def _config_sha(path: Path, sections: list[str]) -> str | None:
+    """sha256 of the named sections of a config file, after the schema's defaults are filled in (as
+    the workflow sees it); None when the file is gone or unreadable."""
+    import yaml
+    from snakemake.utils import validate
+
+    from perfzoo.config import SCHEMA
+    from perfzoo.provenance import config_subset_sha
+
+    try:
+        config = yaml.safe_load(path.read_text())
+        validate(config, str(SCHEMA))  # fills defaults in place
+    except Exception:  # gone, not YAML or no longer valid: nothing to compare with
+        return None
+    return config_subset_sha(config, sections)
+
+
+def _locate(key: str, referrer: Path, hints: list[Path], hashes: dict[Path, str | None]) -> tuple[str, Path, str | None]:
+    """(identity, resolved file, current sha256) of a recorded link; ``config.yaml#a,b.c`` links hash
+    the named sections of the config file rather than the whole file."""
+    file_key, _, sections = key.partition("#")
+    path = Path(os.path.abspath(resolve(file_key, referrer, hints)))
+    if not sections or not file_key.endswith((".yaml", ".yml")):
+        return str(path), path, _sha(path, hashes)
+    return f"{path}#{sections}", path, _config_sha(path, sections.split(","))
+
+
 def _walk(
     root: Path, pairs: list[tuple[str, str]], hints: list[Path], root_name: str
 ) -> tuple[dict[str, Link], dict[Path, str | None]]:
@@ -231,10 +259,10 @@ def _walk(
     while queue:
         parent, parent_pairs, depth, parent_name = queue.popleft()
         for key, sha in parent_pairs:
-            path = Path(os.path.abspath(resolve(key, parent, hints)))
-            link = links.get(str(path))
+            ident, path, actual = _locate(key, parent, hints, hashes)
+            link = links.get(ident)
             if link is None:
-                link = links[str(path)] = Link(key, path, depth, _sha(path, hashes))
+                link = links[ident] = Link(key, path, depth, actual)
             refs = link.recorded.setdefault(sha, [])
             if parent_name not in refs:
                 refs.append(parent_name)
@@ -271,12 +299,10 @@ def audit(path: str | Path, workdir: str | Path | None = None) -> AuditResult:
     direct = recorded_hashes({"inputs": record["provenance"].get("inputs", {})}) if chain else pairs
     links, hashes = _walk(root, direct, hints, str(path))
     for key, sha in chain:  # the flattened chain a prediction carries: reaches files behind a missing one
-        file = Path(os.path.abspath(resolve(key, root, hints)))
-        link = links.get(str(file))
+        ident, file, actual = _locate(key, root, hints, hashes)
+        link = links.get(ident)
         if link is None:
-            link = links[str(file)] = Link(
-                key, file, 1, _sha(file, hashes), note="checked through the recorded chain"
-            )
+            link = links[ident] = Link(key, file, 1, actual, note="checked through the recorded chain")
         refs = link.recorded.setdefault(sha, [])
         if f"{path} (chain)" not in refs and not refs:
             refs.append(f"{path} (chain)")

@@ -88,7 +88,10 @@ def check_factory_reference(ref: str, where: str) -> None:
         raise InputError(f"{where}: expected 'path/to/file.py:function', got {ref!r}")
     if not Path(path).is_file():
         raise InputError(f"{where}: model file {path!r} not found")
-    tree = ast.parse(Path(path).read_text(), filename=path)
+    try:
+        tree = ast.parse(Path(path).read_text(), filename=path)
+    except SyntaxError as exc:
+        raise InputError(f"{where}: {path}:{exc.lineno}: syntax error: {exc.msg}") from None
     defined = [n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)]
     if func not in defined:
         raise InputError(f"{where}: {path} defines no function {func!r}{suggest(func, defined)}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,55 @@ def validate_config(config: dict[str, Any], source: str = "config") -> None:
         raise InputError(f"{source}: {_first_line(exc)}") from None
     check_sources(config, source)
     check_precisions(config, source)
+    check_workflow_config(config)
+
+
+def check_workflow_config(config: dict[str, Any]) -> None:
+    """Every check that can fail before profiling starts: model names of the zoo and of ``predict:``,
+    duplicate model entries, split fractions."""
     check_model_names(config)
+    check_duplicate_models(config)
+    check_predict_models(config)
+    check_split_fractions(config)
+
+
+def check_duplicate_models(config: dict[str, Any]) -> None:
+    """A model listed twice in a family (same name, variant and arguments) is an error naming it."""
+    from perfzoo.zoo import model_entries
+
+    for family, spec in config.get("zoo", {}).get("families", {}).items():
+        seen: dict[str, int] = {}
+        for i, entry in enumerate(model_entries(spec)):
+            key = json.dumps(entry, sort_keys=True, default=str)
+            if key in seen:
+                raise InputError(
+                    f"zoo.families.{family}.models[{i}]: duplicate of models[{seen[key]}] "
+                    f"({entry['name']!r}{', variant ' + repr(entry['variant']) if entry['variant'] else ''}); "
+                    "give it another variant name or remove it"
+                )
+            seen[key] = i
+
+
+def check_predict_models(config: dict[str, Any]) -> None:
+    """Each ``predict:`` entry names a model that exists (checked without building it)."""
+    from perfzoo.builders import BUILDER_NAMES, check_factory_reference, check_model_name
+
+    for name, entry in (config.get("predict") or {}).items():
+        model, where = str(entry.get("model", "")), f"predict.{name}.model"
+        prefix, _, rest = model.partition(":")
+        if prefix in BUILDER_NAMES and prefix != "python":
+            check_model_name(prefix, rest, where)
+        elif model.rpartition(":")[0].endswith(".py"):
+            check_factory_reference(model.removeprefix("python:"), where)
+
+
+def check_split_fractions(config: dict[str, Any]) -> None:
+    fractions = (config.get("splits") or {}).get("random_fractions")
+    if fractions is not None and sum(fractions) > 1 + 1e-9:
+        raise InputError(
+            f"splits.random_fractions: {fractions} sum to {sum(fractions):g}, more than 1 "
+            "(train, validation and test shares of the rows)"
+        )
 
 
 def check_sources(config: dict[str, Any], source: str = "config") -> None:

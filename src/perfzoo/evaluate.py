@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from perfzoo.stats import all_metrics, mape, rmse
+from perfzoo.stats import METRICS, all_metrics, mape, rmse
 
 GROUP = ["target", "regressor", "split"]
 BASELINE_PREFIX = "baseline:"
+METRIC_COLUMNS = [*GROUP, "n", "folds", *METRICS, "noise_floor_mape"]
+FAMILY_COLUMNS = [*GROUP, "family", "n", "mape", "rmse"]
 
 
 def test_rows(predictions: pd.DataFrame) -> pd.DataFrame:
@@ -38,6 +40,8 @@ def metrics_table(predictions: pd.DataFrame, noise: pd.DataFrame) -> pd.DataFram
         rows.append({"target": target, "regressor": regressor, "split": split, "n": len(ok),
                      "folds": g["fold"].nunique(), **all_metrics(ok["y_true"].to_numpy(), ok["y_pred"].to_numpy()),
                      "n_missing": len(g) - len(ok), **interval_coverage(ok)})
+    if not rows:  # no held-out predictions at all (every family failed): an empty, well-formed table
+        return pd.DataFrame(columns=METRIC_COLUMNS)
     table = pd.DataFrame(rows)
     if table.empty:
         return table
@@ -69,11 +73,13 @@ def per_family_table(predictions: pd.DataFrame) -> pd.DataFrame:
         y, p = g["y_true"].to_numpy(), g["y_pred"].to_numpy()
         rows.append({"target": target, "regressor": regressor, "split": split, "family": family,
                      "n": len(g), "mape": mape(y, p), "rmse": rmse(y, p)})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=FAMILY_COLUMNS)
 
 
 def best_per_target(metrics: pd.DataFrame) -> pd.DataFrame:
     """The lowest-MAPE regressor of every (target, split) (baselines are not candidates)."""
+    if metrics.empty:
+        return metrics.copy()
     metrics = metrics[~metrics["regressor"].str.startswith(BASELINE_PREFIX)]
     idx = metrics.groupby(["target", "split"])["mape"].idxmin()
     return metrics.loc[idx].reset_index(drop=True)

@@ -18,7 +18,9 @@ Lifecycle.
 - The server exits after ``PERFZOO_SERVER_IDLE_S`` seconds (default 900) without a request, on
   SIGTERM, or when its socket file is removed (``perfzoo predict --stop-server``).
 - Each request runs in a fork: a factory in a user's Python file is imported by that fork, in the
-  caller's working directory, never by the server itself. Connections from other users are refused
+  caller's context (working directory, environment variables replaced whole, ``sys.path``), never by
+  the server itself. A caller whose variables read at torch's import (``TORCH*``, ``OMP_*``, ``MKL*``,
+  ...) differ from the server's is refused and featurises in its own child. Connections from other users are refused
   (``SO_PEERCRED``).
 - ``PERFZOO_FEATURISER=local`` turns the server off (the tests do); the Python API never uses it.
 """
@@ -31,6 +33,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -45,6 +48,7 @@ CONNECT_TIMEOUT_S = 0.5
 ENV_SWITCH = "PERFZOO_FEATURISER"  # "local": never use or start a server
 ENV_IDLE = "PERFZOO_SERVER_IDLE_S"
 LIBRARIES = ("torch", "torchvision", "timm")
+SERVER_ENVIRON = dict(os.environ)  # the environment this process started with
 
 
 # --------------------------------------------------------------------------- where and who
@@ -59,14 +63,31 @@ def server_dir() -> Path | None:
     """The user's private socket folder, created 0700; None when it is not safely private."""
     base = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
     folder = base / f"perfzoo-{os.getuid()}"
+    with contextlib.suppress(FileExistsError, OSError):
+        os.mkdir(folder, 0o700)
+    return folder if _is_private_folder(folder) else None
+
+
+def _is_private_folder(folder: Path) -> bool:
+    """Whether ``folder`` itself (not a symlink's target) is a directory owned by this user, mode 0700,
+    checked through a file descriptor opened without following links. In a sticky shared folder such as
+    ``/tmp`` no other user can rename or replace it afterwards."""
     try:
-        folder.mkdir(mode=0o700, exist_ok=True)
-        info = folder.stat()
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:  # a symlink (ELOOP), not a directory, or gone
+        return False
+    try:
+        info, named = os.fstat(fd), os.lstat(folder)
     except OSError:
-        return None
-    if info.st_uid != os.getuid() or info.st_mode & 0o077:
-        return None
-    return folder
+        return False
+    finally:
+        os.close(fd)
+    return (
+        stat.S_ISDIR(info.st_mode)
+        and (info.st_dev, info.st_ino) == (named.st_dev, named.st_ino)
+        and info.st_uid == os.getuid()
+        and not info.st_mode & 0o077
+    )
 
 
 def server_key() -> str:
@@ -123,6 +144,31 @@ class ServerRequest:
         self.conn.close()
 
 
+#: prefixes of environment variables that torch and its libraries read once, at import or start-up: a
+#: warm server started with other values cannot featurise as a fresh process would, so it refuses
+IMPORT_TIME_ENV = ("TORCH", "PYTORCH", "CUDA", "OMP_", "MKL", "KMP_", "OPENBLAS", "LD_", "PYTHON", "TIMM")
+
+
+def caller_context() -> dict[str, Any]:
+    """What a fresh process started here would featurise with: working folder, environment, ``sys.path``."""
+    return {"cwd": os.getcwd(), "environ": dict(os.environ), "sys_path": list(sys.path)}
+
+
+def context_mismatch(environ: dict[str, str], server_environ: dict[str, str]) -> list[str]:
+    """Import-time variables (see IMPORT_TIME_ENV) whose value differs between caller and server."""
+    names = {k for k in (*environ, *server_environ) if k.startswith(IMPORT_TIME_ENV)}
+    names.discard("PYTHONPATH")  # applied through sys.path; the server key covers the rest
+    return sorted(k for k in names if environ.get(k) != server_environ.get(k))
+
+
+def apply_caller_context(request: dict[str, Any]) -> None:
+    """In the fork: take the caller's working folder, environment (replaced whole) and ``sys.path``."""
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["environ"])
+    sys.path[:] = request["sys_path"]
+
+
 def submit(request: dict[str, Any], path: Path | None = None) -> ServerRequest | None:
     """Send ``request`` to this environment's server; None when no server answers."""
     path = path or socket_path()
@@ -132,7 +178,7 @@ def submit(request: dict[str, Any], path: Path | None = None) -> ServerRequest |
     conn.settimeout(CONNECT_TIMEOUT_S)
     try:
         conn.connect(str(path))
-        conn.sendall(json.dumps({**request, "cwd": os.getcwd()}).encode() + b"\n")
+        conn.sendall(json.dumps({**request, **caller_context()}).encode() + b"\n")
         conn.shutdown(socket.SHUT_WR)
     except OSError:
         conn.close()
@@ -219,7 +265,11 @@ def _answer(conn: socket.socket) -> None:
         if not data.strip():  # a probe (`running`): nothing to answer
             return
         request = json.loads(data)
-        os.chdir(request["cwd"])
+        differing = context_mismatch(request.get("environ", {}), SERVER_ENVIRON)
+        if "environ" not in request or "sys_path" not in request or differing:  # the caller featurises
+            conn.sendall(json.dumps({"refused": f"caller's environment differs in {differing}"}).encode())
+            return
+        apply_caller_context(request)
         answer = {**featurise_request(request), "server_pid": os.getppid()}
         conn.sendall(json.dumps(answer).encode())
     except BaseException:  # noqa: BLE001 - the client sees a broken-off answer and featurises itself

@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfzoo.bounds import bound_predictions, mark_out_of_range, qualify_recommendation, range_check
 from perfzoo.io import InputError
 
 try:  # interpreter start, for PERFZOO_TIMING
@@ -742,6 +743,8 @@ def _select_devices(requested: Any, configured: Mapping[str, Any], hardware: Map
     names = [
         d.strip() for d in (requested.split(",") if isinstance(requested, str) else requested) if d.strip()
     ]
+    if not names:
+        raise InputError(f"--devices: no device named in {requested!r}; known devices: {', '.join(known) or 'none'}")
     for name in names:
         if name not in configured and name not in hardware:
             raise InputError(
@@ -1262,7 +1265,7 @@ class Prediction:
                 if "missing" in q:
                     lines.append(f"  {label:<27} {'missing':>11}  {q['missing']}")
                     continue
-                interval = f"[{_fmt(q['lo'])}, {_fmt(q['hi'])}]"
+                interval = "out of range" if q.get("out_of_range") else f"[{_fmt(q['lo'])}, {_fmt(q['hi'])}]"
                 lines.append(f"  {label:<27} {_fmt(q['value']):>11}  {interval:<23} {q['source']}")
             mig = entry.get("mig")
             if mig is not None:
@@ -1408,13 +1411,14 @@ def _device_entries(
 ) -> dict[str, Any]:
     """Quantities, MIG profile and power cap of every device (in ``names`` order)."""
     predictors = ctx["predictors"]
-    tp = _target_predictions(X, predictors) if rows else {}
+    tp = bound_predictions(_target_predictions(X, predictors), X, ctx["out_of_range"]) if rows else {}
     entries: dict[str, Any] = {}
     for i, d in enumerate(rows):
         settings = _device_settings(configured.get(d) or {}, hardware.get(d))
         q = _row_quantities(
             i, d, tp, predictors, ctx["missing"], ctx["gaps"], ctx["batch"], settings, config_path
         )
+        mark_out_of_range(q, ctx["out_of_range"])
         entries[d] = {
             "kind": _kind(settings, hardware.get(d)),
             "quantities": q,
@@ -1466,6 +1470,8 @@ def predict(
     cfg, config_path = _load_config(config, results)
     if num_classes is None:
         num_classes = int((cfg.get("zoo") or {}).get("num_classes") or DEFAULT_NUM_CLASSES)
+    elif int(num_classes) < 1:
+        raise InputError(f"--num-classes: expected a classifier head of at least 1 class, got {num_classes}")
     # the featurisation (torch, timm/torchvision, the meta-device step) overlaps with everything
     # below when it runs in a child process
     featuriser = _Featuriser(spec, batch, mode, num_classes, _child_strategy(spec), use_server)
@@ -1517,6 +1523,8 @@ def predict(
             device_missing[d] = row
         else:
             rows[d] = row
+    if not rows:  # nothing to predict on: an error, not an empty answer
+        raise InputError(f"no device to predict on: {'; '.join(f'{d}: {w}' for d, w in device_missing.items())}")
     X = _with_roofline(pd.DataFrame(list(rows.values()))) if rows else pd.DataFrame()
     ctx = {
         "predictors": predictors,
@@ -1525,6 +1533,7 @@ def predict(
         "batch": batch,
         "objective": objective,
         "latency_target_ms": latency_target_ms,
+        "out_of_range": range_check(feats, batch, mode, data),
     }
     entries = _device_entries(names, rows, device_missing, X, configured, hardware, config_path, ctx)
     quantities = {d: e["quantities"] for d, e in entries.items() if "missing" not in e}
@@ -1534,6 +1543,7 @@ def predict(
         if isinstance(h.get("memory_gb"), int | float)
     }
     recommendation = _recommend(names, quantities, objective, latency_target_ms, memory_mb)
+    qualify_recommendation(recommendation, quantities)
     warnings = [*_range_warnings(spec, featurised["class_name"], feats, batch, mode, data, names), *stale]
     dataset_key = _key(results / "dataset" / "dataset.parquet", workdir)
     model = {**spec.to_dict(), "batch": batch, "mode": mode, "num_classes": num_classes}

@@ -54,10 +54,35 @@ def package_versions() -> dict[str, str]:
     return {p: importlib.metadata.version(p) for p in PACKAGES if _installed(p)}
 
 
-def provenance(inputs: list[str | Path], config: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The provenance record of an output made from ``inputs`` with ``config``."""
+CONFIG_FILE = "config.yaml"
+
+
+def config_section(config: Any, dotted: str) -> Any:
+    """The value at a dotted key of a config (``devices.cpu0``); None where absent."""
+    node = config
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def config_subset_sha(config: Any, sections: list[str]) -> str:
+    """sha256 of the canonical JSON of the named (dotted) sections of a config."""
+    subset = {s: config_section(config, s) for s in sections}
+    return hashlib.sha256(json.dumps(subset, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def config_link(config: Any, sections: list[str], name: str = CONFIG_FILE) -> dict[str, str]:
+    """``{"config.yaml#a,b.c": sha256}``: the provenance link of the config subset a rule reads."""
+    return {f"{name}#{','.join(sections)}": config_subset_sha(config, sections)}
+
+
+def provenance(
+    inputs: list[str | Path], config: dict[str, Any] | None = None, links: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The provenance record of an output made from ``inputs`` with ``config``; ``links`` adds
+    already-hashed links (the config subset, see :func:`config_link`)."""
     return {
-        "inputs": {str(p): sha256_file(p) for p in sorted(map(str, inputs))},
+        "inputs": {**{str(p): sha256_file(p) for p in sorted(map(str, inputs))}, **(links or {})},
         "config": config or {},
         "code_version": code_version(),
         "packages": package_versions(),

@@ -1,14 +1,15 @@
 """Rule features: featurise every (model, mode, batch) of the manifest on the meta device."""
 from perfzoo.features import featurise_manifest
 from perfzoo.io import read_parquet
-from perfzoo.provenance import provenance, write_table
+from perfzoo.provenance import config_link, provenance, write_table
 from perfzoo.workflow import run_step
 
 
 def main() -> None:
     manifest = read_parquet(snakemake.input.manifest)
     models, layers = featurise_manifest(manifest, snakemake.params.num_classes)
-    prov = provenance([snakemake.input.manifest])
+    prov = provenance([snakemake.input.manifest, *snakemake.input.model_files],
+                      links=config_link(snakemake.config, ["zoo.num_classes"]))
     write_table(snakemake.output.models, models, prov)
     write_table(snakemake.output.layers, layers, prov)
 

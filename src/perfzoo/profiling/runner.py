@@ -110,12 +110,25 @@ class Journal:
     def append(self, entry: dict[str, Any]) -> None:
         new = not self.path.exists()
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        torn = not new and _ends_torn(self.path)
         with self.path.open("a") as fh:
             if new:
                 fh.write(json.dumps({"fingerprint": self.fingerprint}) + "\n")
+            elif torn:  # a line cut off by a kill: end it, so this entry starts a line of its own
+                fh.write("\n")
             fh.write(json.dumps(entry) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
+
+
+def _ends_torn(path: Path) -> bool:
+    """Whether a non-empty file's last byte is not a newline (its last line was cut off)."""
+    with path.open("rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        if fh.tell() == 0:
+            return False
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1) != b"\n"
 
 
 def _parse(line: str) -> dict[str, Any] | None:

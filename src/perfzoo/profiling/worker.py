@@ -42,8 +42,14 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:500]
 
 
+#: how allocators word a failed allocation (CUDA's "out of memory", the CPU allocator's ENOMEM)
+OOM_PHRASES = ("out of memory", "can't allocate memory", "cannot allocate memory", "error code 12")
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
-    return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+    """Whether a failure was an allocation the memory could not hold (CPU or GPU)."""
+    text = str(exc).lower()
+    return isinstance(exc, MemoryError) or any(phrase in text for phrase in OOM_PHRASES)
 
 
 def _child(conn: Connection, kind: str, spec: dict[str, Any], settings: dict[str, Any]) -> None:

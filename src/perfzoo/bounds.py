@@ -1,0 +1,154 @@
+"""Physical bounds and the training range of a prediction: what ``perfzoo predict`` may claim.
+
+A fitted regressor knows nothing of physics; far outside its training data it can predict a peak memory
+smaller than the input tensor or a step time faster than the device's arithmetic allows. Two checks
+bound what is said:
+
+- **Physical floors**: peak memory is at least the input batch plus the weights (both must be resident);
+  a step takes at least its FLOPs at the device's measured peak GEMM rate (the roofline's compute
+  term). Throughput is capped by the same time floor. A prediction below a floor is raised to it and
+  says so.
+- **Training range**: the regressor's 90 % interval was calibrated on held-out rows inside the profiled
+  range of FLOPs, parameters and batch. Up to one decade beyond it the interval is widened by the
+  factor the model lies outside (both ends, the floor still holding); further out, or for a mode never
+  profiled, the prediction is *out of range*: its interval is replaced by ``[physical floor,
+  unbounded)`` and marked, and a recommendation resting on such a number says so in its reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+MIB = float(1 << 20)
+RANGE_COLUMNS = ("flops", "params", "batch")
+WIDEN_UP_TO_DECADES = 1.0  # beyond this distance from the profiled range: out of range
+
+
+@dataclass
+class RangeCheck:
+    """Where a model lies relative to the profiled range: the reasons and the distance in decades."""
+
+    reasons: list[str] = field(default_factory=list)
+    decades: float = 0.0
+
+    @property
+    def out_of_range(self) -> bool:
+        return bool(self.reasons) and self.decades > WIDEN_UP_TO_DECADES
+
+    @property
+    def widened(self) -> bool:
+        return bool(self.reasons) and not self.out_of_range
+
+    def text(self) -> str:
+        return "; ".join(self.reasons)
+
+
+def memory_floor_mb(row: Mapping[str, Any]) -> float:
+    """Input batch plus weights, in MiB (NaN when either is unknown)."""
+    total = _num(row.get("input_bytes")) + _num(row.get("weight_bytes"))
+    return total / MIB if math.isfinite(total) and total > 0 else math.nan
+
+
+def time_floor_ms(row: Mapping[str, Any]) -> float:
+    """The step's FLOPs at the device's measured peak rate, in ms (NaN when unknown)."""
+    flops, gflops = _num(row.get("flops")), _num(row.get("hw_peak_gflops"))
+    if not (math.isfinite(flops) and math.isfinite(gflops)) or flops <= 0 or gflops <= 0:
+        return math.nan
+    return flops / (gflops * 1e9) * 1e3
+
+
+def _num(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def range_check(feats: Mapping[str, Any], batch: int, mode: str, data: pd.DataFrame) -> RangeCheck:
+    """Whether and how far the model lies outside the profiled range (FLOPs of the same mode, parameters,
+    batch)."""
+    check = RangeCheck()
+    same_mode = data[data["mode"] == mode] if "mode" in data.columns else data
+    if same_mode.empty:
+        return RangeCheck([f"mode {mode!r} was never profiled"], math.inf)
+    values = {"flops": feats.get("flops"), "params": feats.get("params"), "batch": batch}
+    for col in RANGE_COLUMNS:
+        ref = pd.to_numeric((same_mode if col == "flops" else data).get(col), errors="coerce")
+        ref = ref.dropna() if ref is not None else pd.Series(dtype=float)
+        v = _num(values[col])
+        if not len(ref) or not math.isfinite(v):
+            continue
+        lo, hi = float(ref.min()), float(ref.max())
+        if not lo <= v <= hi:
+            check.reasons.append(f"{col} {v:.3g} outside the profiled [{lo:.3g}, {hi:.3g}]")
+            ratio = v / hi if v > hi else (lo / v if v > 0 else math.inf)
+            check.decades = max(check.decades, math.log10(ratio) if ratio > 0 else math.inf)
+    return check
+
+
+def bound_predictions(tp: dict[str, Any], X: pd.DataFrame, check: RangeCheck) -> dict[str, Any]:
+    """Raise latency and peak memory (point and interval) to their physical floors, cap throughput at
+    the time floor, widen intervals a little outside the profiled range and replace them by
+    ``[floor, inf)`` far outside it."""
+    floors = {
+        "latency_ms": np.array([time_floor_ms(r) for _, r in X.iterrows()], dtype=float),
+        "peak_mem_mb": np.array([memory_floor_mb(r) for _, r in X.iterrows()], dtype=float),
+    }
+    batch = pd.to_numeric(X.get("batch"), errors="coerce").to_numpy(dtype=float) if len(X) else np.array([])
+    out = dict(tp)
+    for target, value in tp.items():
+        if isinstance(value, str):
+            continue
+        point, lo, hi, method = (np.asarray(v, dtype=float) if i < 3 else v for i, v in enumerate(value))
+        floor = floors.get(target)
+        if check.widened:
+            factor = 10**check.decades
+            lo, hi = lo / factor, hi * factor
+            method = f"{method}; widened x{factor:.3g} outside the profiled range ({check.text()})"
+        if floor is not None:
+            point, lo, hi = (np.fmax(a, floor) for a in (point, lo, hi))
+            method = _floored(method, floor, value[0])
+        if target == "throughput":
+            ceiling = batch * 1000 / floors["latency_ms"]
+            point, lo, hi = (np.fmin(a, ceiling) for a in (point, lo, hi))
+        if check.out_of_range:
+            lo = np.where(np.isfinite(floor), floor, np.nan) if floor is not None else np.full_like(point, np.nan)
+            hi = np.full_like(point, np.inf)
+            method = f"out of range ({check.text()}): the 90 % interval does not hold"
+        out[target] = (point, lo, hi, method)
+    return out
+
+
+def _floored(method: Any, floor: np.ndarray, raw: Any) -> Any:
+    """The method text, noting when a physical floor raised the prediction."""
+    raised = np.asarray(raw, dtype=float) < floor
+    return f"{method}; raised to its physical floor" if bool(np.any(raised)) else method
+
+
+def mark_out_of_range(quantities: dict[str, dict[str, Any]], check: RangeCheck) -> None:
+    """Flag every present quantity (derived ones included) of an out-of-range model."""
+    if not check.out_of_range:
+        return
+    for q in quantities.values():
+        if "missing" not in q:
+            q["out_of_range"] = check.text()
+
+
+def qualify_recommendation(rec: dict[str, Any], quantities: Mapping[str, Mapping[str, Any]]) -> None:
+    """A recommendation resting on an out-of-range prediction says so in its own reason."""
+    device = rec.get("device")
+    if not device:
+        return
+    why = quantities[device][rec["metric"]].get("out_of_range")
+    if why:
+        rec["out_of_range"] = why
+        rec["reason"] = (
+            f"OUT OF RANGE, unreliable: rests on a prediction outside the profiled range ({why}); "
+            + rec["reason"]
+        )

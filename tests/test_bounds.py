@@ -1,0 +1,45 @@
+"""predict bounds what it says: physical floors, out-of-range intervals, qualified recommendations."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from perfzoo.bounds import memory_floor_mb, time_floor_ms
+from perfzoo.predict import predict
+
+from test_predict import _mlp, run_dir, workflow_dir  # noqa: F401 - the fixtures
+
+pytest.importorskip("torchvision")
+
+
+def test_huge_batch_is_bounded_and_out_of_range(run_dir: Path) -> None:
+    """resnet18 at batch 1e6 on 3x32x32: the input alone is 12 GB, its FLOPs take seconds at the peak."""
+    result = predict("torchvision:resnet18", batch=1_000_000, input_shape=(3, 32, 32))
+    record = result.record
+    row = next(iter(record["feature_rows"].values()))
+    device, entry = next(iter(record["devices"].items()))
+    mem, lat = entry["quantities"]["peak_mem_mb"], entry["quantities"]["latency_ms"]
+    input_mib = 1_000_000 * 3 * 32 * 32 * 4 / 2**20
+    assert memory_floor_mb(row) >= input_mib
+    assert mem["value"] >= memory_floor_mb(row) and mem["lo"] >= memory_floor_mb(row)
+    assert lat["value"] >= time_floor_ms(row) > 0 and lat["lo"] >= time_floor_ms(row)
+    assert mem["out_of_range"] and lat["out_of_range"] and lat["hi"] is None  # unbounded above
+    thr = entry["quantities"]["throughput"]
+    assert thr["value"] <= 1_000_000 * 1000 / time_floor_ms(row) * (1 + 1e-9)
+    text = result.to_text()
+    assert "out of range" in text and "[" not in text.split("latency (ms)")[1].splitlines()[0]
+    rec = record["recommendation"]
+    if rec["device"]:
+        assert "OUT OF RANGE" in rec["reason"] and rec["out_of_range"]
+        assert "OUT OF RANGE" in [ln for ln in text.splitlines() if ln.startswith("recommended device")][0]
+    json.dumps(record)  # still JSON-safe
+
+
+def test_in_range_prediction_keeps_its_interval(run_dir: Path) -> None:
+    result = predict(_mlp(), batch=4, input_shape=(64,))
+    entry = next(iter(result.record["devices"].values()))
+    lat = entry["quantities"]["latency_ms"]
+    assert "out_of_range" not in lat and lat["hi"] is not None and lat["lo"] <= lat["value"] <= lat["hi"]
