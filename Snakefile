@@ -10,8 +10,12 @@ configfile: "config.yaml"
 try:
     validate(config, "src/perfzoo/schemas/config.schema.yaml")
 except WorkflowError as exc:  # one line naming the key, not the schema dump
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and not ln.startswith("Error validating")]
-    where = next((ln.removeprefix("On instance").rstrip(":") for ln in lines if ln.startswith("On instance")), "")
+    lines = [
+        ln.strip() for ln in str(exc).splitlines() if ln.strip() and not ln.startswith("Error validating")
+    ]
+    where = next(
+        (ln.removeprefix("On instance").rstrip(":") for ln in lines if ln.startswith("On instance")), ""
+    )
     raise WorkflowError(f"config: {lines[0] if lines else exc}{f' [{where}]' if where else ''}") from None
 
 
@@ -39,6 +43,6 @@ onstart:
 
 
 rule all:
+    default_target: True
     input:
         all_targets,
-    default_target: True

@@ -232,7 +232,9 @@ def external_entry(name):
 
 def external_table(wildcards):
     """The entry's table; a relative path is read from `external_dir` (default: the working directory)."""
-    return str(Path(config.get("external_dir") or ".") / os.path.expandvars(external_entry(wildcards.name)["path"]))
+    return str(
+        Path(config.get("external_dir") or ".") / os.path.expandvars(external_entry(wildcards.name)["path"])
+    )
 
 
 def external_device_map(wildcards):
@@ -285,4 +287,10 @@ def gianniti_tables(wildcards=None):
 def all_targets(wildcards):
     # the hardware descriptions are targets themselves: one deleted is measured again (as an input only,
     # Snakemake would not regenerate it for outputs that already exist)
-    return ["results/report/index.html", *prediction_records(), *energy_targets(), *hardware_files(), *sensors_targets()]
+    return [
+        "results/report/index.html",
+        *prediction_records(),
+        *energy_targets(),
+        *hardware_files(),
+        *sensors_targets(),
+    ]

@@ -10,11 +10,11 @@ rule dataset:
         dataset="results/dataset/dataset.parquet",
         noise="results/dataset/noise_floor.parquet",
         statuses="results/dataset/status_counts.parquet",
-    localrule: True
     log:
         "logs/dataset/dataset.log",
     benchmark:
         "benchmarks/dataset/dataset.tsv"
+    localrule: True
     conda:
         "../envs/perfzoo.yaml"
     script:

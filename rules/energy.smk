@@ -37,14 +37,14 @@ for _energy_device in ENERGY_DEVICES:
                 if o.vector_file
             },
             provenance=f"results/energy/{_energy_device}/provenance.json",
-        params:
-            device=_energy_device,
-        localrule: True
         log:
             f"logs/energy/{_energy_device}.log",
         benchmark:
             f"benchmarks/energy/{_energy_device}.tsv"
+        localrule: True
         conda:
             "../envs/perfzoo.yaml"
+        params:
+            device=_energy_device,
         script:
             "../workflow/scripts/energy.py"

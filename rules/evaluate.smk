@@ -6,20 +6,20 @@ rule evaluate:
         noise="results/dataset/noise_floor.parquet",
         dataset="results/dataset/dataset.parquet",
         splits=split_files,
-    params:
-        targets=TARGETS,
     output:
         metrics="results/evaluate/metrics.parquet",
         per_family="results/evaluate/per_family.parquet",
         best="results/evaluate/best.parquet",
         predictions="results/evaluate/predictions.parquet",
-    localrule: True
     log:
         "logs/evaluate/metrics.log",
     benchmark:
         "benchmarks/evaluate/metrics.tsv"
+    localrule: True
     conda:
         "../envs/perfzoo.yaml"
+    params:
+        targets=TARGETS,
     script:
         "../workflow/scripts/evaluate.py"
 
@@ -32,15 +32,15 @@ rule ablation:
         splits=ablation_split_files,
     output:
         "results/evaluate/ablation.parquet",
-    params:
-        targets=TARGETS,
-        regressors=config["fit"]["ablation_regressors"],
-    localrule: True
     log:
         "logs/evaluate/ablation.log",
     benchmark:
         "benchmarks/evaluate/ablation.tsv"
+    localrule: True
     conda:
         "../envs/perfzoo.yaml"
+    params:
+        targets=TARGETS,
+        regressors=config["fit"]["ablation_regressors"],
     script:
         "../workflow/scripts/ablation.py"

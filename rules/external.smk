@@ -1,21 +1,29 @@
 rule import_external:
     """Turn a table of external measurements into dataset rows of kind `external` (source sha256 kept)."""
     input:
-        pkg("external.py", "hardware_specs.py", "features.py", "builders.py", "precision.py",
-            "featurise_pool.py", "timm_results.py", "data/gpu_specs.csv"),
+        pkg(
+            "external.py",
+            "hardware_specs.py",
+            "features.py",
+            "builders.py",
+            "precision.py",
+            "featurise_pool.py",
+            "timm_results.py",
+            "data/gpu_specs.csv",
+        ),
         table=external_table,
         device_map=external_device_map,
     output:
         "results/external/{name}.parquet",
-    params:
-        options=external_options,
-    threads: 2
-    localrule: True
     log:
         "logs/external/{name}.log",
     benchmark:
         "benchmarks/external/{name}.tsv"
+    localrule: True
     conda:
         "../envs/perfzoo.yaml"
+    threads: 2
+    params:
+        options=external_options,
     script:
         "../workflow/scripts/external.py"

@@ -7,14 +7,14 @@ rule features:
     output:
         models="results/features/models.parquet",
         layers="results/features/layers.parquet",
-    params:
-        num_classes=config["zoo"]["num_classes"],
-    localrule: True
     log:
         "logs/features/models.log",
     benchmark:
         "benchmarks/features/models.tsv"
+    localrule: True
     conda:
         "../envs/perfzoo.yaml"
+    params:
+        num_classes=config["zoo"]["num_classes"],
     script:
         "../workflow/scripts/features.py"

@@ -8,16 +8,16 @@ rule fit:
     output:
         predictions="results/fit/{target}/{regressor}/{split}.predictions.parquet",
         models="results/fit/{target}/{regressor}/{split}.models.json",
-    params:
-        grid_search_splits=config["fit"]["grid_search_splits"],
-        regressor=regressor_params,
-    threads: 1
-    localrule: True
     log:
         "logs/fit/{target}/{regressor}/{split}.log",
     benchmark:
         "benchmarks/fit/{target}/{regressor}/{split}.tsv"
+    localrule: True
     conda:
         "../envs/perfzoo.yaml"
+    threads: 1
+    params:
+        grid_search_splits=config["fit"]["grid_search_splits"],
+        regressor=regressor_params,
     script:
         "../workflow/scripts/fit.py"

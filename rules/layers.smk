@@ -14,6 +14,16 @@ for _device in LAYER_DEVICES:
             manifest="results/zoo/manifest.parquet",
         output:
             timings=f"results/layers/{_device}.parquet",
+        log:
+            f"logs/layers/{_device}.log",
+        benchmark:
+            f"benchmarks/layers/{_device}.tsv"
+        conda:
+            "../envs/perfzoo.yaml"
+        threads: device_threads(_device)
+        resources:
+            **device_resources(_device),
+            runtime=runtime_for_attempt(_device),
         params:
             name=_device,
             device=config["devices"][_device],
@@ -22,16 +32,6 @@ for _device in LAYER_DEVICES:
             families=config["fit"].get("gianniti_families", []),
             max_configs=config["fit"].get("gianniti_max_configs", 24),
             layer_iters=config["fit"].get("gianniti_layer_iters", 10),
-        threads: device_threads(_device)
-        resources:
-            **device_resources(_device),
-            runtime=runtime_for_attempt(_device),
-        log:
-            f"logs/layers/{_device}.log",
-        benchmark:
-            f"benchmarks/layers/{_device}.tsv"
-        conda:
-            "../envs/perfzoo.yaml"
         script:
             "../workflow/scripts/layers.py"
 
@@ -54,11 +54,11 @@ rule gianniti_coefficients:
             GIANNITI_TABLE.file,
             **snakemake_report_args(GIANNITI_TABLE),
         ),
-    localrule: True
     log:
         "logs/gianniti/coefficients.log",
     benchmark:
         "benchmarks/gianniti/coefficients.tsv"
+    localrule: True
     conda:
         "../envs/perfzoo.yaml"
     script:

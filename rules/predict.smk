@@ -10,15 +10,15 @@ rule predict:
         model_files=prediction_model_files,
     output:
         "results/predictions/{name}.json",
-    params:
-        spec=prediction_spec,
-        config=config,
-    localrule: True
     log:
         "logs/predictions/{name}.log",
     benchmark:
         "benchmarks/predictions/{name}.tsv"
+    localrule: True
     conda:
         "../envs/perfzoo.yaml"
+    params:
+        spec=prediction_spec,
+        config=config,
     script:
         "../workflow/scripts/predict.py"

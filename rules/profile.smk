@@ -10,19 +10,19 @@ for _device in DEVICES:
             pkg("hardware.py", "hardware_specs.py", "mig.py", "profiling"),
         output:
             f"results/hardware/{_device}.json",
-        params:
-            name=_device,
-            device=config["devices"][_device],
-        threads: device_threads(_device)
-        resources:
-            **device_resources(_device),
-            runtime=10,
         log:
             f"logs/hardware/{_device}.log",
         benchmark:
             f"benchmarks/hardware/{_device}.tsv"
         conda:
             "../envs/perfzoo.yaml"
+        threads: device_threads(_device)
+        resources:
+            **device_resources(_device),
+            runtime=10,
+        params:
+            name=_device,
+            device=config["devices"][_device],
         script:
             "../workflow/scripts/hardware.py"
 
@@ -30,38 +30,46 @@ for _device in DEVICES:
         name:
             f"trace_{_device}"
         input:
-            pkg("profiling", "builders.py", "hardware.py", "hardware_specs.py", "energy.py", "stats.py", "zoo.py"),
+            pkg(
+                "profiling",
+                "builders.py",
+                "hardware.py",
+                "hardware_specs.py",
+                "energy.py",
+                "stats.py",
+                "zoo.py",
+            ),
             manifest="results/zoo/manifest.parquet",
             model_files=MODEL_FILES,
         output:
             traces=f"results/traces/{_device}/{{shard}}.parquet",
             sensors=f"results/traces/{_device}/{{shard}}.sensors.parquet",
             meta=f"results/traces/{_device}/{{shard}}.meta.json",
-        params:
-            name=_device,
-            device=config["devices"][_device],
-            profiling=config["profiling"],
-            num_classes=config["zoo"]["num_classes"],
-            journal=f"results/traces/{_device}/{{shard}}.journal.jsonl",
-        threads: device_threads(_device)
-        resources:
-            **device_resources(_device),
-            runtime=runtime_for_attempt(_device),
-            attempt=attempt_number,
         log:
             f"logs/profile/{_device}/{{shard}}.log",
         benchmark:
             f"benchmarks/profile/{_device}/{{shard}}.tsv"
         conda:
             "../envs/perfzoo.yaml"
+        threads: device_threads(_device)
+        resources:
+            **device_resources(_device),
+            runtime=runtime_for_attempt(_device),
+            attempt=attempt_number,
+        params:
+            name=_device,
+            device=config["devices"][_device],
+            profiling=config["profiling"],
+            num_classes=config["zoo"]["num_classes"],
+            journal=f"results/traces/{_device}/{{shard}}.journal.jsonl",
         script:
             "../workflow/scripts/profile.py"
 
     rule:
         name:
             f"profile_{_device}"
+        default_target: False
         input:
             expand(f"results/traces/{_device}/{{shard}}.parquet", shard=SHARDS),
             f"results/hardware/{_device}.json",
         localrule: True
-        default_target: False

@@ -21,22 +21,22 @@ rule report:
         ablation="results/evaluate/ablation.parquet",
         sensors=sensors_targets,
     output:
-        index="results/report/index.html",
-        provenance="results/report/provenance.json",
         **{o.name: report(o.file, **snakemake_report_args(o)) for o in REPORT_OUTPUTS_OF_REPORT},
         **{f"{o.name}_pdf": o.vector_file for o in REPORT_OUTPUTS_OF_REPORT if o.vector_file},
+        index="results/report/index.html",
+        provenance="results/report/provenance.json",
+    log:
+        "logs/report/report.log",
+    benchmark:
+        "benchmarks/report/report.tsv"
+    localrule: True
+    conda:
+        "../envs/perfzoo.yaml"
     params:
         config_subset={
             "devices": config["devices"],
             "splits": config["splits"],
             "fit": config["fit"],
         },
-    localrule: True
-    log:
-        "logs/report/report.log",
-    benchmark:
-        "benchmarks/report/report.tsv"
-    conda:
-        "../envs/perfzoo.yaml"
     script:
         "../workflow/scripts/report.py"

@@ -12,7 +12,9 @@ def sensor_log_files(wildcards=None):
     files = []
     for entry in SENSOR_RUNS:
         root = Path(entry["path"])
-        folders = [root] if (root / "gpudata.csv").exists() else sorted(p.parent for p in root.rglob("gpudata.csv"))
+        folders = (
+            [root] if (root / "gpudata.csv").exists() else sorted(p.parent for p in root.rglob("gpudata.csv"))
+        )
         files += [str(f / name) for f in folders for name in SENSOR_FILES if (f / name).exists()]
     return files or [entry["path"] for entry in SENSOR_RUNS]
 
@@ -21,8 +23,10 @@ def sensors_targets(wildcards=None):
     """Outputs of the sensors rule, for ``rule all`` (empty when no sensor log is configured)."""
     if not SENSOR_RUNS:
         return []
-    return [f"results/sensors/{name}" for name in
-            ("energy_fidelity.csv", "meter_vs_nvml.png", "meter_vs_nvml.pdf", "provenance.json")]
+    return [
+        f"results/sensors/{name}"
+        for name in ("energy_fidelity.csv", "meter_vs_nvml.png", "meter_vs_nvml.pdf", "provenance.json")
+    ]
 
 
 if SENSOR_RUNS:
@@ -42,12 +46,12 @@ if SENSOR_RUNS:
             ),
             pdf="results/sensors/meter_vs_nvml.pdf",
             provenance="results/sensors/provenance.json",
-        params:
-            runs=SENSOR_RUNS,
-        localrule: True
         log:
             "logs/sensors/energy_fidelity.log",
+        localrule: True
         conda:
             "../envs/perfzoo.yaml"
+        params:
+            runs=SENSOR_RUNS,
         script:
             "../workflow/scripts/sensors.py"

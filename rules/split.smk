@@ -5,14 +5,14 @@ rule split:
         dataset="results/dataset/dataset.parquet",
     output:
         "results/splits/{split}.parquet",
-    params:
-        splits=config["splits"],
-    localrule: True
     log:
         "logs/splits/{split}.log",
     benchmark:
         "benchmarks/splits/{split}.tsv"
+    localrule: True
     conda:
         "../envs/perfzoo.yaml"
+    params:
+        splits=config["splits"],
     script:
         "../workflow/scripts/split.py"

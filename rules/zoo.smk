@@ -4,15 +4,15 @@ rule zoo:
         pkg("zoo.py", "builders.py", "config.py"),
     output:
         "results/zoo/manifest.parquet",
-    params:
-        zoo=config["zoo"],
-        shards=config["shards"],
-    localrule: True
     log:
         "logs/zoo/manifest.log",
     benchmark:
         "benchmarks/zoo/manifest.tsv"
+    localrule: True
     conda:
         "../envs/perfzoo.yaml"
+    params:
+        zoo=config["zoo"],
+        shards=config["shards"],
     script:
         "../workflow/scripts/zoo.py"
