@@ -294,3 +294,30 @@ def all_targets(wildcards):
         *hardware_files(),
         *sensors_targets(),
     ]
+
+
+# Sensor runs recorded with an external power meter (rules/sensors.smk; none by default).
+SENSOR_RUNS = config.get("sensor_logs", [])
+SENSOR_FILES = ("gpudata.csv", "PMD_data.bin", "PMD_start_ts.txt", "timestamps.csv")
+
+
+def sensor_log_files(wildcards=None):
+    """Every file of every configured sensor run (so a changed log reruns the rule)."""
+    files = []
+    for entry in SENSOR_RUNS:
+        root = Path(entry["path"])
+        folders = (
+            [root] if (root / "gpudata.csv").exists() else sorted(p.parent for p in root.rglob("gpudata.csv"))
+        )
+        files += [str(f / name) for f in folders for name in SENSOR_FILES if (f / name).exists()]
+    return files or [entry["path"] for entry in SENSOR_RUNS]
+
+
+def sensors_targets(wildcards=None):
+    """Outputs of the sensors rule, for ``rule all`` (empty when no sensor log is configured)."""
+    if not SENSOR_RUNS:
+        return []
+    return [
+        f"results/sensors/{name}"
+        for name in ("energy_fidelity.csv", "meter_vs_nvml.png", "meter_vs_nvml.pdf", "provenance.json")
+    ]

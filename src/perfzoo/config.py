@@ -6,21 +6,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
 
-from perfzoo.io import InputError
+from perfzoo.io import InputError, read_yaml
 
 SCHEMA = Path(__file__).parent / "schemas" / "config.schema.yaml"
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
     """Read ``path``, validate it against the schema (filling defaults) and check model names."""
-    try:
-        config = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: config file not found") from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path}: not valid YAML ({exc})") from None
+    config = read_yaml(path, "config file")
     validate_config(config, source=str(path))
     return config
 

@@ -62,12 +62,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from perfzoo.dataset import KEY, MODEL_FEATURES, add_roofline_features
 from perfzoo.featurise_pool import FeatureJob, featurise_jobs
 from perfzoo.hardware_specs import close_names, lookup_gpu
-from perfzoo.io import InputError
+from perfzoo.io import InputError, read_yaml
 from perfzoo.precision import check_supported, normalise_precision, peak_for
 from perfzoo.provenance import provenance, sha256_file, write_table
 from perfzoo.timm_results import describe_file, read_timm_rows
@@ -204,12 +203,7 @@ def load_device_map(path: str | Path | None) -> dict[str, str]:
     """``{name in a table: spec-table name}`` from a YAML mapping file (None → empty)."""
     if path is None:
         return {}
-    try:
-        mapping = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: device map not found") from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path}: not a YAML file ({str(exc).splitlines()[0]})") from None
+    mapping = read_yaml(path, "device map")
     if not isinstance(mapping, dict) or not all(isinstance(v, str) for v in mapping.values()):
         raise InputError(f"{path}: a device map is a mapping 'name in the table: spec-table name'")
     return {str(k): v for k, v in mapping.items()}

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 
 
 class InputError(ValueError):
@@ -76,3 +77,13 @@ def read_json(path: str | os.PathLike[str]) -> Any:
         raise InputError(f"{path}: file not found") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: corrupted JSON ({exc})") from None
+
+
+def read_yaml(path: str | os.PathLike[str], what: str = "YAML file") -> Any:
+    """Parse a YAML file; a missing or malformed file is an InputError naming it (``what`` says what it is)."""
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: {what} not found") from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
