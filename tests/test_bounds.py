@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from perfzoo.bounds import memory_floor_mb, time_floor_ms
+import numpy as np
+import pandas as pd
+
+from perfzoo.bounds import RangeCheck, bound_predictions, memory_floor_mb, time_floor_ms
 from perfzoo.predict import predict
 
 from test_predict import _mlp, run_dir, workflow_dir  # noqa: F401 - the fixtures
@@ -43,3 +46,16 @@ def test_in_range_prediction_keeps_its_interval(run_dir: Path) -> None:
     entry = next(iter(result.record["devices"].values()))
     lat = entry["quantities"]["latency_ms"]
     assert "out_of_range" not in lat and lat["hi"] is not None and lat["lo"] <= lat["value"] <= lat["hi"]
+
+
+def test_memory_above_the_device_capacity_says_it_would_not_fit() -> None:
+    """The ceiling: peak memory is capped at the device's memory and a point above it is named as not fitting."""
+    X = pd.DataFrame({"input_bytes": [2**20], "weight_bytes": [2**20], "flops": [1e9], "hw_peak_gflops": [100.0],
+                      "hw_mem_gb": [1.0], "batch": [4]})
+    tp = {"peak_mem_mb": (np.array([5000.0]), np.array([3000.0]), np.array([8000.0]), "random_forest")}
+    point, lo, hi, method = bound_predictions(tp, X, RangeCheck())["peak_mem_mb"]
+    assert hi[0] == lo[0] == 1024.0 and point[0] == 5000.0
+    assert "would not fit" in method and "1 GiB" in method
+    fits = {"peak_mem_mb": (np.array([500.0]), np.array([300.0]), np.array([800.0]), "random_forest")}
+    point, lo, hi, method = bound_predictions(fits, X, RangeCheck())["peak_mem_mb"]
+    assert (lo[0], hi[0]) == (300.0, 800.0) and "would not fit" not in method

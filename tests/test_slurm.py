@@ -85,7 +85,8 @@ def workdir(cluster, tmp_path_factory) -> Path:
 
 
 def trace_state(path: Path, device: str) -> dict[str, tuple[float, bytes]]:
-    return {p.name: (p.stat().st_mtime, p.read_bytes()) for p in sorted((path / "results/traces" / device).glob("*"))}
+    files = (p for p in sorted((path / "results/traces" / device).glob("*")) if p.is_file())  # not .finished/
+    return {p.name: (p.stat().st_mtime, p.read_bytes()) for p in files}
 
 
 def test_whole_workflow_runs_through_sbatch(workdir) -> None:

@@ -8,6 +8,9 @@ bound what is said:
   a step takes at least its FLOPs at the device's measured peak GEMM rate (the roofline's compute
   term). Throughput is capped by the same time floor. A prediction below a floor is raised to it and
   says so.
+- **Physical ceiling**: peak memory cannot exceed the device's memory (``hw_mem_gb``): the interval is
+  capped there, and a point prediction above it says that the step would not fit (it would run out of
+  memory) instead of quoting a number the device cannot hold.
 - **Training range**: the regressor's 90 % interval was calibrated on held-out rows inside the profiled
   range of FLOPs, parameters and batch. Up to one decade beyond it the interval is widened by the
   factor the model lies outside (both ends, the floor still holding); further out, or for a mode never
@@ -53,6 +56,12 @@ def memory_floor_mb(row: Mapping[str, Any]) -> float:
     """Input batch plus weights, in MiB (NaN when either is unknown)."""
     total = _num(row.get("input_bytes")) + _num(row.get("weight_bytes"))
     return total / MIB if math.isfinite(total) and total > 0 else math.nan
+
+
+def memory_ceiling_mb(row: Mapping[str, Any]) -> float:
+    """The device's memory in MiB (NaN when unknown)."""
+    gb = _num(row.get("hw_mem_gb"))
+    return gb * 1024 if math.isfinite(gb) and gb > 0 else math.nan
 
 
 def time_floor_ms(row: Mapping[str, Any]) -> float:
@@ -121,8 +130,22 @@ def bound_predictions(tp: dict[str, Any], X: pd.DataFrame, check: RangeCheck) ->
             lo = np.where(np.isfinite(floor), floor, np.nan) if floor is not None else np.full_like(point, np.nan)
             hi = np.full_like(point, np.inf)
             method = f"out of range ({check.text()}): the 90 % interval does not hold"
+        if target == "peak_mem_mb":
+            point, lo, hi, method = _capped_at_device_memory(point, lo, hi, method, X)
         out[target] = (point, lo, hi, method)
     return out
+
+
+def _capped_at_device_memory(point: np.ndarray, lo: np.ndarray, hi: np.ndarray, method: Any,
+                             X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
+    """Cap the memory interval at the device's memory; a point above it means the step does not fit."""
+    ceiling = np.array([memory_ceiling_mb(r) for _, r in X.iterrows()], dtype=float)
+    over = np.isfinite(ceiling) & (point > ceiling)
+    if bool(np.any(over)):
+        gib = float(np.nanmin(ceiling[over])) / 1024
+        method = f"{method}; above the device's {gib:.3g} GiB of memory: the step would not fit (out of memory)"
+    lo, hi = np.fmin(lo, ceiling), np.fmin(hi, ceiling)
+    return point, lo, hi, method
 
 
 def _floored(method: Any, floor: np.ndarray, raw: Any) -> Any:
