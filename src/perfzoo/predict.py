@@ -1160,7 +1160,7 @@ def _range_warnings(
         fams = ", ".join(sorted(map(str, data["family"].dropna().unique()))) if "family" in data else ""
         warnings.append(
             f"the family of {spec.text} ({class_name}) was never profiled (profiled families: {fams}): "
-            "errors on unseen model families are much larger (seed 001: 23-99 % MAPE)"
+            "errors on unseen model families are much larger (23-99 % MAPE in the DIPPM study of unseen applications)"
         )
     profiled = set(data["device"].astype(str))
     for d in devices:

@@ -123,11 +123,16 @@ def _best_rows(metrics: pd.DataFrame) -> pd.DataFrame:
 
 def _hardest_text(metrics: pd.DataFrame, target: str) -> str:
     """The split on which even the best regressor errs most (how far the accuracy carries)."""
-    best = metrics[metrics["target"] == target].dropna(subset=["mape"]).groupby("split")["mape"].min()
-    if len(best) < 2:
+    rows = metrics[(metrics["target"] == target) & ~metrics["regressor"].astype(str).str.startswith(BASELINE_PREFIX)]
+    best_rows = rows.dropna(subset=["mape"])
+    if best_rows["split"].nunique() < 2:
         return ""
-    split = best.idxmax()
-    return f"; on the hardest split ({split.replace('_', ' ')}) the best MAPE is {fmt(best[split], '%')}"
+    best = best_rows.loc[best_rows.groupby("split")["mape"].idxmin()].set_index("split")
+    split = best["mape"].idxmax()
+    row = best.loc[split].copy()
+    row["split"] = split
+    return (f"; on the hardest split ({split.replace('_', ' ')}) the best MAPE is {fmt(row['mape'], '%')} "
+            f"({row['regressor']}; {_baseline_text(metrics, row)})")
 
 
 def _baseline_text(metrics: pd.DataFrame, row: pd.Series) -> str:
