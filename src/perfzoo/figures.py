@@ -170,8 +170,9 @@ def _dedup_legend(axes: Sequence[Any]) -> tuple[list[Any], list[str]]:
     return list(seen.values()), list(seen)
 
 
-def _panels(frame: pd.DataFrame, keys: list[str]) -> list[tuple[Any, ...]]:
-    return sorted(frame.groupby(keys).groups) if len(frame) else []
+def _panels(frame: pd.DataFrame, keys: list[str]) -> list[tuple[tuple[Any, ...], pd.DataFrame]]:
+    """One (key values, rows) pair per panel, in sorted key order (empty for an empty frame)."""
+    return list(frame.groupby(keys, sort=True)) if len(frame) else []
 
 
 # ---------------------------------------------------------------------------------------------- accuracy
@@ -210,8 +211,7 @@ def per_family_mape(per_family: pd.DataFrame) -> Figure:
     if not panels:
         return empty_figure("no per-family errors")
     fig, axes = new_figure(len(panels), panel_height_in=1.5)
-    for ax, (split, target) in zip(axes, panels, strict=True):
-        g = per_family[(per_family["target"] == target) & (per_family["split"] == split)]
+    for ax, ((split, target), g) in zip(axes, panels, strict=True):
         wide = g.pivot_table(index="family", columns="regressor", values="mape", aggfunc="first").sort_index()
         width = 0.85 / max(len(wide.columns), 1)
         for i, regressor in enumerate(wide.columns):
@@ -231,8 +231,7 @@ def error_cdf(errors: pd.DataFrame) -> Figure:
     if not panels:
         return empty_figure("no held-out predictions")
     fig, axes = new_figure(len(panels), panel_height_in=1.4)
-    for ax, (split, target) in zip(axes, panels, strict=True):
-        g = errors[(errors["target"] == target) & (errors["split"] == split)]
+    for ax, ((split, target), g) in zip(axes, panels, strict=True):
         for regressor, r in g.groupby("regressor"):
             e = np.sort(r["abs_rel_error"].to_numpy(dtype=float) * 100)
             e = np.clip(e[np.isfinite(e)], 1e-3, None)
@@ -256,8 +255,7 @@ def feature_importance(importance: pd.DataFrame, top: int = 8) -> Figure:
     if not panels:
         return empty_figure("no tree regressor fitted")
     fig, axes = new_figure(len(panels), panel_height_in=1.3, ncols=1)
-    for ax, (target, regressor) in zip(axes, panels, strict=True):
-        g = importance[(importance["target"] == target) & (importance["regressor"] == regressor)]
+    for ax, ((target, regressor), g) in zip(axes, panels, strict=True):
         g = g.nlargest(top, "importance").sort_values("importance")
         names = [n if len(n) <= 24 else n[:23] + "…" for n in g["feature"].str.replace("_", " ")]
         ax.barh(names, g["importance"], color=regressor_color(regressor))
