@@ -1,22 +1,10 @@
 # perfzoo: profile a model zoo on every device, fit predictors, regenerate the report from raw traces.
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
 min_version("9.0")
 
 
 configfile: "config.yaml"
-
-
-try:
-    validate(config, "src/perfzoo/schemas/config.schema.yaml")
-except WorkflowError as exc:  # one line naming the key, not the schema dump
-    lines = [
-        ln.strip() for ln in str(exc).splitlines() if ln.strip() and not ln.startswith("Error validating")
-    ]
-    where = next(
-        (ln.removeprefix("On instance").rstrip(":") for ln in lines if ln.startswith("On instance")), ""
-    )
-    raise WorkflowError(f"config: {lines[0] if lines else exc}{f' [{where}]' if where else ''}") from None
 
 
 report: "report/workflow.rst"

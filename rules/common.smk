@@ -25,15 +25,13 @@ SRC = None if WORKFLOW_ROOT is None else str(WORKFLOW_ROOT / "src")
 if SRC is not None and SRC not in sys.path:
     sys.path.insert(0, SRC)  # the rule scripts import the installed package (pip install -e .)
 
-from perfzoo.config import check_precisions, check_sources, check_workflow_config
+from perfzoo.config import validate_config
 from perfzoo.io import InputError
 from perfzoo.model_files import predict_model_files, zoo_model_files
 from perfzoo.zoo import expand_zoo, shard_names, shard_size
 
-try:
-    check_sources(config)
-    check_precisions(config)
-    check_workflow_config(config)
+try:  # the schema (defaults filled in) and every check that can fail before a job runs, in one line
+    validate_config(config)
 except InputError as exc:
     raise WorkflowError(str(exc)) from None
 
