@@ -41,6 +41,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from perfzoo import __version__
 from perfzoo.io import InputError, atomic_path, read_json
+from perfzoo.stats import mean_and_scale
 
 FILE_FORMAT = "perfzoo.regressor"
 FILE_FORMAT_VERSION = 1
@@ -115,13 +116,6 @@ def _signed_log1p(A: np.ndarray) -> np.ndarray:
     """``log1p`` for non-negative values, mirrored for negative ones (monotone, sign-safe)."""
     return np.sign(A) * np.log1p(np.abs(A))
 
-
-def _mean_and_scale(A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Column means and standard deviations; a constant column gets scale 1."""
-    mean = A.mean(axis=0)
-    scale = A.std(axis=0)
-    scale[~(scale > 0)] = 1.0
-    return mean, scale
 
 
 def _mape(y_true: np.ndarray, y_pred: np.ndarray) -> float:
@@ -486,7 +480,7 @@ class _LogFeatureRegressor(Regressor):
 
     def _fit_log_features(self, X: pd.DataFrame) -> np.ndarray:
         L = _signed_log1p(self._fit_matrix(_check_frame(X), self._feature_columns(X)))
-        self.feature_mean_, self.feature_scale_ = _mean_and_scale(L)
+        self.feature_mean_, self.feature_scale_ = mean_and_scale(L)
         return (L - self.feature_mean_) / self.feature_scale_
 
     def _log_features(self, X: pd.DataFrame) -> np.ndarray:
@@ -584,7 +578,7 @@ class PolyLassoRegressor(_LogFeatureRegressor):
         target = self._encode_target(y, len(X))
         self.powers_ = _polynomial_powers(Z.shape[1], int(self.degree))
         P = _expand_polynomial(Z, self.powers_)
-        self.term_mean_, self.term_scale_ = _mean_and_scale(P)
+        self.term_mean_, self.term_scale_ = mean_and_scale(P)
         Q = (P - self.term_mean_) / self.term_scale_
         if self.alpha is None:
             folds = KFold(n_splits=min(int(self.cv), len(X)), shuffle=True, random_state=self.random_state)

@@ -79,3 +79,11 @@ def conformal_halfwidth(abs_residuals: np.ndarray | list[float], level: float) -
     r = np.sort(np.asarray(abs_residuals, dtype=np.float64))
     rank = math.ceil((r.size + 1) * level)
     return float(r[rank - 1]) if 0 < rank <= r.size else math.inf
+
+
+def mean_and_scale(A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Column means and standard deviations; a constant column gets scale 1."""
+    mean = A.mean(axis=0)
+    scale = A.std(axis=0)
+    scale[~(scale > 0)] = 1.0
+    return mean, scale

@@ -39,7 +39,7 @@ import pandas as pd
 
 from perfzoo.io import InputError
 from perfzoo.regressors import Regressor, _check_frame, _require_columns, register_regressor
-from perfzoo.stats import conformal_halfwidth
+from perfzoo.stats import conformal_halfwidth, mean_and_scale
 
 __all__ = ["DeviceTransferRegressor"]
 
@@ -164,8 +164,7 @@ class DeviceTransferRegressor(Regressor):
         full = ~self._few_shot_mask(X)
         Xf, tf = X[full], t[full]
         Zraw = self._logged(Xf, self.workload_features)
-        self.z_mean_, self.z_scale_ = Zraw.mean(axis=0), Zraw.std(axis=0)
-        self.z_scale_[~(self.z_scale_ > 0)] = 1.0
+        self.z_mean_, self.z_scale_ = mean_and_scale(Zraw)
         self.h_mean_ = (self._logged(Xf, self.device_features) - self._anchor(Xf)[:, None]).mean(axis=0)
         Z, H, R = self._parts(Xf)
         A = self._design(Z, H, R)

@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
+from perfzoo.profiling.cuda import DEFAULT_MIN_WINDOW_S, DEFAULT_SAMPLE_HZ
 from perfzoo.profiling.worker import Outcome, run_isolated
 
 TRACE_COLUMNS = [
@@ -194,8 +195,8 @@ def _measurement_settings(device_cfg: dict[str, Any]) -> dict[str, Any]:
     """What the device entry contributes to how a cuda config is measured (part of the fingerprint)."""
     return {
         "gpu_index": int(device_cfg.get("gpu_index", 0)),
-        "sample_hz": float(device_cfg.get("sample_hz", 50.0)),
-        "min_window_s": float(device_cfg.get("min_window_s", 4.0)),  # as the schema default
+        "sample_hz": float(device_cfg.get("sample_hz", DEFAULT_SAMPLE_HZ)),
+        "min_window_s": float(device_cfg.get("min_window_s", DEFAULT_MIN_WINDOW_S)),
         "power_limits_w": [float(x) for x in device_cfg.get("power_limits_w") or []],
         "sweep_repetitions": int(device_cfg.get("sweep_repetitions", 1)),
         "cooldown_band_c": device_cfg.get("cooldown_band_c"),
