@@ -32,6 +32,7 @@ from perfzoo.sensors.smi import read_sensor_log, read_smi_csv
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu-power"
 A100 = FIXTURES / "5050" / "A100"
 RTX3090 = FIXTURES / "5050" / "3090"
+UTC_OFFSET_H = 1.0  # the fixtures' nvidia-smi clock: local time at UTC+1 (fixtures README)
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -117,7 +118,7 @@ def test_pmd_reader_matches_plain_decoding() -> None:
 
 
 def test_meter_window_energy_equals_plain_trapezoid() -> None:
-    run = load_run(A100)
+    run = load_run(A100, UTC_OFFSET_H)
     t_s, p_w = _plain_meter(A100)
     t_s = t_s - run.meter_shift_ms / 1e3
     bounds = window_bounds(run.edges_ns, 0.5)
@@ -130,7 +131,7 @@ def test_meter_window_energy_equals_plain_trapezoid() -> None:
 
 
 def test_nvml_window_energy_equals_held_sample_sum() -> None:
-    run = load_run(RTX3090)
+    run = load_run(RTX3090, UTC_OFFSET_H)
     bounds = window_bounds(run.edges_ns, 1.0)
     got = window_energies(run.smi["t_ns"], run.smi["power_w"], bounds, "rectangle")[0]
     t, p = run.smi["t_ns"].to_numpy(), run.smi["power_w"].to_numpy()
@@ -145,12 +146,12 @@ def test_nvml_window_energy_equals_held_sample_sum() -> None:
 def test_edges_and_alignment_on_real_traces() -> None:
     edges = read_edges_ns(A100 / "timestamps.csv")
     assert np.all(np.diff(edges) > 0) and 0.04e9 < np.median(np.diff(edges)) < 0.07e9
-    run = load_run(A100)
+    run = load_run(A100, UTC_OFFSET_H)
     assert abs(run.meter_shift_ms) < 5  # the 50 ms lead of the artifact already aligns within ms
 
 
 def test_fidelity_table_on_fixtures_shows_field_lag_and_sampling_error() -> None:
-    runs = [load_run(p) for p in find_runs(FIXTURES)]
+    runs = [load_run(p, UTC_OFFSET_H) for p in find_runs(FIXTURES)]
     assert [(r.gpu, r.load) for r in runs] == [("3090", "duty-50%"), ("A100", "duty-50%")]
     table = fidelity_table(runs, windows_s=(0.1, 1.0))
     rtx = table[(table["gpu"] == "3090") & (table["alignment"] == "raw")].set_index(["field", "window_s"])
@@ -167,7 +168,7 @@ def test_fidelity_table_on_fixtures_shows_field_lag_and_sampling_error() -> None
 
 
 def test_figure_written(tmp_path: Path) -> None:
-    runs = [load_run(p) for p in find_runs(FIXTURES)]
+    runs = [load_run(p, UTC_OFFSET_H) for p in find_runs(FIXTURES)]
     for suffix in ("png", "pdf"):
         out = plot_meter_vs_nvml(runs, tmp_path / f"f.{suffix}")
         assert out.stat().st_size > 10_000
@@ -225,7 +226,7 @@ def test_sensor_logs_rule_writes_table_and_figures(tmp_path: Path) -> None:
     proc = _workflow(tmp_path, config)
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = pd.read_csv(tmp_path / "results/sensors/energy_fidelity.csv")
-    direct = fidelity_table([load_run(p) for p in find_runs(FIXTURES)])
+    direct = fidelity_table([load_run(p, UTC_OFFSET_H) for p in find_runs(FIXTURES)])
     pd.testing.assert_frame_equal(table, direct.round(4), check_dtype=False, atol=1e-4)
     for suffix in ("png", "pdf"):
         assert (tmp_path / f"results/sensors/meter_vs_nvml.{suffix}").stat().st_size > 10_000

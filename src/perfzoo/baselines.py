@@ -25,6 +25,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from perfzoo.stats import mean_and_scale
+
 __all__ = ["BASELINES", "baseline_predictions"]
 
 BASELINES = ("baseline:flops_nearest", "baseline:device_peak", "baseline:device_bandwidth",
@@ -51,7 +53,10 @@ def _workload_scale(target: str, test: pd.DataFrame, source: pd.DataFrame) -> np
     def ratio(col: str) -> np.ndarray:
         return pd.to_numeric(test[col]).to_numpy(float) / pd.to_numeric(source[col]).to_numpy(float)
 
-    flops = ratio("flops") if a and "flops" in test else np.ones(len(test))
+    if not a:
+        flops = np.ones(len(test))
+    else:  # no FLOPs column: no prediction, never the source value unscaled
+        flops = ratio("flops") if "flops" in test else np.full(len(test), np.nan)
     batch = ratio("batch") if b else np.ones(len(test))
     return flops ** a * batch ** b
 
@@ -65,8 +70,7 @@ def flops_nearest(train: pd.DataFrame, test: pd.DataFrame, target: str) -> np.nd
     if not keep.any() or not cols:
         return out
     A = A[keep]
-    mu, sd = A.mean(axis=0), A.std(axis=0)
-    sd[~(sd > 0)] = 1.0
+    mu, sd = mean_and_scale(A)
     A, B = (A - mu) / sd, (B - mu) / sd
     ok = np.isfinite(B).all(axis=1)
     nearest = np.array([np.argmin(((A - b) ** 2).sum(axis=1)) for b in B[ok]], dtype=int)

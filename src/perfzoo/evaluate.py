@@ -43,8 +43,6 @@ def metrics_table(predictions: pd.DataFrame, noise: pd.DataFrame) -> pd.DataFram
     if not rows:  # no held-out predictions at all (every family failed): an empty, well-formed table
         return pd.DataFrame(columns=METRIC_COLUMNS)
     table = pd.DataFrame(rows)
-    if table.empty:
-        return table
     if not table["regressor"].str.startswith(BASELINE_PREFIX).any():
         table = table.drop(columns=["n_missing", "n_interval", "coverage90"])
     else:

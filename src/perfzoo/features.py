@@ -64,7 +64,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
 from perfzoo.io import InputError
-from perfzoo.precision import BUILD_DTYPES
+from perfzoo.precision import BUILD_DTYPES, normalise_precision
 
 MODES = ("inference", "training")
 CATEGORIES = ("conv_fc", "norm", "pool_s1", "pool_s2", "relu_drop", "attention", "embedding", "other")
@@ -542,7 +542,7 @@ def _at_precision(build: Callable[[], nn.Module], input_dtype: str, precision: s
                   ) -> tuple[Callable[[], nn.Module], str]:
     """(builder, input dtype) of a config at ``precision``: fp16/bf16 models and float inputs take that dtype;
     fp32, tf32 and amp keep float32 weights (amp's float16 activations are not modelled on the meta device)."""
-    dtype = BUILD_DTYPES.get(precision, "float32")
+    dtype = BUILD_DTYPES[normalise_precision(precision)]  # an unknown precision is an error, not fp32
     if dtype == "float32":
         return build, input_dtype
     floating = input_dtype.startswith(("float", "bfloat"))

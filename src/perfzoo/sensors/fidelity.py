@@ -79,7 +79,7 @@ def rising_edge_ns(t_ns: np.ndarray, power_w: np.ndarray, edges_ns: np.ndarray) 
     return float(t[after[0]]) if after.size else float("nan")
 
 
-def load_run(folder: str | os.PathLike[str], utc_offset_h: float = 1.0, lead_us: int = START_LEAD_US) -> MeterRun:
+def load_run(folder: str | os.PathLike[str], utc_offset_h: float, lead_us: int = START_LEAD_US) -> MeterRun:
     """Read one run folder (gpudata.csv, PMD_data.bin, PMD_start_ts.txt, timestamps.csv); the meter is
     shifted so that its first rising edge falls on the first load edge."""
     root = Path(folder)
@@ -141,7 +141,9 @@ def _error_rows(run: MeterRun, window_s: float | None) -> list[dict[str, object]
             continue
         lag = field_lag_ms(run, column)
         for alignment in ALIGNMENTS:
-            shift_ns = lag * 1e6 if alignment == "lag" and np.isfinite(lag) else 0.0
+            if alignment == "lag" and not np.isfinite(lag):
+                continue  # no lag measured: no lag-aligned row, rather than the raw numbers under that label
+            shift_ns = lag * 1e6 if alignment == "lag" else 0.0
             nvml_j = window_energies(run.smi["t_ns"] - shift_ns, run.smi[column], bounds, "rectangle")
             err = (nvml_j - meter_j) / meter_j
             rows.append(_summary_row(run, field, alignment, bounds, window_s is None, lag, meter_j, err))
