@@ -296,19 +296,18 @@ def all_targets(wildcards):
 
 # Sensor runs recorded with an external power meter (rules/sensors.smk; none by default).
 SENSOR_RUNS = config.get("sensor_logs", [])
-SENSOR_FILES = ("gpudata.csv", "PMD_data.bin", "PMD_start_ts.txt", "timestamps.csv")
 
 
 def sensor_log_files(wildcards=None):
     """Every file of every configured sensor run (so a changed log reruns the rule)."""
-    files = []
-    for entry in SENSOR_RUNS:
-        root = Path(entry["path"])
-        folders = (
-            [root] if (root / "gpudata.csv").exists() else sorted(p.parent for p in root.rglob("gpudata.csv"))
-        )
-        files += [str(f / name) for f in folders for name in SENSOR_FILES if (f / name).exists()]
-    return files or [entry["path"] for entry in SENSOR_RUNS]
+    from perfzoo.sensors.fidelity import (
+        run_files,
+    )  # here: it loads matplotlib, which a run without sensor logs never needs
+
+    try:
+        return [str(f) for entry in SENSOR_RUNS for f in run_files(entry["path"])]
+    except InputError as exc:
+        raise WorkflowError(f"sensor_logs: {exc}") from None
 
 
 def sensors_targets(wildcards=None):

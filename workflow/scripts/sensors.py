@@ -1,10 +1,8 @@
 """Rule sensors_energy_fidelity: energy error of NVML's power.draw / power.draw.instant against an external
 meter for every configured sensor run, per GPU × field × alignment × window length, and the figure of
 power over time (meter vs both NVML fields)."""
-from pathlib import Path
-
 from perfzoo.io import write_json, write_text
-from perfzoo.sensors.fidelity import fidelity_table, find_runs, load_run, plot_meter_vs_nvml
+from perfzoo.sensors.fidelity import fidelity_table, load_run, plot_meter_vs_nvml, run_folders
 
 
 def main() -> None:
@@ -12,9 +10,7 @@ def main() -> None:
 
     runs = []
     for entry in snakemake.params.runs:  # noqa: F821 - injected by Snakemake
-        root = Path(entry["path"])
-        folders = [root] if (root / "gpudata.csv").exists() else find_runs(root)
-        runs += [load_run(folder, utc_offset_h=float(entry["utc_offset_h"])) for folder in folders]
+        runs += [load_run(folder, utc_offset_h=float(entry["utc_offset_h"])) for folder in run_folders(entry["path"])]
     out = snakemake.output  # noqa: F821
     table = fidelity_table(runs)
     write_text(out.table, table.to_csv(index=False, float_format="%.4f"))

@@ -93,6 +93,20 @@ def load_run(folder: str | os.PathLike[str], utc_offset_h: float, lead_us: int =
     return MeterRun(root.name, gpu, load, smi, meter, edges, shift / 1e6)
 
 
+RUN_FILES = ("gpudata.csv", "PMD_data.bin", "PMD_start_ts.txt", "timestamps.csv")
+
+
+def run_folders(path: str | os.PathLike[str]) -> list[Path]:
+    """A configured ``sensor_logs`` path as run folders: the folder itself when it is a run, else the runs below it."""
+    root = Path(path)
+    return [root] if (root / "gpudata.csv").exists() else find_runs(root)
+
+
+def run_files(path: str | os.PathLike[str]) -> list[Path]:
+    """Every file of every run a configured path holds (the rule's inputs; a path without runs is an error)."""
+    return [f / name for f in run_folders(path) for name in RUN_FILES if (f / name).exists()]
+
+
 def find_runs(root: str | os.PathLike[str]) -> list[Path]:
     """Run folders below ``root`` (those holding a gpudata.csv and a PMD_data.bin), sorted."""
     base = Path(root)
