@@ -26,6 +26,7 @@ if SRC is not None and SRC not in sys.path:
     sys.path.insert(0, SRC)  # the rule scripts import the installed package (pip install -e .)
 
 from perfzoo.config import validate_config
+from perfzoo.depends import package_files_of
 from perfzoo.io import InputError
 from perfzoo.model_files import predict_model_files, zoo_model_files
 from perfzoo.zoo import expand_zoo, shard_names, shard_size
@@ -62,24 +63,17 @@ def relative_to_workdir(path):
     return local(os.path.relpath(path, os.getcwd()))
 
 
-def package_files(modules):
-    """The .py files of the named perfzoo modules (a name may be a subpackage folder)."""
-    files = []
-    for module in modules:
-        path = Path(SRC) / "perfzoo" / module
-        files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
-    return files
 
+def pkg(script):
+    """The package files ``workflow/scripts/<script>`` imports, transitively, so editing one reruns the rule.
 
-def pkg(*modules):
-    """Package source files a rule depends on, so editing them reruns the rule.
-
+    Computed from the script's imports by :func:`perfzoo.depends.package_files_of`, never listed by hand.
     Empty for a module loaded from a remote source, whose package files are not on the local disk.
     """
     if SRC is None:
         return []
-    core = ("__init__.py", "io.py", "provenance.py", "workflow.py")
-    return [relative_to_workdir(path) for path in package_files((*core, *modules))]
+    script_path = WORKFLOW_ROOT / "workflow" / "scripts" / script
+    return [relative_to_workdir(path) for path in package_files_of(script_path, SRC)]
 
 
 def device_threads(device):

@@ -1,7 +1,7 @@
 rule dataset:
     """Aggregate raw traces into labels (median latency with CI, memory, ...) joined with features."""
     input:
-        pkg("dataset.py", "stats.py", "hardware.py"),
+        pkg("dataset.py"),
         unpack(zoo_files),
         traces=trace_files,
         hardware=hardware_files,

@@ -20,7 +20,7 @@ for _energy_device in ENERGY_DEVICES:
         name:
             f"energy_{_energy_device}"
         input:
-            pkg("energy.py", "figures.py", "report_outputs.py"),
+            pkg("energy.py"),
             manifest="results/zoo/manifest.parquet",
             sensors=expand(f"results/traces/{_energy_device}/{{shard}}.sensors.parquet", shard=SHARDS),
             traces=expand(f"results/traces/{_energy_device}/{{shard}}.parquet", shard=SHARDS),

@@ -1,7 +1,7 @@
 rule evaluate:
     """Accuracy metrics per target x regressor x split (and per family) on held-out rows."""
     input:
-        pkg("evaluate.py", "stats.py", "baselines.py"),
+        pkg("evaluate.py"),
         predictions=prediction_files,
         noise="results/dataset/noise_floor.parquet",
         dataset="results/dataset/dataset.parquet",
@@ -27,7 +27,7 @@ rule evaluate:
 rule ablation:
     """Accuracy with model features only vs model + hardware features (seed 003 Table 6.6)."""
     input:
-        pkg("fitting.py", "regressors.py", "dataset.py"),
+        pkg("ablation.py"),
         dataset="results/dataset/dataset.parquet",
         splits=ablation_split_files,
     output:

@@ -1,16 +1,7 @@
 rule import_external:
     """Turn a table of external measurements into dataset rows of kind `external` (source sha256 kept)."""
     input:
-        pkg(
-            "external.py",
-            "hardware_specs.py",
-            "features.py",
-            "builders.py",
-            "precision.py",
-            "featurise_pool.py",
-            "timm_results.py",
-            "data/gpu_specs.csv",
-        ),
+        pkg("external.py"),
         table=external_table,
         device_map=external_device_map,
     output:

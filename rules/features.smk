@@ -1,7 +1,7 @@
 rule features:
     """Static model features computed on PyTorch's meta device (no weights allocated)."""
     input:
-        pkg("features.py", "builders.py", "zoo.py"),
+        pkg("features.py"),
         manifest="results/zoo/manifest.parquet",
         model_files=MODEL_FILES,
     output:

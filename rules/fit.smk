@@ -1,7 +1,7 @@
 rule fit:
     """Fit one regressor on one target for every fold of one split; predict the held-out rows."""
     input:
-        pkg("fitting.py", "regressors.py", "dataset.py", "gianniti.py"),
+        pkg("fit.py"),
         dataset="results/dataset/dataset.parquet",
         split="results/splits/{split}.parquet",
         layers=layer_inputs,

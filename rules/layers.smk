@@ -10,7 +10,7 @@ for _device in LAYER_DEVICES:
         name:
             f"layers_{_device}"
         input:
-            pkg("profiling", "builders.py", "stats.py"),
+            pkg("layers.py"),
             manifest="results/zoo/manifest.parquet",
         output:
             timings=f"results/layers/{_device}.parquet",
@@ -45,7 +45,7 @@ GIANNITI_TABLE = report_output("gianniti_coefficients_fit")
 rule gianniti_coefficients:
     """Per-category linear models t = b0 + b1 * c of layer time on Gianniti complexity (seed 004)."""
     input:
-        pkg("gianniti.py", "regressors.py"),
+        pkg("layers.py"),
         timings=expand("results/layers/{device}.parquet", device=LAYER_DEVICES),
         layers="results/features/layers.parquet",
     output:

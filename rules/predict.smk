@@ -1,7 +1,7 @@
 rule predict:
     """Predict a model listed under `predict:` on every device with the fitted predictors."""
     input:
-        pkg("predict.py", "features.py", "builders.py", "fitting.py", "regressors.py", "mig.py"),
+        pkg("predict.py"),
         dataset="results/dataset/dataset.parquet",
         metrics="results/evaluate/metrics.parquet",
         models=model_files,

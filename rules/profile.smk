@@ -7,7 +7,7 @@ for _device in DEVICES:
         name:
             f"hardware_{_device}"
         input:
-            pkg("hardware.py", "hardware_specs.py", "mig.py", "profiling"),
+            pkg("hardware.py"),
         output:
             f"results/hardware/{_device}.json",
         log:
@@ -30,15 +30,7 @@ for _device in DEVICES:
         name:
             f"trace_{_device}"
         input:
-            pkg(
-                "profiling",
-                "builders.py",
-                "hardware.py",
-                "hardware_specs.py",
-                "energy.py",
-                "stats.py",
-                "zoo.py",
-            ),
+            pkg("profile.py"),
             manifest="results/zoo/manifest.parquet",
             model_files=MODEL_FILES,
         output:

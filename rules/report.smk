@@ -5,7 +5,7 @@ REPORT_OUTPUTS_OF_REPORT = report_outputs(rule="report")
 rule report:
     """Every table and figure of the report, regenerated from the pipeline's outputs."""
     input:
-        pkg("report.py", "report_page.py", "report_outputs.py", "figures.py", "evaluate.py"),
+        pkg("report.py"),
         dataset="results/dataset/dataset.parquet",
         statuses="results/dataset/status_counts.parquet",
         noise="results/dataset/noise_floor.parquet",

@@ -7,7 +7,7 @@ if SENSOR_RUNS:
 
     rule sensors_energy_fidelity:
         input:
-            pkg("energy.py", "figures.py", "sensors"),
+            pkg("sensors.py"),
             logs=sensor_log_files,
         output:
             table=report(

@@ -1,7 +1,7 @@
 rule split:
     """Assign dataset rows to train/val/test per fold of one named, seeded split scheme."""
     input:
-        pkg("splits.py"),
+        pkg("split.py"),
         dataset="results/dataset/dataset.parquet",
     output:
         "results/splits/{split}.parquet",

@@ -1,7 +1,7 @@
 rule zoo:
     """Expand the configured families into the model-config manifest with stable ids and shards."""
     input:
-        pkg("zoo.py", "builders.py", "config.py"),
+        pkg("zoo.py"),
     output:
         "results/zoo/manifest.parquet",
     log:

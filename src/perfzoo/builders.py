@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import difflib
 import functools
 import importlib.metadata
 import importlib.util
@@ -19,7 +18,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from perfzoo.io import InputError, write_text
+from perfzoo.io import InputError, suggest, write_text
 
 BUILDER_NAMES = ("torchvision", "timm", "mlp", "transformer", "python")
 MLP_NAMES = ("mlp_small", "mlp_big", "mlp")
@@ -35,11 +34,6 @@ def _name_cache() -> Path:
     )
     return Path(base) / "perfzoo" / "model-names" if base else Path(".snakemake") / "perfzoo-model-names"
 
-
-def suggest(name: str, choices: Iterable[str], n: int = 3) -> str:
-    """A ' (did you mean: a, b?)' hint with the closest names, or '' when none is close."""
-    close = difflib.get_close_matches(name, list(choices), n=n, cutoff=0.6)
-    return f" (did you mean: {', '.join(close)}?)" if close else ""
 
 
 @functools.cache

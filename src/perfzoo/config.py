@@ -9,7 +9,8 @@ from typing import Any
 
 from perfzoo.io import InputError, read_yaml
 
-SCHEMA = Path(__file__).parent / "schemas" / "config.schema.yaml"
+PACKAGE_DATA = ("schemas/config.schema.yaml",)  # read by perfzoo.depends: rules rerun when it changes
+SCHEMA = Path(__file__).parent / PACKAGE_DATA[0]
 
 
 def load_config(path: str | Path) -> dict[str, Any]:

@@ -63,7 +63,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
-from perfzoo.io import InputError
+from perfzoo.io import InputError, one_line
 from perfzoo.precision import BUILD_DTYPES, normalise_precision
 
 MODES = ("inference", "training")
@@ -349,10 +349,6 @@ class _Recorder:
 # --------------------------------------------------------------------------- steps
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
-
 
 def _make_input(input_shape: tuple[int, ...], batch: int, input_dtype: str) -> torch.Tensor:
     dtype = getattr(torch, input_dtype, None)
@@ -404,7 +400,7 @@ def _graph_size(model: nn.Module) -> tuple[float, float, str]:
     try:
         graph = torch.fx.symbolic_trace(model).graph
     except Exception as exc:  # noqa: BLE001 - tracing fails in many model-specific ways
-        return math.nan, math.nan, _one_line(exc)
+        return math.nan, math.nan, one_line(exc)
     nodes = list(graph.nodes)
     return float(len(nodes)), float(sum(len(n.all_input_nodes) for n in nodes)), ""
 
@@ -490,18 +486,18 @@ def featurise(
         try:
             model = _build_on_meta(build)
         except Exception as exc:  # noqa: BLE001 - any builder error becomes a one-line InputError
-            raise InputError(f"model {model_id}: build failed: {_one_line(exc)}") from None
+            raise InputError(f"model {model_id}: build failed: {one_line(exc)}") from None
         try:
             x = _make_input(tuple(int(d) for d in input_shape), batch, input_dtype)
         except (ValueError, TypeError, RuntimeError) as exc:
-            raise InputError(f"model {model_id}: bad input spec: {_one_line(exc)}") from None
+            raise InputError(f"model {model_id}: bad input spec: {one_line(exc)}") from None
         recorder = _Recorder({id(m): name for name, m in model.named_modules()}, _flop_counter())
         handles = recorder.attach(model)
         try:
             flops, flops_fw, output = _run_step(model, x, mode, recorder)
         except Exception as exc:  # noqa: BLE001 - any model error becomes a one-line InputError
             raise InputError(
-                f"model {model_id}: {mode} step failed on meta device: {_one_line(exc)}"
+                f"model {model_id}: {mode} step failed on meta device: {one_line(exc)}"
             ) from None
         finally:
             for handle in handles:

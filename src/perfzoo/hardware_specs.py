@@ -42,7 +42,8 @@ SPEC_COLUMNS: tuple[str, ...] = (
 )
 NUMERIC_COLUMNS: tuple[str, ...] = SPEC_COLUMNS[3:-2]
 TEXT_COLUMNS: dict[str, type] = {"name": str, "match": str, "arch": str, "source": str, "note": str}
-SPEC_FILE = "data/gpu_specs.csv"
+PACKAGE_DATA = ("data/gpu_specs.csv",)  # a literal: perfzoo.depends reads it without importing
+SPEC_FILE = PACKAGE_DATA[0]
 
 
 @lru_cache(maxsize=1)

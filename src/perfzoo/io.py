@@ -1,12 +1,13 @@
-"""Atomic file output (temp file in the same folder + rename) and checked input."""
+"""Atomic file output (temp file in the same folder + rename), checked input and one-line error text."""
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,18 @@ import yaml
 
 class InputError(ValueError):
     """Bad input: the message names the file, key or model at fault."""
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """``Type: first non-empty line of the message``, cut to ``limit`` characters, for one-line errors."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:limit]
+
+
+def suggest(name: str, choices: Iterable[str], n: int = 3) -> str:
+    """A ' (did you mean: a, b?)' hint with the closest names, or '' when none is close."""
+    close = difflib.get_close_matches(name, list(choices), n=n, cutoff=0.6)
+    return f" (did you mean: {', '.join(close)}?)" if close else ""
 
 
 def umask_file_mode() -> int:

@@ -52,7 +52,7 @@ import numpy as np
 import pandas as pd
 
 from perfzoo.bounds import bound_predictions, mark_out_of_range, qualify_recommendation, range_check
-from perfzoo.io import InputError
+from perfzoo.io import InputError, one_line, suggest
 
 try:  # interpreter start, for PERFZOO_TIMING
     import psutil as _psutil
@@ -160,7 +160,7 @@ def resolve_model(model: Any, input_shape: Any = None) -> ModelSpec:
     """Parse ``timm:NAME``, ``torchvision:NAME``, ``mlp:NAME``, ``transformer:NAME``,
     ``path/to/model.py:function``, a bare library name, an ``nn.Module`` or a build callable.
     Unknown names raise InputError with close names."""
-    from perfzoo.builders import check_factory_reference, check_model_name, library_model_names, suggest
+    from perfzoo.builders import check_factory_reference, check_model_name, library_model_names
 
     shape = parse_input(input_shape)
     if _is_module(model) or (callable(model) and not isinstance(model, str | os.PathLike)):
@@ -258,15 +258,11 @@ def _timing(label: str) -> None:
         )
 
 
-def _one_line(exc: BaseException) -> str:
-    text = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-    return f"{type(exc).__name__}: {text[0].strip() if text else ''}"[:300]
-
 
 def _failure(exc: BaseException, spec: ModelSpec, stage: str) -> InputError:
     loc = _user_location(exc, spec.file)
     where = f"{loc[0]}:{loc[1]}" if loc else f"model {spec.text}"
-    return InputError(f"{where}: {_one_line(exc)} ({stage} {spec.text})")
+    return InputError(f"{where}: {one_line(exc)} ({stage} {spec.text})")
 
 
 def _meta_copy(module: Any) -> Any:
@@ -296,7 +292,7 @@ def _build_meta_model(spec: ModelSpec, num_classes: int) -> Any:
             model = _meta_copy(spec.obj)
         except Exception as exc:  # noqa: BLE001 - e.g. attributes that cannot be deep-copied
             raise InputError(
-                f"model {spec.text}: cannot copy the instance to the meta device ({_one_line(exc)}); "
+                f"model {spec.text}: cannot copy the instance to the meta device ({one_line(exc)}); "
                 "pass a function that builds it instead"
             ) from None
     else:
@@ -731,7 +727,6 @@ def _load_config(config: Any, results: Path) -> tuple[dict[str, Any], str | None
 
 
 def _select_devices(requested: Any, configured: Mapping[str, Any], hardware: Mapping[str, Path]) -> list[str]:
-    from perfzoo.builders import suggest
 
     known = sorted(configured) if configured else sorted(hardware)
     if requested is None or requested == "" or requested == []:
@@ -804,7 +799,7 @@ def _target_predictions(X: pd.DataFrame, predictors: Mapping[str, Predictor]) ->
                 warnings.simplefilter("ignore", RuntimeWarning)
                 out[target] = pred.predict(X)
         except Exception as exc:  # noqa: BLE001 - a predictor that cannot handle these rows is reported
-            out[target] = f"{pred.path}: prediction failed ({_one_line(exc)})"
+            out[target] = f"{pred.path}: prediction failed ({one_line(exc)})"
     return out
 
 
@@ -1635,8 +1630,7 @@ def predict_to_file(
         raise InputError(f"predict entry {spec!r}: expected a mapping with at least 'name'")
     unknown = sorted(set(spec) - set(SPEC_KEYS))
     if unknown:
-        from perfzoo.builders import suggest
-
+    
         raise InputError(
             f"predict entry {spec['name']!r}: unknown key(s) {unknown}{suggest(unknown[0], SPEC_KEYS)}"
         )

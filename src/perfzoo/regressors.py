@@ -23,7 +23,6 @@ before saving.
 from __future__ import annotations
 
 import base64
-import difflib
 import json
 import math
 import os
@@ -40,7 +39,7 @@ from sklearn.model_selection import GroupKFold, KFold
 from sklearn.utils.validation import check_is_fitted
 
 from perfzoo import __version__
-from perfzoo.io import InputError, atomic_path, read_json
+from perfzoo.io import InputError, atomic_path, read_json, suggest
 from perfzoo.stats import mean_and_scale
 
 FILE_FORMAT = "perfzoo.regressor"
@@ -324,22 +323,18 @@ def register_regressor(cls: type[Regressor]) -> type[Regressor]:
     return cls
 
 
-def _suggest(name: str, choices: Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.5)
-    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-
 
 def make_regressor(name: str, **params: Any) -> Regressor:
     """Instantiate the regressor registered as ``name`` with ``params``."""
     cls = REGISTRY.get(name)
     if cls is None:
         raise InputError(
-            f"unknown regressor {name!r}{_suggest(name, REGISTRY)} (known: {', '.join(sorted(REGISTRY))})"
+            f"unknown regressor {name!r}{suggest(name, REGISTRY)} (known: {', '.join(sorted(REGISTRY))})"
         )
     valid = cls._get_param_names()
     unknown = [p for p in params if p not in valid]
     if unknown:
-        hints = "".join(_suggest(p, valid) for p in unknown)
+        hints = "".join(suggest(p, valid) for p in unknown)
         raise InputError(
             f"regressor {name!r}: unknown parameter(s) {', '.join(unknown)}{hints}"
             f" (valid: {', '.join(valid)})"
@@ -367,7 +362,7 @@ def regressor_from_document(doc: Mapping[str, Any], source: str) -> Regressor:
     kind = doc.get("kind")
     cls = REGISTRY.get(kind)  # type: ignore[arg-type]
     if cls is None:
-        raise InputError(f"{source}: unknown regressor kind {kind!r}{_suggest(str(kind), REGISTRY)}")
+        raise InputError(f"{source}: unknown regressor kind {kind!r}{suggest(str(kind), REGISTRY)}")
     return cls.from_document(doc, source=source)
 
 

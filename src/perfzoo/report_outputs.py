@@ -27,7 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-CAPTIONS_DIR = Path(__file__).parent / "captions"
+PACKAGE_DATA = ("captions",)  # read by perfzoo.depends: rules rerun when a caption changes
+CAPTIONS_DIR = Path(__file__).parent / PACKAGE_DATA[0]
 
 
 @dataclass(frozen=True)

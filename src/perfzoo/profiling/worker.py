@@ -15,6 +15,8 @@ from typing import Any
 
 import psutil
 
+from perfzoo.io import one_line
+
 PRELOAD = ["torch", "torchvision", "timm", "perfzoo.profiling.measure"]
 _CONTEXT: Any = None
 
@@ -37,10 +39,6 @@ def worker_context() -> Any:
     return _CONTEXT
 
 
-def one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}"[:500]
-
 
 #: how allocators word a failed allocation (CUDA's "out of memory", the CPU allocator's ENOMEM)
 OOM_PHRASES = ("out of memory", "can't allocate memory", "cannot allocate memory", "error code 12")
@@ -59,7 +57,7 @@ def _child(conn: Connection, kind: str, spec: dict[str, Any], settings: dict[str
         result = measure.MEASURE[kind](spec, settings)
         conn.send(Outcome("ok", "", asdict(result)))
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a trace status
-        conn.send(Outcome("oom" if is_out_of_memory(exc) else "error", one_line(exc)))
+        conn.send(Outcome("oom" if is_out_of_memory(exc) else "error", one_line(exc, limit=500)))
     finally:
         conn.close()
 
