@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(tempfile.mkdtemp(prefix="perfzoo-bench-"))
     factory = folder / "big_transformer.py"
     factory.write_text(
-        "from perfzoo.builders import TokenClassifier\n\n\ndef build():\n"
+        "from perfzoo.models.builders import TokenClassifier\n\n\ndef build():\n"
         f"    return TokenClassifier(num_classes=1000, d_model={args.d_model}, heads={args.heads}, "
         f"layers={args.layers}, vocab=32000, max_len={max(args.seq, 4096)}, dropout=0.0)\n"
     )

@@ -23,9 +23,9 @@ sys.path.insert(0, str(ROOT / "src"))
 import pandas as pd  # noqa: E402
 
 from perfzoo.config import load_config  # noqa: E402
-from perfzoo.features import featurise, featurise_manifest  # noqa: E402
-from perfzoo.featurise_pool import FeatureJob, _builder, featurise_jobs  # noqa: E402
-from perfzoo.zoo import expand_zoo, manifest_frame  # noqa: E402
+from perfzoo.features.meta import featurise, featurise_manifest  # noqa: E402
+from perfzoo.features.pool import FeatureJob, _builder, featurise_jobs  # noqa: E402
+from perfzoo.models.zoo import expand_zoo, manifest_frame  # noqa: E402
 
 TIMM = ROOT.parent / "shared" / "data" / "timm-benchmark"
 FILES = ("benchmark-infer-amp-nchw-pt291-cu128-4090.csv", "benchmark-infer-amp-nchw-pt291-cu130-pro6000maxq.csv")

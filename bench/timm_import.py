@@ -3,7 +3,7 @@
 Usage: python bench/timm_import.py [--data DIR] [--out FILE.parquet] [--workers N] [--limit N] [--cache F]
 
 The models of all inference files are featurised together first — one job per (model, resolution, mode)
-covering every batch size any file lists — then each file is imported with ``perfzoo.external`` (format
+covering every batch size any file lists — then each file is imported with ``perfzoo.dataset.external`` (format
 ``timm``; device, precision and software stack from the file name), which finds every model in the
 process's cache. The same is done for the training file. ``--out`` gets the inference rows as soon as
 they are ready and all rows at the end. Prints the featurisation rate (distinct (model, resolution,
@@ -24,10 +24,10 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from perfzoo.external import ImportOptions, feature_jobs, import_external, unfeaturisable_models  # noqa: E402
-from perfzoo.featurise_pool import featurise_jobs, load_cache  # noqa: E402
+from perfzoo.dataset.external import ImportOptions, feature_jobs, import_external, unfeaturisable_models  # noqa: E402
+from perfzoo.features.pool import featurise_jobs, load_cache  # noqa: E402
 from perfzoo.provenance import provenance, write_table  # noqa: E402
-from perfzoo.timm_results import describe_file  # noqa: E402
+from perfzoo.dataset.timm import describe_file  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "timm-benchmark"
 INFERENCE_FILES = (

@@ -28,8 +28,8 @@ if SRC is not None and SRC not in sys.path:
 from perfzoo.config import validate_config
 from perfzoo.depends import package_files_of
 from perfzoo.io import InputError
-from perfzoo.model_files import predict_model_files, zoo_model_files
-from perfzoo.zoo import expand_zoo, shard_names, shard_size
+from perfzoo.models.files import predict_model_files, zoo_model_files
+from perfzoo.models.zoo import expand_zoo, shard_names, shard_size
 
 try:  # the schema (defaults filled in) and every check that can fail before a job runs, in one line
     validate_config(config)

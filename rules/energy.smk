@@ -1,9 +1,9 @@
 # Energy analysis (seed 002) of every cuda device, regenerated from its raw sensor samples:
 #   snakemake energy_<device>
-from perfzoo.report_outputs import outputs as report_outputs, snakemake_report_args
+from perfzoo.report.registry import outputs as report_outputs, snakemake_report_args
 
 ENERGY_DEVICES = [d for d in DEVICES if config["devices"][d]["kind"] == "cuda"]
-# Tables and figures (file, caption, category) come from the registry perfzoo.report_outputs.
+# Tables and figures (file, caption, category) come from the registry perfzoo.report.registry.
 ENERGY_OUTPUTS = report_outputs(rule="energy")
 
 

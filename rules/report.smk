@@ -1,4 +1,4 @@
-# Every output of the report rule comes from the one registry perfzoo.report_outputs (file, caption, category).
+# Every output of the report rule comes from the one registry perfzoo.report.registry (file, caption, category).
 REPORT_OUTPUTS_OF_REPORT = report_outputs(rule="report")
 
 

@@ -1,7 +1,7 @@
 # Energy fidelity of NVML's power fields against an external meter, for the runs listed under
 # `sensor_logs:` (nothing when the list is empty, the default):
 #   snakemake results/sensors/energy_fidelity.csv
-from perfzoo.report_outputs import by_name as report_output, snakemake_report_args
+from perfzoo.report.registry import by_name as report_output, snakemake_report_args
 
 if SENSOR_RUNS:
 

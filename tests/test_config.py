@@ -7,7 +7,7 @@ import yaml
 
 from perfzoo.config import load_config, validate_config
 from perfzoo.io import InputError
-from perfzoo.zoo import expand_zoo
+from perfzoo.models.zoo import expand_zoo
 
 
 def test_default_config_is_valid_and_big_enough() -> None:

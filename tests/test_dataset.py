@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfzoo.dataset import aggregate_runs, noise_floor, read_traces, status_counts
+from perfzoo.dataset.build import aggregate_runs, noise_floor, read_traces, status_counts
 from perfzoo.io import InputError
 from perfzoo.profiling.runner import TRACE_COLUMNS
 

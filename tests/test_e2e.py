@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from perfzoo.report_outputs import outputs
+from perfzoo.report.registry import outputs
 from perfzoo.stats import mape
 
 from conftest import FAULTY, ROOT

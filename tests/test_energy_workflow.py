@@ -16,11 +16,11 @@ import pytest
 import yaml
 from conftest import ROOT, tiny_config
 
-from perfzoo.dataset import aggregate_runs, build_dataset, energy_labels, noise_floor
+from perfzoo.dataset.build import aggregate_runs, build_dataset, energy_labels, noise_floor
 from perfzoo.hardware import NO_ENERGY_SENSOR
 from perfzoo.io import write_json
 from perfzoo.profiling.runner import ENERGY_TRACE_COLUMNS, TRACE_COLUMNS, Task, sensors_frame, traces_frame
-from perfzoo.zoo import expand_zoo, manifest_frame
+from perfzoo.models.zoo import expand_zoo, manifest_frame
 
 GPU_HW = {"kind": "cuda", "energy_sensor": "nvml", "energy_missing_reason": None, "carbon_intensity_g_per_kwh": 300.0,
           "measured_gemm_gflops_fp32": 19500.0, "measured_copy_gbs": 1300.0, "sm_count": 108, "memory_gb": 40.0}

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 import perfzoo.provenance
-from perfzoo.builders import build_model
-from perfzoo.dataset import MODEL_FEATURES
-from perfzoo.external import (
+from perfzoo.models.builders import build_model
+from perfzoo.dataset.build import MODEL_FEATURES
+from perfzoo.dataset.external import (
     LABELS,
     ImportOptions,
     convert,
@@ -22,14 +22,14 @@ from perfzoo.external import (
     import_external,
     import_summary,
 )
-from perfzoo.features import featurise
-from perfzoo.featurise_pool import FeatureJob, featurise_job, scale_features
+from perfzoo.features.meta import featurise
+from perfzoo.features.pool import FeatureJob, featurise_job, scale_features
 from perfzoo.fitting import fit_split
 from perfzoo.hardware_specs import lookup_gpu
 from perfzoo.io import InputError
 from perfzoo.provenance import read_provenance
-from perfzoo.splits import make_split, split_notes
-from perfzoo.timm_results import TimmFile, describe_file
+from perfzoo.dataset.splits import make_split, split_notes
+from perfzoo.dataset.timm import TimmFile, describe_file
 
 FIXTURE = Path(__file__).parent / "fixtures" / "external_measurements.csv"
 HEADER = "model,device,batch,mode,precision,n_gpus,metric,value,unit"

@@ -1,4 +1,4 @@
-"""Tests for static model features on the meta device (perfzoo.features)."""
+"""Tests for static model features on the meta device (perfzoo.features.meta)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import perfzoo
-from perfzoo.features import CATEGORIES, LAYER_COLUMNS, MODEL_COLUMNS, featurise
+from perfzoo.features.meta import CATEGORIES, LAYER_COLUMNS, MODEL_COLUMNS, featurise
 from perfzoo.io import InputError
 
 FLOAT = 4  # bytes per float32 value
@@ -202,7 +202,7 @@ BIG_ENCODER_SCRIPT = textwrap.dedent(
     """
     import json, resource
     from torch import nn
-    from perfzoo.features import featurise
+    from perfzoo.features.meta import featurise
 
     VOCAB, D, HEADS, FF, LAYERS, SEQ = 32000, 4096, 32, 16384, 12, 128
 

@@ -13,12 +13,13 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from perfzoo import figures
+from perfzoo import plotting
+from perfzoo.report import figures
 from perfzoo.evaluate import best_per_target, error_quantiles, metrics_table, per_family_table
 from perfzoo.io import write_text
-from perfzoo.report import build_report, report_tables
-from perfzoo.report_outputs import REPORT_OUTPUTS, outputs, snakemake_report_args
-from perfzoo.report_page import NOT_COMPUTED, fmt, render_index
+from perfzoo.report.html import build_report, report_tables
+from perfzoo.report.registry import REPORT_OUTPUTS, outputs, snakemake_report_args
+from perfzoo.report.page import NOT_COMPUTED, fmt, render_index
 
 FAMILIES = {"resnet": ["resnet18", "resnet50"], "vit": ["vit_a", "vit_b"], "mlp": ["mlp_s", "mlp_b"]}
 PROV = {"code_version": "test", "tables": {}, "figures": {}}
@@ -124,7 +125,7 @@ def test_build_report_writes_every_registry_output_readable_by_the_group(tmp_pat
             assert pdf.startswith(b"%PDF"), entry.vector_file
             with Image.open(tmp_path / entry.file) as png:
                 dpi = png.info.get("dpi", (0, 0))[0]
-                assert dpi >= 200 and png.size[0] / dpi == pytest.approx(figures.COLUMN_WIDTH_IN, abs=0.05)
+                assert dpi >= 200 and png.size[0] / dpi == pytest.approx(plotting.COLUMN_WIDTH_IN, abs=0.05)
     index = tmp_path / "results/report/index.html"
     assert stat.S_IMODE(index.stat().st_mode) == 0o644
     assert stat.S_IMODE((tmp_path / "results/report/figures/error_cdf.png").stat().st_mode) == 0o644
@@ -178,6 +179,6 @@ def test_figures_keep_one_colour_per_regressor_across_panels() -> None:
         for line in ax.get_lines():
             if line.get_label() in ("linear", "random_forest"):
                 colours.setdefault(line.get_label(), set()).add(line.get_color())
-    assert colours == {"linear": {figures.regressor_color("linear")},
-                       "random_forest": {figures.regressor_color("random_forest")}}
+    assert colours == {"linear": {plotting.regressor_color("linear")},
+                       "random_forest": {plotting.regressor_color("random_forest")}}
     assert max(ax.get_subplotspec().colspan.stop for ax in fig.axes if ax.get_visible()) <= 2  # a grid, not a strip

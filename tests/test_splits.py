@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from perfzoo.io import InputError
-from perfzoo.splits import (
+from perfzoo.dataset.splits import (
     DEFAULTS,
     RARE_STRATUM,
     SCHEMES,

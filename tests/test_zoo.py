@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from perfzoo.zoo import expand_zoo, manifest_frame, shard_names
+from perfzoo.models.zoo import expand_zoo, manifest_frame, shard_names
 
 
 def test_expansion_covers_every_combination(config) -> None:

@@ -44,7 +44,7 @@ def check_workflow_config(config: dict[str, Any]) -> None:
 
 def check_duplicate_models(config: dict[str, Any]) -> None:
     """A model listed twice in a family (same name, variant and arguments) is an error naming it."""
-    from perfzoo.zoo import model_entries
+    from perfzoo.models.zoo import model_entries
 
     for family, spec in config.get("zoo", {}).get("families", {}).items():
         seen: dict[str, int] = {}
@@ -61,7 +61,7 @@ def check_duplicate_models(config: dict[str, Any]) -> None:
 
 def check_predict_models(config: dict[str, Any]) -> None:
     """Each ``predict:`` entry names a model that exists (checked without building it)."""
-    from perfzoo.builders import BUILDER_NAMES, check_factory_reference, check_model_name
+    from perfzoo.models.builders import BUILDER_NAMES, check_factory_reference, check_model_name
 
     for name, entry in (config.get("predict") or {}).items():
         model, where = str(entry.get("model", "")), f"predict.{name}.model"
@@ -114,8 +114,8 @@ def check_precisions(config: dict[str, Any], source: str = "config") -> None:
 
 def check_model_names(config: dict[str, Any]) -> None:
     """Every family's builder and model names exist (close names are suggested otherwise)."""
-    from perfzoo.builders import check_model_name
-    from perfzoo.zoo import model_entries
+    from perfzoo.models.builders import check_model_name
+    from perfzoo.models.zoo import model_entries
 
     for family, spec in config["zoo"]["families"].items():
         for i, entry in enumerate(model_entries(spec)):

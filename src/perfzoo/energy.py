@@ -1,6 +1,6 @@
 """Energy analysis of sensor samples: relative time, 4 Hz cubic resampling, masked-array averaging of
 repetitions of unequal length, E = Δtᵀ·P, cumulative energy, EDP, quadratic fits against the power
-limit, and sampling jitter; plus the figures built from them.
+limit, and sampling jitter. The figures built from them: :mod:`perfzoo.report.energy`.
 
 Input is a sensor-sample table (columns of :data:`perfzoo.profiling.nvml.SENSOR_COLUMNS`) carrying the
 run keys ``model_id, mode, batch, repeat``; a run is one repetition of one configuration at one power
@@ -16,17 +16,15 @@ held across the gap; they are never read as 0 W.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from scipy.interpolate import CubicSpline
 
-from perfzoo.io import InputError, atomic_path
+from perfzoo.io import InputError
 
 RUN_KEYS: tuple[str, ...] = ("model_id", "mode", "batch", "repeat")
 CONDITION_KEYS: tuple[str, ...] = ("model_id", "mode", "batch", "limit_w")
@@ -39,7 +37,7 @@ METRICS: tuple[str, ...] = ("energy_j", "duration_s", "edp_js")
 # --------------------------------------------------------------------------------------------------
 
 
-def _present(frame: pd.DataFrame, keys: Sequence[str]) -> list[str]:
+def present_columns(frame: pd.DataFrame, keys: Sequence[str]) -> list[str]:
     return [k for k in keys if k in frame.columns]
 
 
@@ -52,7 +50,7 @@ def assign_runs(samples: pd.DataFrame) -> pd.DataFrame:
     if "t_ns" not in samples.columns:
         raise InputError("sensor samples: column 't_ns' is missing")
     frame = samples.sort_values("t_ns", kind="stable").reset_index(drop=True)
-    keys = _present(frame, RUN_KEYS)
+    keys = present_columns(frame, RUN_KEYS)
     if "power_limit_w" in frame.columns:
         limit = frame["power_limit_w"].astype("float64")
         if keys:
@@ -191,7 +189,7 @@ def compare_counter(counter_j: float, samples_j: float) -> float:
 def run_energy(samples: pd.DataFrame, method: str = "rectangle") -> pd.DataFrame:
     """One row per run: run keys, ``limit_w``, duration, energy, mean power, EDP and sample counts."""
     frame = relative_time(samples)
-    keys = _present(frame, RUN_KEYS)
+    keys = present_columns(frame, RUN_KEYS)
     rows = []
     for run, group in frame.groupby("run", sort=True):
         t, p = group["t_s"].to_numpy(), group["power_w"].to_numpy(dtype="float64")
@@ -214,7 +212,7 @@ def run_energy(samples: pd.DataFrame, method: str = "rectangle") -> pd.DataFrame
 
 def summarize_vs_limit(runs: pd.DataFrame) -> pd.DataFrame:
     """Mean and sd over repetitions of energy, time and EDP per (configuration, power limit)."""
-    keys = _present(runs, CONDITION_KEYS)
+    keys = present_columns(runs, CONDITION_KEYS)
     grouped = runs.groupby(keys, dropna=False, sort=True)
     out = grouped[list(METRICS)].agg(["mean", "std"])
     out.columns = [f"{metric}_{stat}" for metric, stat in out.columns]
@@ -257,7 +255,7 @@ def quadratic_fit(x: Sequence[float], y: Sequence[float]) -> QuadraticFit:
 
 def fits_vs_limit(summary: pd.DataFrame) -> pd.DataFrame:
     """Quadratic fit of mean energy, time and EDP against the power limit, per configuration."""
-    keys = _present(summary, CONDITION_KEYS[:-1])
+    keys = present_columns(summary, CONDITION_KEYS[:-1])
     groups = summary.groupby(keys, sort=True) if keys else [((), summary)]
     rows = []
     for key, group in groups:
@@ -339,134 +337,3 @@ def sampling_jitter(samples: pd.DataFrame, bins: int = 50) -> dict[str, Any]:
         "counts": counts,
         "edges": edges,
     }
-
-
-# --------------------------------------------------------------------------------------------------
-# Figures (matplotlib Agg, written atomically, deterministic metadata)
-# --------------------------------------------------------------------------------------------------
-
-
-def _new_figure(nrows: int = 1, ncols: int = 1, height: float = 2.0) -> tuple[Any, Any]:
-    """A single-column figure (the style and width of :mod:`perfzoo.figures`)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    from perfzoo.figures import COLUMN_WIDTH_IN
-
-    fig = Figure(figsize=(COLUMN_WIDTH_IN, 0.4 + height * nrows), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    return fig, axes
-
-
-def _save_figure(fig: Any, path: str | os.PathLike[str]) -> Path:
-    """Write ``path`` in the format its suffix names (PNG at the dpi of :mod:`perfzoo.figures`)."""
-    import matplotlib
-
-    from perfzoo.figures import PNG_DPI
-
-    target = Path(path)
-    fmt = target.suffix.lstrip(".").lower() or "png"
-    metadata = {"pdf": {"CreationDate": None, "ModDate": None}, "svg": {"Date": None}}.get(fmt, {})
-    with matplotlib.rc_context({"svg.hashsalt": "perfzoo", "pdf.compression": 6}), atomic_path(target) as tmp:
-        fig.savefig(tmp, format=fmt, metadata=metadata, dpi=PNG_DPI)
-    return target
-
-
-def _limit_color(i: int, n: int) -> Any:
-    """Power limits low to high along the one power-limit colour map of :mod:`perfzoo.figures`."""
-    import matplotlib
-
-    from perfzoo.figures import POWER_LIMIT_CMAP
-
-    return matplotlib.colormaps[POWER_LIMIT_CMAP](0.9 * i / max(n - 1, 1))
-
-
-def _limit_label(limit: float) -> str:
-    return "default limit" if not np.isfinite(limit) else f"{limit:g} W"
-
-
-def _single_configuration(frame: pd.DataFrame, what: str) -> None:
-    keys = _present(frame, CONDITION_KEYS[:-1])
-    if keys and len(frame[keys].drop_duplicates()) > 1:
-        raise InputError(f"{what}: samples hold several configurations ({', '.join(keys)}); select one first")
-
-
-def plot_power_over_time(samples: pd.DataFrame, path: str | os.PathLike[str], title: str = "") -> Path:
-    """Raw power over relative time, one panel per power limit (low to high, top to bottom), first run."""
-    frame = relative_time(samples)
-    _single_configuration(frame, "plot_power_over_time")
-    limits = sorted(frame["limit_w"].unique(), key=lambda v: (not np.isfinite(v), v))
-    fig, axes = _new_figure(max(len(limits), 1), 1, height=1.1)
-    for ax, limit in zip(axes[:, 0], limits, strict=False):
-        group = frame[(frame["limit_w"] == limit) | (np.isnan(limit) & frame["limit_w"].isna())]
-        first_run = group[group["run"] == group["run"].min()]
-        ax.plot(first_run["t_s"], first_run["power_w"], lw=0.8, color="#0072B2")
-        if np.isfinite(limit):
-            ax.axhline(limit, color="#D55E00", ls="--", lw=0.8)
-        ax.set_ylabel("power (W)")
-        ax.set_title(_limit_label(limit), loc="right")
-    axes[-1, 0].set_xlabel("time since first sample (s)")
-    if title:
-        fig.suptitle(title)
-    return _save_figure(fig, path)
-
-
-def plot_cumulative_energy(samples: pd.DataFrame, path: str | os.PathLike[str], title: str = "") -> Path:
-    """Cumulative energy, mean ± sd over repetitions, one curve per power limit."""
-    _single_configuration(assign_runs(samples), "plot_cumulative_energy")
-    curves = cumulative_energy_curves(samples)
-    fig, axes = _new_figure()
-    ax = axes[0, 0]
-    groups = list(curves.groupby("limit_w", dropna=False, sort=True))
-    for i, (limit, curve) in enumerate(groups):
-        color = _limit_color(i, len(groups))
-        mean, sd = curve["energy_mean_j"].to_numpy(), np.nan_to_num(curve["energy_sd_j"].to_numpy())
-        ax.plot(curve["t_s"], mean, color=color, label=_limit_label(limit))
-        ax.fill_between(curve["t_s"], mean - sd, mean + sd, color=color, alpha=0.25, lw=0)
-    ax.set_xlabel("time since first sample (s)")
-    ax.set_ylabel("cumulative energy (J)")
-    ax.legend()
-    if title:
-        ax.set_title(title)
-    return _save_figure(fig, path)
-
-
-def plot_metrics_vs_limit(summary: pd.DataFrame, path: str | os.PathLike[str], title: str = "") -> Path:
-    """Mean energy, time and EDP against the power limit, with sd error bars and the quadratic fit (R²)."""
-    _single_configuration(summary, "plot_metrics_vs_limit")
-    labels = {"energy_j": "energy (J)", "duration_s": "time (s)", "edp_js": "EDP (J·s)"}
-    fig, axes = _new_figure(3, 1, height=1.3)
-    x = summary["limit_w"].to_numpy(dtype="float64")
-    for ax, metric in zip(axes[:, 0], METRICS, strict=True):
-        y = summary[f"{metric}_mean"].to_numpy(dtype="float64")
-        ax.errorbar(
-            x, y, yerr=summary[f"{metric}_std"].to_numpy(dtype="float64"), fmt="o", color="#0072B2", capsize=2
-        )
-        fit = quadratic_fit(x, y)
-        if np.isfinite(fit.r2):
-            grid = np.linspace(np.nanmin(x), np.nanmax(x), 100)
-            ax.plot(grid, fit.predict(grid), color="#D55E00", label=f"quadratic fit, R² = {fit.r2:.3f}")
-            ax.legend()
-        ax.set_xlabel("power limit (W)")
-        ax.set_ylabel(labels[metric])
-    if title:
-        fig.suptitle(title)
-    return _save_figure(fig, path)
-
-
-def plot_sampling_jitter(
-    samples: pd.DataFrame, path: str | os.PathLike[str], bins: int = 50, title: str = ""
-) -> Path:
-    """Histogram of the sampling frequency 1/Δt with its mean, sd and CV."""
-    stats = sampling_jitter(samples, bins=bins)
-    fig, axes = _new_figure()
-    ax = axes[0, 0]
-    if stats["n"]:
-        ax.stairs(stats["counts"], stats["edges"], fill=True, color="#0072B2")
-        ax.set_title(f"mean {stats['mean_hz']:.3g} Hz, sd {stats['sd_hz']:.3g} Hz, CV {100 * stats['cv']:.3g} %")
-    ax.set_xlabel("sampling frequency (Hz)")
-    ax.set_ylabel("intervals")
-    if title:
-        fig.suptitle(title)
-    return _save_figure(fig, path)

@@ -1,7 +1,7 @@
 """Rule dataset: labels from raw traces joined with model and hardware features (+ imported rows)."""
 import pandas as pd
 
-from perfzoo.dataset import build_dataset, imported_only
+from perfzoo.dataset.build import build_dataset, imported_only
 from perfzoo.io import read_parquet
 from perfzoo.provenance import provenance, write_table
 from perfzoo.workflow import run_step

@@ -13,6 +13,9 @@ import pandas as pd
 
 from perfzoo import energy
 from perfzoo.io import read_parquet, write_json, write_text
+from perfzoo.plotting import empty_figure, save_figure
+from perfzoo.report import energy as energy_figures
+from perfzoo.report.registry import outputs
 
 CONFIG_KEYS = ["model_id", "mode", "batch"]
 COUNTER_COLUMNS = [
@@ -20,9 +23,8 @@ COUNTER_COLUMNS = [
     "window_energy_counter_j", "window_energy_samples_j", "energy_disagreement", "power_source",
     "sensor_errors", "energy_message",
 ]
-OUTPUTS = ("runs", "summary", "fits", "counter_vs_samples", "jitter", "power_over_time", "cumulative_energy",
-           "metrics_vs_limit", "sampling_jitter", "power_over_time_pdf", "cumulative_energy_pdf",
-           "metrics_vs_limit_pdf", "sampling_jitter_pdf")
+#: the rule's outputs, named as in rules/energy.smk: the registry's energy entries (figures also as ``<name>_pdf``)
+OUTPUTS = tuple(o.name.removeprefix("energy_") for o in outputs(rule="energy"))
 
 
 def _csv(path: str | Path, frame: pd.DataFrame) -> None:
@@ -30,17 +32,12 @@ def _csv(path: str | Path, frame: pd.DataFrame) -> None:
 
 
 def _placeholder(out: dict[str, str], name: str, text: str) -> None:
-    from perfzoo.figures import empty_figure
-
-    fig = empty_figure(text)
-    for path in (out[name], out[f"{name}_pdf"]):
-        energy._save_figure(fig, path)
+    save_figure(empty_figure(text), out[name])
 
 
 def _plot(plot: Any, frame: pd.DataFrame, out: dict[str, str], name: str, title: str) -> None:
-    """The figure as PNG and as PDF (the registry's vector file)."""
-    for path in (out[name], out[f"{name}_pdf"]):
-        plot(frame, path, title=title)
+    """The figure as PNG and, beside it, as PDF (the registry's vector file)."""
+    save_figure(plot(frame, title=title), out[name])
 
 
 def _labelled(frame: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
@@ -83,7 +80,7 @@ def analyse(
     stats = {k: v for k, v in jitter.items() if k not in ("counts", "edges")}
     _csv(out["jitter"], pd.DataFrame([{"device": device, **stats}]))
     if jitter["n"]:
-        _plot(energy.plot_sampling_jitter, samples, out, "sampling_jitter", f"{device}: NVML sampling rate")
+        _plot(energy_figures.plot_sampling_jitter, samples, out, "sampling_jitter", f"{device}: NVML sampling rate")
     else:
         _placeholder(out, "sampling_jitter", f"{device}: no sensor samples")
 
@@ -98,9 +95,9 @@ def analyse(
     one_summary = summary[(summary[CONFIG_KEYS] == pd.Series(shown)).all(axis=1)]
     label = labels.set_index("model_id")["label"].get(shown["model_id"], shown["model_id"])
     title = f"{device}: {label}, {shown['mode']}, batch {shown['batch']}"
-    _plot(energy.plot_power_over_time, one, out, "power_over_time", title)
-    _plot(energy.plot_cumulative_energy, one, out, "cumulative_energy", title)
-    _plot(energy.plot_metrics_vs_limit, one_summary, out, "metrics_vs_limit", title)
+    _plot(energy_figures.plot_power_over_time, one, out, "power_over_time", title)
+    _plot(energy_figures.plot_cumulative_energy, one, out, "cumulative_energy", title)
+    _plot(energy_figures.plot_metrics_vs_limit, one_summary, out, "metrics_vs_limit", title)
     return {"showcase": {**shown, "label": label}}
 
 

@@ -1,7 +1,7 @@
 """Rule import_external: one external measurement table (perfzoo's long format or timm's) as dataset rows."""
 import sys
 
-from perfzoo.external import ImportOptions, import_external, import_summary, load_device_map
+from perfzoo.dataset.external import ImportOptions, import_external, import_summary, load_device_map
 from perfzoo.provenance import write_table
 from perfzoo.workflow import run_step
 

@@ -1,5 +1,5 @@
 """Rule features: featurise every (model, mode, batch) of the manifest on the meta device."""
-from perfzoo.features import featurise_manifest
+from perfzoo.features.meta import featurise_manifest
 from perfzoo.io import read_parquet
 from perfzoo.provenance import config_link, provenance, write_table
 from perfzoo.workflow import run_step

@@ -1,10 +1,10 @@
-"""Rule report: every registry output of the report rule (perfzoo.report_outputs) and index.html."""
+"""Rule report: every registry output of the report rule (perfzoo.report.registry) and index.html."""
 from pathlib import Path
 
 import pandas as pd
 
 from perfzoo.io import read_parquet
-from perfzoo.report import (
+from perfzoo.report.html import (
     build_report,
     importance_table,
     mig_recommendation_table,

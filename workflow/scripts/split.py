@@ -1,7 +1,7 @@
 """Rule split: one named, seeded split scheme of the dataset."""
 from perfzoo.io import read_parquet
 from perfzoo.provenance import provenance, write_table
-from perfzoo.splits import make_split, split_notes
+from perfzoo.dataset.splits import make_split, split_notes
 from perfzoo.workflow import run_step
 
 

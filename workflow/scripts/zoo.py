@@ -1,7 +1,7 @@
 """Rule zoo: write the model-config manifest."""
 from perfzoo.provenance import config_link, provenance, write_table
 from perfzoo.workflow import run_step
-from perfzoo.zoo import expand_zoo, manifest_frame
+from perfzoo.models.zoo import expand_zoo, manifest_frame
 
 
 def main() -> None:

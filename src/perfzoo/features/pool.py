@@ -79,9 +79,9 @@ def _versions() -> dict[str, str]:
     import hashlib
     from importlib.metadata import version
 
-    import perfzoo.features
+    import perfzoo.features.meta
 
-    source = hashlib.sha256(Path(perfzoo.features.__file__).read_bytes()).hexdigest()[:16]
+    source = hashlib.sha256(Path(perfzoo.features.meta.__file__).read_bytes()).hexdigest()[:16]
     return {"torch": version("torch"), "torchvision": version("torchvision"), "timm": version("timm"),
             "features_py": source}
 
@@ -129,7 +129,7 @@ def _builder(job: FeatureJob) -> Callable[[], Any]:
     """A build function that constructs the model once and hands the same module to every step."""
     import torch
 
-    from perfzoo.builders import build_model
+    from perfzoo.models.builders import build_model
 
     shape = (3, job.resolution, job.resolution)
     built: list[Any] = []
@@ -190,7 +190,7 @@ def _scaled(probes: tuple[dict[str, Any], ...], batches: tuple[int, ...]) -> dic
 
 def featurise_job(job: FeatureJob) -> FeatureResult:
     """Featurise one job (in the calling process); see the module docstring."""
-    from perfzoo.features import featurise
+    from perfzoo.features.meta import featurise
 
     build, shape = _builder(job), (3, job.resolution, job.resolution)
     label = f"timm:{job.name}" if job.builder == "timm" else f"{job.builder}:{job.name}"
@@ -221,7 +221,7 @@ def _warm_imports() -> None:
     import timm  # noqa: F401
     import torchvision  # noqa: F401
 
-    import perfzoo.features  # noqa: F401
+    import perfzoo.features.meta  # noqa: F401
 
 
 def _worker_init() -> None:

@@ -1,7 +1,7 @@
 """The one registry of report outputs: every table and figure with its file, caption, category and sources.
 
 Both ``rules/report.smk`` / ``rules/energy.smk`` (the Snakemake ``report()`` flags, so ``snakemake --report``
-carries each output with its caption) and :mod:`perfzoo.report` (the HTML page, provenance and tables of
+carries each output with its caption) and :mod:`perfzoo.report.html` (the HTML page, provenance and tables of
 contents) read :data:`REPORT_OUTPUTS`; nothing else lists them.
 
 Adding an output takes one entry here and one caption file:
@@ -13,10 +13,10 @@ Adding an output takes one entry here and one caption file:
    - ``file``: the path under the working directory, with ``{device}`` where there is one file per device;
    - ``kind``: ``"table"`` (CSV) or ``"figure"`` (PNG; a PDF is written beside it with the same stem);
    - ``rule``: ``"report"`` for outputs the report rule writes (their producer goes in
-     :func:`perfzoo.report.build_report`), or the name of the rule that writes it (``"energy"`` for the
+     :func:`perfzoo.report.html.build_report`), or the name of the rule that writes it (``"energy"`` for the
      per-device energy rule, or any other rule: its ``output:`` then uses :func:`snakemake_report_args`);
    - ``sources``: the report rule's input names whose sha256 go into ``provenance.json`` for this output;
-3. a figure is a function of tables only: put it in :mod:`perfzoo.figures`, colours from its palette.
+3. a figure is a function of tables only: put it in :mod:`perfzoo.plotting`, colours from its palette.
 
 Outputs written by other rules (e.g. ``results/sensors/energy_fidelity.csv``) appear in the HTML page under
 their category when the file exists after the run; when it does not, the page says "not computed".
@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGE_DATA = ("captions",)  # read by perfzoo.depends: rules rerun when a caption changes
-CAPTIONS_DIR = Path(__file__).parent / PACKAGE_DATA[0]
+PACKAGE_DATA = ("report/captions",)  # read by perfzoo.depends: rules rerun when a caption changes
+CAPTIONS_DIR = Path(__file__).parent / "captions"
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 First screen: per predicted model and device, the recommendation and the predicted latency (or step time),
 memory, energy and cost with their intervals; a one-paragraph verdict on trust (best error per target beside
 the noise floor and baselines, interval coverage, failed and flagged configs); a table of contents. Below,
-every registry output (:mod:`perfzoo.report_outputs`) under its category, tables folded in ``<details>``.
+every registry output (:mod:`perfzoo.report.registry`) under its category, tables folded in ``<details>``.
 Columns other stages may not write yet (``baseline_mape``, ``interval_coverage``, ``interference``) are shown
 when present and reported as "not computed" when absent. Numbers: 3 significant digits with units.
 """
@@ -18,8 +18,8 @@ from typing import Any
 import jinja2
 import pandas as pd
 
-from perfzoo.figures import quantity_label
-from perfzoo.report_outputs import CATEGORY_ORDER, REPORT_OUTPUTS, ReportOutput
+from perfzoo.plotting import quantity_label
+from perfzoo.report.registry import CATEGORY_ORDER, REPORT_OUTPUTS, ReportOutput
 
 NOT_COMPUTED = "not computed"
 SHOWN = (  # (quantity, column title, unit) of the first screen

@@ -554,7 +554,7 @@ def featurise_manifest(manifest: pd.DataFrame, num_classes: int, progress: bool 
 
     from tqdm import tqdm
 
-    from perfzoo.builders import build_model
+    from perfzoo.models.builders import build_model
 
     models, layers = [], []
     rows = manifest.drop_duplicates(["model_id", "mode", "batch"]).to_dict("records")

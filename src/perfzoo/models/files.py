@@ -79,7 +79,7 @@ def _display(path: Path, cwd: Path) -> str:
 
 def zoo_model_files(config: Mapping[str, Any]) -> list[str]:
     """User files behind every ``python`` family of the zoo (the factories and what they import)."""
-    from perfzoo.zoo import model_entries
+    from perfzoo.models.zoo import model_entries
 
     refs = [
         factory_file(entry["name"])

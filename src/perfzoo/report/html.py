@@ -1,7 +1,7 @@
 """Report stage: the tables, figures and HTML page, all regenerated from the pipeline's outputs.
 
-Which outputs exist, their files and captions: :mod:`perfzoo.report_outputs` (the one registry). The figures:
-:mod:`perfzoo.figures`. The page: :mod:`perfzoo.report_page`.
+Which outputs exist, their files and captions: :mod:`perfzoo.report.registry` (the one registry). The figures:
+:mod:`perfzoo.report.figures`. The page: :mod:`perfzoo.report.page`.
 """
 
 from __future__ import annotations
@@ -12,18 +12,19 @@ from typing import Any
 
 import pandas as pd
 
-from perfzoo import figures
+from perfzoo.plotting import save_figure
+from perfzoo.report import figures
 from perfzoo.evaluate import comparison_table, error_quantiles, family_table
 from perfzoo.io import read_json, write_text
-from perfzoo.report_outputs import outputs
-from perfzoo.report_page import render_index
+from perfzoo.report.registry import outputs
+from perfzoo.report.page import render_index
 
 def report_tables(
     predictions: pd.DataFrame, metrics: pd.DataFrame, per_family: pd.DataFrame, best: pd.DataFrame,
     noise: pd.DataFrame, statuses: pd.DataFrame, ablation: pd.DataFrame, importance: pd.DataFrame,
     records: pd.DataFrame, coefficients: pd.DataFrame, mig: pd.DataFrame,
 ) -> dict[str, pd.DataFrame]:
-    """Every table of the report rule (registry names of :mod:`perfzoo.report_outputs`)."""
+    """Every table of the report rule (registry names of :mod:`perfzoo.report.registry`)."""
     return {"metrics": metrics, "best": best, "comparison": comparison_table(metrics),
             "family_mape": family_table(per_family, "mape"), "family_rmse": family_table(per_family, "rmse"),
             "ablation": ablation, "feature_importance": importance,
@@ -57,7 +58,7 @@ def build_report(
     line = f"perfzoo {prov['code_version']}"
     drawn = report_figures(tables, data, predictions)
     for entry in outputs(rule="report", kind="figure"):
-        figures.save_figure(drawn[entry.name], workdir / entry.file, line)
+        save_figure(drawn[entry.name], workdir / entry.file, line)
     out_dir = workdir / "results/report"
     write_text(out_dir / "provenance.json", json.dumps(prov, indent=2, sort_keys=True) + "\n")
     records = [{"name": Path(p).stem, **read_json(p)} for p in sorted(record_paths)]

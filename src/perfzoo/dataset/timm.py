@@ -7,7 +7,7 @@ timm's ``benchmark.py`` writes one row per model (columns documented in timm's `
 * training: ``model, train_samples_per_sec, train_step_time, train_batch_size, train_img_size,
   param_count``.
 
-Each row becomes long-format measurements for ``perfzoo.external`` (latency in ms per batch and
+Each row becomes long-format measurements for ``perfzoo.dataset.external`` (latency in ms per batch and
 throughput in samples/s, both as measured; timm's own parameter and MAC counts are not used). The model is
 named ``timm:<name>`` so the import builds it with timm (torchvision has different models of the same
 names), and its family is the timm module that defines it (``timm.models.resnet`` → ``resnet``,

@@ -27,7 +27,7 @@ Output: one row per ``(model_id, device, mode, batch)`` like ``results/dataset/d
   has no such unit). Leave-one-device-out therefore works on imported rows.
 * ``model_id`` is ``stable_id`` of (model, precision, n_gpus, resolution): precision and GPU count
   are not in the dataset key, so they are part of the configuration's identity.
-* model features (``perfzoo.dataset.MODEL_FEATURES``) are computed on the meta device for names
+* model features (``perfzoo.dataset.build.MODEL_FEATURES``) are computed on the meta device for names
   timm or torchvision know (``timm:NAME``/``torchvision:NAME`` picks the library; else torchvision
   first), with 1000 classes and the row's precision (fp16/bf16 build the model in that dtype;
   fp32/tf32/amp/mixed in float32). Otherwise they are NaN and ``feature_missing_reason`` says why.
@@ -63,14 +63,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfzoo.dataset import KEY, MODEL_FEATURES, add_roofline_features
-from perfzoo.featurise_pool import FeatureJob, featurise_jobs
+from perfzoo.dataset.build import KEY, MODEL_FEATURES, add_roofline_features
+from perfzoo.features.pool import FeatureJob, featurise_jobs
 from perfzoo.hardware_specs import close_names, lookup_gpu
 from perfzoo.io import InputError, read_yaml
 from perfzoo.precision import check_supported, normalise_precision, peak_for
 from perfzoo.provenance import provenance, sha256_file, write_table
-from perfzoo.timm_results import describe_file, read_timm_rows
-from perfzoo.zoo import stable_id
+from perfzoo.dataset.timm import describe_file, read_timm_rows
+from perfzoo.models.zoo import stable_id
 
 TRACE_KIND = "external"
 REQUIRED_COLUMNS = ("model", "device", "batch", "mode", "metric", "value", "unit")
@@ -348,7 +348,7 @@ def hardware_columns(device: str, n_gpus: int = 1, precision: str = "fp32") -> d
 
 
 def _library_names(library: str) -> frozenset[str]:
-    from perfzoo.builders import library_model_names
+    from perfzoo.models.builders import library_model_names
 
     return frozenset(library_model_names(library))
 
