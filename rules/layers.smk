@@ -36,8 +36,8 @@ for _device in LAYER_DEVICES:
             "../workflow/scripts/layers.py"
 
 
-# File, caption and category from the registry perfzoo.report_outputs.
-from perfzoo.report_outputs import by_name as report_output, snakemake_report_args
+# File, caption and category from the registry perfzoo.report.registry.
+from perfzoo.report.registry import by_name as report_output, snakemake_report_args
 
 GIANNITI_TABLE = report_output("gianniti_coefficients_fit")
 

@@ -9,7 +9,7 @@ import pytest
 from perfzoo.baselines import baseline_predictions
 from perfzoo.evaluate import metrics_table
 from perfzoo.fitting import fit_split
-from perfzoo.splits import make_split, split_notes
+from perfzoo.dataset.splits import make_split, split_notes
 from perfzoo.stats import conformal_halfwidth
 
 #: device -> (peak GFLOP/s, bandwidth GB/s)

@@ -28,7 +28,7 @@ from perfzoo.profiling import cuda, measure, nvml, runner
 from perfzoo.profiling.cuda import measure_on_cuda, window_energy_from_samples
 from perfzoo.profiling.nvml import NvmlError
 from perfzoo.profiling.worker import Outcome
-from perfzoo.zoo import expand_zoo, manifest_frame
+from perfzoo.models.zoo import expand_zoo, manifest_frame
 
 MIB = 1024 * 1024
 #: two GPUs with UUIDs; the counter integrates a constant 200 W over real time

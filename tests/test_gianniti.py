@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfzoo.features import LAYER_COLUMNS, featurise
+from perfzoo.features.meta import LAYER_COLUMNS, featurise
 from perfzoo.gianniti import (
     GiannitiLayerRegressor,
     coefficient_table,
@@ -330,7 +330,7 @@ SETTINGS = {
 
 @pytest.mark.parametrize("mode", ["inference", "training"])
 def test_measure_layers_matches_featurised_layer_table(tmp_path: Path, mode: str) -> None:
-    from perfzoo.builders import build_model
+    from perfzoo.models.builders import build_model
 
     spec = tiny_spec(tmp_path, mode)
     result = measure_layers_on_cpu(spec, SETTINGS)

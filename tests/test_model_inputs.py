@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from perfzoo.audit import CHANGED, OK, audit
-from perfzoo.model_files import user_module_files
+from perfzoo.models.files import user_module_files
 from perfzoo.provenance import config_link, provenance
 
 from conftest import ROOT

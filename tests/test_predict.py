@@ -126,14 +126,14 @@ def _synthetic_traces(manifest: pd.DataFrame, features: pd.DataFrame, device: st
 
 def build_workflow_outputs(workdir: Path) -> Path:
     """Write config.yaml and results/ of a finished (tiny) workflow run into ``workdir``."""
-    from perfzoo.dataset import build_dataset
+    from perfzoo.dataset.build import build_dataset
     from perfzoo.evaluate import metrics_table
-    from perfzoo.features import featurise_manifest
+    from perfzoo.features.meta import featurise_manifest
     from perfzoo.fitting import fit_split, save_models
     from perfzoo.io import write_json
     from perfzoo.provenance import provenance, write_table
-    from perfzoo.splits import make_split
-    from perfzoo.zoo import expand_zoo, manifest_frame
+    from perfzoo.dataset.splits import make_split
+    from perfzoo.models.zoo import expand_zoo, manifest_frame
 
     cwd = os.getcwd()
     os.chdir(workdir)  # the workflow records paths relative to its directory
@@ -644,7 +644,7 @@ def test_model_names_are_cached_per_user_not_per_folder(tmp_path: Path, monkeypa
     """A second workflow folder finds the name list the first one cached, without importing torchvision."""
     from importlib.metadata import version
 
-    from perfzoo import builders
+    from perfzoo.models import builders
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     builders.library_model_names.cache_clear()

@@ -11,7 +11,7 @@ import pytest
 from perfzoo.profiling.runner import Journal, plan_tasks, profile_shard, traces_frame
 from perfzoo.profiling.worker import run_isolated
 from perfzoo.stats import median_ci, relative_ci_halfwidth
-from perfzoo.zoo import expand_zoo, manifest_frame
+from perfzoo.models.zoo import expand_zoo, manifest_frame
 
 from conftest import FAULTY
 

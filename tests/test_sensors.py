@@ -240,7 +240,7 @@ def test_no_sensor_logs_no_sensor_outputs(tmp_path: Path) -> None:
 
 
 def test_perfzoo_import_points_smi_logs_to_sensors_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from perfzoo.external import external_main
+    from perfzoo.dataset.external import external_main
 
     code = external_main([str(A100 / "gpudata.csv"), "-o", str(tmp_path / "x.parquet"), "--quiet"])
     err = capsys.readouterr().err

@@ -8,7 +8,7 @@ import pytest
 
 from perfzoo.evaluate import best_per_target, metrics_table
 from perfzoo.fitting import fit_split
-from perfzoo.splits import make_split
+from perfzoo.dataset.splits import make_split
 from perfzoo.stats import all_metrics
 
 CFG = {"seed": 1337, "random_fractions": [0.7, 0.15, 0.15]}

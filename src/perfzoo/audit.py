@@ -402,7 +402,7 @@ def explain(path: str | Path, k: int = 5) -> Any:
     import numpy as np
     import pandas as pd
 
-    from perfzoo.dataset import feature_columns
+    from perfzoo.dataset.build import feature_columns
     from perfzoo.io import read_parquet
 
     if int(k) < 1:

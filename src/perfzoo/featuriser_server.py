@@ -290,12 +290,12 @@ def _warm_up() -> None:
     import torch._dynamo  # noqa: F401
     import torchvision  # noqa: F401
 
-    import perfzoo.builders
-    import perfzoo.features
+    import perfzoo.models.builders
+    import perfzoo.features.meta
     import perfzoo.predict  # noqa: F401
 
     for builder in ("timm", "torchvision"):
-        perfzoo.builders.library_model_names(builder)
+        perfzoo.models.builders.library_model_names(builder)
     torch.set_num_threads(1)
 
 

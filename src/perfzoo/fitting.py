@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfzoo.dataset import feature_columns, finite_target_rows
+from perfzoo.dataset.build import feature_columns, finite_target_rows
 from perfzoo.io import InputError, write_text
 from perfzoo.regressors import Regressor, make_regressor, regressor_from_document
 from perfzoo.stats import all_metrics, conformal_halfwidth

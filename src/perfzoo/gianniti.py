@@ -7,7 +7,7 @@ layer timings
     median forward (``fw_ms``) and backward (``bw_ms``) time of every layer call of a sample of configs,
     measured on a CPU device with hooks (:func:`perfzoo.profiling.layers.measure_layers_on_cpu`).
 layer features
-    ``results/features/layers.parquet`` (:data:`perfzoo.features.LAYER_COLUMNS`): the Gianniti forward and
+    ``results/features/layers.parquet`` (:data:`perfzoo.features.meta.LAYER_COLUMNS`): the Gianniti forward and
     backward complexities ``c_fw``/``c_bw`` of every layer call, computed on the meta device.
 
 Both tables list the layer calls of a (model_id, mode, batch) config in execution order; they are joined on

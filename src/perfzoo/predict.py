@@ -160,7 +160,7 @@ def resolve_model(model: Any, input_shape: Any = None) -> ModelSpec:
     """Parse ``timm:NAME``, ``torchvision:NAME``, ``mlp:NAME``, ``transformer:NAME``,
     ``path/to/model.py:function``, a bare library name, an ``nn.Module`` or a build callable.
     Unknown names raise InputError with close names."""
-    from perfzoo.builders import check_factory_reference, check_model_name, library_model_names
+    from perfzoo.models.builders import check_factory_reference, check_model_name, library_model_names
 
     shape = parse_input(input_shape)
     if _is_module(model) or (callable(model) and not isinstance(model, str | os.PathLike)):
@@ -285,7 +285,7 @@ def _build_meta_model(spec: ModelSpec, num_classes: int) -> Any:
     import torch
     from torch import nn
 
-    from perfzoo.builders import build_model
+    from perfzoo.models.builders import build_model
 
     if spec.builder == "instance":
         try:
@@ -323,7 +323,7 @@ def _auto_dtype(model: Any, shape: tuple[int, ...]) -> str:
 
 def featurise_model(spec: ModelSpec, batch: int, mode: str, num_classes: int) -> dict[str, Any]:
     """Model-level features of ``spec`` on the meta device, with the class name and input dtype used."""
-    from perfzoo.features import featurise
+    from perfzoo.features.meta import featurise
 
     model = _build_meta_model(spec, num_classes)
     dtype = spec.dtype or _auto_dtype(model, spec.input_shape)
@@ -753,7 +753,7 @@ def _device_row(
     device: str, hw: dict[str, Any] | None, feats: dict[str, Any], batch: int, mode: str, model_id: str
 ) -> dict[str, Any] | str:
     """The predictors' input row of ``device``, or the reason it cannot be built."""
-    from perfzoo.dataset import MODEL_FEATURES
+    from perfzoo.dataset.build import MODEL_FEATURES
     from perfzoo.hardware import hardware_features
 
     if hw is None:
@@ -1330,7 +1330,7 @@ def _check_options(batch: Any, mode: str, objective: str, latency_target_ms: Any
 
 
 def _with_roofline(X: pd.DataFrame) -> pd.DataFrame:
-    from perfzoo.dataset import add_roofline_features
+    from perfzoo.dataset.build import add_roofline_features
 
     return add_roofline_features(X.copy())
 

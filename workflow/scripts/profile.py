@@ -6,7 +6,7 @@ from perfzoo.io import read_parquet, write_json
 from perfzoo.profiling.runner import profile_shard
 from perfzoo.provenance import config_link, provenance, write_table
 from perfzoo.workflow import run_step
-from perfzoo.zoo import shard_configs
+from perfzoo.models.zoo import shard_configs
 
 
 def main() -> None:

@@ -407,7 +407,7 @@ def measure_on_cuda(
     """
     import torch
 
-    from perfzoo.builders import build_model
+    from perfzoo.models.builders import build_model
     from perfzoo.profiling.measure import Measurement, make_step, set_precision, synthetic_batch
 
     cuda = _backend(backend)

@@ -2,7 +2,7 @@
 
 :func:`measure_layers_on_cpu` runs inside an isolated worker (registered as ``MEASURE["cpu_layers"]``)
 and times every *layer call* of one config. A layer call is defined exactly as in
-:mod:`perfzoo.features`: a call of a module during which no other module of the model is called, in
+:mod:`perfzoo.features.meta`: a call of a module during which no other module of the model is called, in
 execution order, named by the module's first name in ``model.named_modules()`` (``"<root>"`` for the
 model itself); ``occurrence`` counts the calls of that name (a reused ``BasicBlock.relu`` gives
 occurrences 0 and 1). In training mode the loss (``nn.CrossEntropyLoss`` on the logits) is timed as one
@@ -286,7 +286,7 @@ def measure_layers_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Mea
     """
     import torch
 
-    from perfzoo.builders import build_model
+    from perfzoo.models.builders import build_model
     from perfzoo.profiling.measure import Measurement, peak_rss_mb, reset_peak_rss, synthetic_batch
 
     torch.set_num_threads(int(settings["threads"]))

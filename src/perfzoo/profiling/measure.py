@@ -51,7 +51,7 @@ def synthetic_batch(spec: dict[str, Any], num_classes: int, device: str) -> tupl
     gen = torch.Generator().manual_seed(0)
     shape = (int(spec["batch"]), *json.loads(spec["input_shape"]))
     if spec["dtype"] == "int64":
-        from perfzoo.builders import VOCAB_SIZE
+        from perfzoo.models.builders import VOCAB_SIZE
 
         x = torch.randint(0, VOCAB_SIZE, shape, generator=gen)
     else:
@@ -154,7 +154,7 @@ def measure_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Measuremen
     """Measure one config on the CPU; peak memory = the worker's peak RSS above its baseline."""
     import torch
 
-    from perfzoo.builders import build_model
+    from perfzoo.models.builders import build_model
 
     torch.set_num_threads(int(settings["threads"]))
     torch.manual_seed(0)

@@ -83,7 +83,7 @@ def plan_sweep_tasks(configs: pd.DataFrame, orders: list[list[float]]) -> list[T
 
 def sweep_seed(device: str, configs: pd.DataFrame) -> int:
     """Seed of a shard's sweep orders: stable for (device, shard configs), so a resumed job replays them."""
-    from perfzoo.zoo import stable_id
+    from perfzoo.models.zoo import stable_id
 
     return int(stable_id({"device": device, "configs": sorted(configs["config_id"])})[:8], 16)
 
@@ -140,7 +140,7 @@ def _parse(line: str) -> dict[str, Any] | None:
 
 
 def fingerprint(device: str, settings: dict[str, Any], configs: pd.DataFrame) -> str:
-    from perfzoo.zoo import stable_id
+    from perfzoo.models.zoo import stable_id
 
     return stable_id({"device": device, "settings": settings, "configs": sorted(configs["config_id"])})
 

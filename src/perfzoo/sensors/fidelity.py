@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from perfzoo.energy import cumulative_energy
-from perfzoo.figures import new_figure, save_figure
+from perfzoo.plotting import new_figure, save_figure
 from perfzoo.io import InputError
 from perfzoo.sensors.pmd import START_LEAD_US, read_pmd, read_start_us
 from perfzoo.sensors.smi import read_smi_csv
