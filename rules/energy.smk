@@ -1,4 +1,4 @@
-# Energy analysis (seed 002) of every cuda device, regenerated from its raw sensor samples:
+# Energy analysis (Grzelka, Measuring Energy Consumption of Deep Learning Workloads) of every cuda device, regenerated from its raw sensor samples:
 #   snakemake energy_<device>
 from perfzoo.report.registry import outputs as report_outputs, snakemake_report_args
 

@@ -1,4 +1,4 @@
-"""Rule energy_<device>: seed 002's energy analysis of one cuda device, regenerated from its sensor files.
+"""Rule energy_<device>: Grzelka's energy analysis (Measuring Energy Consumption of Deep Learning Workloads) of one cuda device, regenerated from its sensor files.
 
 Tables (all configurations): per run energy/time/EDP from the samples, mean ± sd per power limit, the
 quadratic fits against the limit with R², counter vs integrated-sample energy of every energy window, and

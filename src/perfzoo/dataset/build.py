@@ -261,7 +261,7 @@ def precision_peaks(data: pd.DataFrame, hardware: dict[str, dict[str, Any]]) -> 
 
 
 def add_roofline_features(data: pd.DataFrame) -> pd.DataFrame:
-    """Roofline times (seed 003 ch. 3) from model and hardware features: compute- and memory-bound bounds.
+    """Roofline times (Panner Selvam, Performance Prediction Models for Deep Learning, PhD thesis 2025, ch. 3) from model and hardware features: compute- and memory-bound bounds.
 
     Bytes moved per step are the weights (read once; in training also written with their gradient and
     optimizer state, counted 3x) plus the activations written in the forward pass.

@@ -8,14 +8,14 @@ sets are disjoint. Schemes do not depend on the row order of the dataset (rows a
 Schemes (``SCHEMES``):
 
 ``random``
-    One fold ``"0"``: rows shuffled with ``seed`` and cut 70/15/15 (``random_fractions``; seed 001).
+    One fold ``"0"``: rows shuffled with ``seed`` and cut 70/15/15 (``random_fractions``; as in Panner Selvam and Brorsson, MAELSTROM D3.5 Performance model for hardware configurations).
 ``family_monte_carlo``
-    Per-family Monte-Carlo (seed 003 ch. 5): one fold per seed of ``mc_seeds`` (default 1337..1341),
+    Per-family Monte-Carlo (Panner Selvam, Performance Prediction Models for Deep Learning, PhD thesis 2025, ch. 5): one fold per seed of ``mc_seeds`` (default 1337..1341),
     named by the seed; within *each* family, ``mc_train_fraction`` (0.7) of its rows train and the
     rest test (a family with >= 2 rows keeps at least one row on each side). Metrics are averaged
     over the folds downstream.
 ``stratified_kfold``
-    Stratified k-fold (seed 003 ch. 6): sklearn ``StratifiedKFold(kfold, shuffle=True,
+    Stratified k-fold (same thesis, ch. 6): sklearn ``StratifiedKFold(kfold, shuffle=True,
     random_state=seed)`` stratified by family; folds ``"0"``..``"k-1"``, each test once. Families
     with fewer rows than ``kfold`` are pooled into one stratum so that they are spread over the
     folds instead of making sklearn fail or warn.
@@ -31,7 +31,7 @@ Schemes (``SCHEMES``):
     which train with every other group's rows; ``few_shot_draws`` (default 1) draws, folds named
     ``{group}/k{k}/d{draw}``. ``few_shot_k: 0`` is leave-one-device-out.
 ``batch_extrapolation``
-    Batch-size extrapolation (Gianniti et al., seed 004): rows with ``batch <= k`` train, larger
+    Batch-size extrapolation (Gianniti, Zhang and Ardagna, Performance Prediction of GPU-based Deep Learning Applications): rows with ``batch <= k`` train, larger
     batches test; ``k`` is ``batch_threshold`` or, by default, the (lower) median of the distinct
     batch sizes, so it is always a batch size present in the data. One fold named ``le{k}``.
 
@@ -91,7 +91,7 @@ def _stable_int(text: str) -> int:
 
 
 def random_split(data: pd.DataFrame, seed: int, fractions: list[float]) -> pd.DataFrame:
-    """One fold: rows shuffled with ``seed`` and cut into train/val/test by ``fractions`` (seed 001)."""
+    """One fold: rows shuffled with ``seed`` and cut into train/val/test by ``fractions`` (Panner Selvam and Brorsson, MAELSTROM D3.5)."""
     rng = np.random.default_rng(seed)
     ids = data["row_id"].to_numpy()[rng.permutation(len(data))]
     n_train = round(fractions[0] * len(ids))
@@ -130,7 +130,7 @@ def _lofo(data: pd.DataFrame, cfg: dict[str, Any]) -> SchemeResult:
     return _leave_one_out(data, "family"), []
 
 
-# --------------------------------------------------------------------------- seed 003 ch. 5 and ch. 6
+# --------------------------------------------------------------------------- Panner Selvam's thesis, ch. 5 and ch. 6
 
 
 def family_monte_carlo(data: pd.DataFrame, seeds: list[int], train_fraction: float) -> pd.DataFrame:

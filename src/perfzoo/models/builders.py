@@ -140,7 +140,7 @@ def _build_timm(name: str, kwargs: dict[str, Any], num_classes: int) -> Any:
 
 
 def _build_mlp(name: str, kwargs: dict[str, Any], num_classes: int) -> Any:
-    """Fully connected net of seed 002 (MNIST-sized): Linear+ReLU per hidden layer, then logits."""
+    """Fully connected net of Grzelka's energy report (Measuring Energy Consumption of Deep Learning Workloads; MNIST-sized): Linear+ReLU per hidden layer, then logits."""
     from torch import nn
 
     in_features = int(kwargs.pop("in_features", 784))
