@@ -3,7 +3,7 @@
 Reads timm's published benchmark CSVs (``benchmark-infer-amp-*.csv``) from a directory (argument,
 default ``../shared/data/timm-benchmark``) and scores, per held-out GPU:
 
-- ``device_transfer`` (perfzoo.transfer.DeviceTransferRegressor), leave-one-GPU-out (k = 0) and
+- ``device_transfer`` (perfzoo.regressors.transfer.DeviceTransferRegressor), leave-one-GPU-out (k = 0) and
   few-shot (k = 5, 20 configs of the held-out GPU in training, several random draws);
 - baselines: nearest profiled config scaled by FLOPs; same workload on the nearest device scaled by
   peak FLOP/s, and by memory bandwidth; for few-shot also one constant device factor fitted on the same
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfzoo.transfer import DeviceTransferRegressor
+from perfzoo.regressors.transfer import DeviceTransferRegressor
 
 
 @dataclass(frozen=True)
