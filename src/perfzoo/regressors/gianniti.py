@@ -77,6 +77,7 @@ COEFFICIENT_COLUMNS = [
 CONFIG_KEY = ["model_id", "mode", "batch"]
 JOIN_KEY = [*CONFIG_KEY, "name", "occurrence"]
 ROW_KEY = ["model_id", "mode", "batch", "device"]
+LAYER_FEATURE_COLUMNS = [*CONFIG_KEY, "layer_idx", "name", "type", "category", "c_fw", "c_bw"]
 
 
 # --------------------------------------------------------------------------- end-to-end model
@@ -238,11 +239,7 @@ def join_layer_times(layer_times: pd.DataFrame, layer_features: pd.DataFrame) ->
     """Measured layer times joined with their complexities (ok rows only; inner join on
     model_id, mode, batch, name, occurrence)."""
     require_columns(layer_times, [*JOIN_KEY, "fw_ms", "bw_ms"], what="layer timing")
-    require_columns(
-        layer_features,
-        [*CONFIG_KEY, "layer_idx", "name", "type", "category", "c_fw", "c_bw"],
-        what="layer feature",
-    )
+    require_columns(layer_features, LAYER_FEATURE_COLUMNS, what="layer feature")
     times = layer_times
     if "status" in times.columns:
         times = times[times["status"] == "ok"]
@@ -389,11 +386,7 @@ def _layer_sums_from_file(path: str | os.PathLike[str]) -> pd.DataFrame:
 
 def layer_sums(layer_features: pd.DataFrame) -> pd.DataFrame:
     """Per (model_id, mode, batch, category): ``n`` layer calls and the sums ``c_fw``, ``c_bw``."""
-    require_columns(
-        layer_features,
-        [*CONFIG_KEY, "layer_idx", "name", "type", "category", "c_fw", "c_bw"],
-        what="layer feature",
-    )
+    require_columns(layer_features, LAYER_FEATURE_COLUMNS, what="layer feature")
     table = with_occurrence(layer_features)
     sums = table.groupby([*CONFIG_KEY, "category"], sort=True).agg(
         n=("c_fw", "size"), c_fw=("c_fw", "sum"), c_bw=("c_bw", "sum")
@@ -407,15 +400,9 @@ def layer_sums(layer_features: pd.DataFrame) -> pd.DataFrame:
 
 def _coefficient_dict(table: pd.DataFrame) -> dict[str, list[float]]:
     """``{category: [β0_fw, β1_fw, β0_bw, β1_bw, n_fw, n_bw]}`` (JSON-friendly)."""
+    betas = COEFFICIENT_COLUMNS[1:5]
     return {
-        str(r["category"]): [
-            float(r["beta0_fw_ms"]),
-            float(r["beta1_fw_ms_per_op"]),
-            float(r["beta0_bw_ms"]),
-            float(r["beta1_bw_ms_per_op"]),
-            int(r["n_layers"]),
-            int(r["n_layers_bw"]),
-        ]
+        str(r["category"]): [*(float(r[c]) for c in betas), int(r["n_layers"]), int(r["n_layers_bw"])]
         for r in table.to_dict("records")
     }
 
