@@ -166,7 +166,9 @@ def _term_names(names: Sequence[str], powers: np.ndarray) -> list[str]:
 
 @register_regressor
 class PolyLassoRegressor(LogFeatureRegressor):
-    """NeuralPower-like sparse polynomial: degree-``degree`` monomials of log features, Lasso.
+    """Sparse polynomial like NeuralPower (Cai, Juan, Stamoulis and Marculescu, "NeuralPower: Predict and
+    Deploy Energy-Efficient Convolutional Neural Networks"): degree-``degree`` monomials of log features,
+    Lasso.
 
     ``alpha=None`` picks the penalty by ``cv``-fold cross-validation (LassoCV, shuffled with
     ``random_state``); coordinate descent is cyclic, so the fit is deterministic.

@@ -132,7 +132,8 @@ class RandomForestRegressor(_ForestRegressor):
 
 @register_regressor
 class ExtraTreesRegressor(_ForestRegressor):
-    """scikit-learn extremely randomised trees (Sponner et al.'s choice)."""
+    """scikit-learn extremely randomised trees, the model of Sponner, Waschneck and Kumar, "AI-Driven
+    Performance Modeling for AI Inference Workloads"."""
 
     kind = "extra_trees"
 
@@ -157,7 +158,7 @@ class XGBoostRegressor(Regressor):
     ``n_estimators``, ``learning_rate``, ``max_depth`` and ``subsample`` from :attr:`param_grid` by
     ``search_cv``-fold cross-validation on the training rows only (grouped by the
     ``search_groups`` column when given), then refits on all of them; the choice is in
-    ``best_params_`` and the per-point validation MAPE in ``cv_results_``.
+    ``best_params_`` and the per-point validation MAPE (percent) in ``cv_results_``.
     """
 
     kind = "xgboost"
