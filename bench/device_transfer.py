@@ -3,7 +3,7 @@
 Reads timm's published benchmark CSVs (``benchmark-infer-amp-*.csv``) from a directory (argument,
 default ``../shared/data/timm-benchmark``) and scores, per held-out GPU:
 
-- ``device_transfer`` (perfzoo.transfer.DeviceTransferRegressor), leave-one-GPU-out (k = 0) and
+- ``device_transfer`` (perfzoo.regressors.transfer.DeviceTransferRegressor), leave-one-GPU-out (k = 0) and
   few-shot (k = 5, 20 configs of the held-out GPU in training, several random draws);
 - baselines: nearest profiled config scaled by FLOPs; same workload on the nearest device scaled by
   peak FLOP/s, and by memory bandwidth; for few-shot also one constant device factor fitted on the same
@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfzoo.transfer import DeviceTransferRegressor
+from perfzoo.regressors.transfer import DeviceTransferRegressor
+from perfzoo.stats import mape
 
 
 @dataclass(frozen=True)
@@ -82,9 +83,10 @@ def load(directory: Path) -> pd.DataFrame:
     return data.reset_index(drop=True)
 
 
-def mape(y: np.ndarray, p: np.ndarray) -> float:
+def finite_mape(y: np.ndarray, p: np.ndarray) -> float:
+    """MAPE in percent over the rows with a finite prediction (NaN when there are none)."""
     ok = np.isfinite(p)
-    return float(np.mean(np.abs(p[ok] - y[ok]) / y[ok]) * 100) if ok.any() else float("nan")
+    return mape(y[ok], p[ok])
 
 
 def nearest_devices(train: pd.DataFrame, target: pd.Series) -> list[str]:
@@ -157,14 +159,14 @@ def evaluate_fold(data: pd.DataFrame, gpu: str, k: int, seed: int) -> dict[str, 
     lo, hi = reg.predict_interval(test)
     base_train = train[~train.index.isin(shots)]
     base = device_baselines(base_train, test)
-    row = {"gpu": gpu, "k": k, "seed": seed, "n_test": len(test), "device_transfer": mape(y, pred),
+    row = {"gpu": gpu, "k": k, "seed": seed, "n_test": len(test), "device_transfer": finite_mape(y, pred),
            "coverage90": float(np.mean((y >= lo) & (y <= hi)) * 100),
-           "baseline_flops_nearest_config": mape(y, flops_baseline(base_train, test)),
-           "baseline_peak_flops": mape(y, base["peak"].to_numpy()),
-           "baseline_bandwidth": mape(y, base["bandwidth"].to_numpy()),
+           "baseline_flops_nearest_config": finite_mape(y, flops_baseline(base_train, test)),
+           "baseline_peak_flops": finite_mape(y, base["peak"].to_numpy()),
+           "baseline_bandwidth": finite_mape(y, base["bandwidth"].to_numpy()),
            "baseline_coverage": float(base["peak"].notna().mean() * 100)}
     if k:
-        row["constant_factor_k"] = mape(y, constant_factor(base_train, data.loc[shots], test, base))
+        row["constant_factor_k"] = finite_mape(y, constant_factor(base_train, data.loc[shots], test, base))
     return row
 
 
@@ -174,7 +176,7 @@ def software_floor(data: pd.DataFrame) -> float:
     b = data[data["device"] == "RTX 4090 (pt291)"].set_index("model_id")["latency_ms"]
     common = a.index.intersection(b.index)
     factor = np.exp(np.mean(np.log(b[common] / a[common])))
-    return mape(b[common].to_numpy(), a[common].to_numpy() * factor)
+    return finite_mape(b[common].to_numpy(), a[common].to_numpy() * factor)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ rule evaluate:
 
 
 rule ablation:
-    """Accuracy with model features only vs model + hardware features (seed 003 Table 6.6)."""
+    """Accuracy with model features only vs model + hardware features (Panner Selvam, Table 6.6)."""
     input:
         pkg("ablation.py"),
         dataset="results/dataset/dataset.parquet",

@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfzoo.baselines import baseline_predictions
 from perfzoo.evaluate import metrics_table
 from perfzoo.fitting import fit_split
+from perfzoo.regressors.baselines import baseline_predictions
 from perfzoo.dataset.splits import make_split, split_notes
 from perfzoo.stats import conformal_halfwidth
 

@@ -12,13 +12,6 @@ import pandas as pd
 import pytest
 
 from perfzoo.features.meta import LAYER_COLUMNS, featurise
-from perfzoo.gianniti import (
-    GiannitiLayerRegressor,
-    coefficient_table,
-    fit_layer_coefficients,
-    load_layer_timings,
-    with_occurrence,
-)
 from perfzoo.io import InputError
 from perfzoo.profiling.layers import (
     LAYER_TIMING_COLUMNS,
@@ -27,8 +20,15 @@ from perfzoo.profiling.layers import (
     select_layer_configs,
 )
 from perfzoo.regressors import REGISTRY, load_regressor, save_regressor
+from perfzoo.regressors.gianniti import (
+    GiannitiLayerRegressor,
+    coefficient_table,
+    fit_layer_coefficients,
+    load_layer_timings,
+    with_occurrence,
+)
 
-# category -> (β0_fw, β1_fw, β0_bw, β1_bw), the order of magnitude of the seed's slide
+# category -> (β0_fw, β1_fw, β0_bw, β1_bw), the order of magnitude of Gianniti et al.'s coefficients
 TRUE_BETAS = {
     "conv_fc": (0.18, 3.4e-7, 0.31, 3.6e-7),
     "norm": (0.016, 7.1e-6, 0.10, 6.9e-6),

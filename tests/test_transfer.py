@@ -12,8 +12,8 @@ import pytest
 from perfzoo.io import InputError
 from perfzoo.predict import Predictor
 from perfzoo.regressors import load_regressor, make_regressor, save_regressor
+from perfzoo.regressors.transfer import DeviceTransferRegressor
 from perfzoo.stats import conformal_halfwidth
-from perfzoo.transfer import DeviceTransferRegressor
 
 FIXTURES = Path(__file__).parent / "fixtures" / "timm"
 #: (peak FP16 tensor GFLOP/s, bandwidth GB/s) of four made-up devices with distinct balance points

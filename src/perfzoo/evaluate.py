@@ -65,7 +65,8 @@ def compare_with_baselines(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def per_family_table(predictions: pd.DataFrame) -> pd.DataFrame:
-    """MAPE and RMSE per family of the held-out rows (seed 003 Tables 5.2/5.3 layout, long form)."""
+    """MAPE and RMSE per family of the held-out rows (long form of the layout of Tables 5.2/5.3 of Panner
+    Selvam, "Performance Prediction Models for Deep Learning")."""
     rows = []
     for (target, regressor, split, family), g in test_rows(predictions).groupby([*GROUP, "family"], sort=True):
         y, p = g["y_true"].to_numpy(), g["y_pred"].to_numpy()
@@ -84,7 +85,8 @@ def best_per_target(metrics: pd.DataFrame) -> pd.DataFrame:
 
 
 def comparison_table(metrics: pd.DataFrame) -> pd.DataFrame:
-    """Regressor comparison per target in the layout of seed 003 Table 6.5: MAPE, RMSE, tau per split."""
+    """Regressor comparison per target in the layout of Panner Selvam's Table 6.5: MAPE, RMSE, tau per
+    split."""
     if metrics.empty:
         return pd.DataFrame()
     wide = metrics.pivot_table(index=["target", "regressor"], columns="split",
@@ -95,7 +97,8 @@ def comparison_table(metrics: pd.DataFrame) -> pd.DataFrame:
 
 
 def family_table(per_family: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Per-family errors in the layout of seed 003 Tables 5.2 (MAPE) / 5.3 (RMSE): families x regressors."""
+    """Per-family errors in the layout of Panner Selvam's Tables 5.2 (MAPE) / 5.3 (RMSE): families x
+    regressors."""
     if per_family.empty:
         return pd.DataFrame()
     wide = per_family.pivot_table(index=["target", "split", "family"], columns="regressor", values=metric,

@@ -50,7 +50,7 @@ def regressor_inputs(data: pd.DataFrame, feature_set: str = "all") -> pd.DataFra
     """What a regressor sees: the numeric feature columns plus identifying columns it may group by.
 
     ``feature_set="model"`` keeps model features only (no hardware or roofline columns), for the
-    ablation of seed 003 Table 6.6.
+    feature ablation of Panner Selvam, "Performance Prediction Models for Deep Learning" (Table 6.6).
     """
     columns = feature_columns(data)
     if feature_set == "model":
@@ -149,7 +149,7 @@ def load_models(path: str | Path) -> tuple[dict[str, Regressor], dict[str, Any]]
 
 
 def ablation(data: pd.DataFrame, split: pd.DataFrame, target: str, regressor: str) -> pd.DataFrame:
-    """Held-out accuracy with model features only vs with hardware features too (seed 003 Table 6.6)."""
+    """Held-out accuracy with model features only vs with hardware features too (Panner Selvam, Table 6.6)."""
     rows = []
     for feature_set in FEATURE_SETS:
         predictions, _, notes = fit_split(data, split, target, regressor, feature_set=feature_set)

@@ -1,10 +1,10 @@
 """Rule evaluate: metrics of every prediction file on held-out rows."""
 import pandas as pd
 
-from perfzoo.baselines import baseline_predictions
 from perfzoo.evaluate import best_per_target, metrics_table, per_family_table
 from perfzoo.io import read_parquet
 from perfzoo.provenance import provenance, write_table
+from perfzoo.regressors.baselines import baseline_predictions
 from perfzoo.workflow import run_step
 
 

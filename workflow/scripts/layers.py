@@ -1,9 +1,9 @@
-"""Rules layers_<device> and gianniti_coefficients: per-layer CPU timings (seed 004), their coefficients."""
+"""Rules layers_<device> and gianniti_coefficients: per-layer CPU timings (Gianniti et al.), their coefficients."""
 
-from perfzoo.gianniti import coefficient_table
 from perfzoo.io import read_parquet, write_text
 from perfzoo.profiling.layers import profile_layer_configs, select_layer_configs
 from perfzoo.provenance import provenance, write_table
+from perfzoo.regressors.gianniti import coefficient_table
 from perfzoo.workflow import run_step
 
 

@@ -27,8 +27,6 @@ import pandas as pd
 
 from perfzoo.stats import mean_and_scale
 
-__all__ = ["BASELINES", "baseline_predictions"]
-
 BASELINES = ("baseline:flops_nearest", "baseline:device_peak", "baseline:device_bandwidth",
              "baseline:device_factor")
 #: exponent of the (test / source) FLOPs ratio and of the batch ratio applied to a source value

@@ -1,7 +1,10 @@
-"""Per-layer performance models of Gianniti et al. (seed 004): ``t_l = β0 + β1·c_l`` per layer category.
+"""The performance models of Gianniti, Zhang and Ardagna, "Performance Prediction of GPU-Based Deep
+Learning Applications": end-to-end (time affine in batch size per model, :class:`GiannitiE2ERegressor`)
+and per layer (``t_l = β0 + β1·c_l`` per layer category, summed over a network,
+:class:`GiannitiLayerRegressor`), with the per-layer coefficient fit and its input tables.
 
-Inputs
-------
+Inputs of the per-layer model
+-----------------------------
 layer timings
     ``results/layers/<device>.parquet`` (:data:`perfzoo.profiling.layers.LAYER_TIMING_COLUMNS`): the
     median forward (``fw_ms``) and backward (``bw_ms``) time of every layer call of a sample of configs,
@@ -16,10 +19,10 @@ module name (:func:`with_occurrence`).
 
 Categories
 ----------
-Those of the seed's coefficient slide, Conv/FC, Norm, Pool S=1, Pool S>1, ReLU/Drop (the features'
+Those of the paper's coefficient table, Conv/FC, Norm, Pool S=1, Pool S>1, ReLU/Drop (the features'
 ``conv_fc``, ``norm``, ``pool_s1``, ``pool_s2``, ``relu_drop``), then the extra ones present in the data:
 ``attention``, ``embedding``, ``loss`` (the training loss row, ``type == "Loss"``, whose complexity is the
-seed's Loss formula) and ``other`` (layers the complexity table does not cover, ``c = 0``: their model is
+paper's Loss formula) and ``other`` (layers the complexity table does not cover, ``c = 0``: their model is
 an intercept, the mean time). The backward model is fitted on training configs only.
 
 Fit
@@ -28,12 +31,12 @@ Per category and direction, least squares of the measured time on ``[1, c]`` wit
 constrained to be non-negative (``scipy.optimize.nnls`` on a column-scaled design: a negative intercept
 or slope would predict negative times or faster layers for more work). Where the unconstrained solution
 is non-negative the two coincide. A category whose complexity does not vary gets slope 0 and the mean
-time. Times are the per-layer medians in ms, so ``β0`` is in ms and ``β1`` in ms per operation, as on the
-seed's slide.
+time. Times are the per-layer medians in ms, so ``β0`` is in ms and ``β1`` in ms per operation, as in the
+paper's table.
 
 Network time
 ------------
-``t̂ = I · Σ_l t̂_l`` over the layer calls of the config (seed 004), with ``I = 1`` iteration: the forward
+``t̂ = I · Σ_l t̂_l`` over the layer calls of the config, with ``I = 1`` iteration: the forward
 terms for inference, forward + backward for training. :class:`GiannitiLayerRegressor` multiplies the sum by
 a per-device (and, by default, per-mode) scale fitted on the training rows, so that it predicts the
 measured end-to-end step time on any device, including GPUs whose layers were never timed: what the
@@ -52,12 +55,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
+from scipy.optimize import nnls
 from sklearn.utils.validation import check_is_fitted
 
 from perfzoo.io import InputError, read_parquet
-from perfzoo.regressors import Regressor, _check_frame, _require_columns, register_regressor
+from perfzoo.regressors.base import Regressor, check_frame, register_regressor, require_columns
 
-SEED_CATEGORIES = ("conv_fc", "norm", "pool_s1", "pool_s2", "relu_drop")
+PAPER_CATEGORIES = ("conv_fc", "norm", "pool_s1", "pool_s2", "relu_drop")
 EXTRA_CATEGORIES = ("attention", "embedding", "loss", "other")
 CATEGORY_LABELS = {
     "conv_fc": "Conv/FC", "norm": "Norm", "pool_s1": "Pool S=1", "pool_s2": "Pool S>1",
@@ -73,9 +77,146 @@ COEFFICIENT_COLUMNS = [
 CONFIG_KEY = ["model_id", "mode", "batch"]
 JOIN_KEY = [*CONFIG_KEY, "name", "occurrence"]
 ROW_KEY = ["model_id", "mode", "batch", "device"]
+LAYER_FEATURE_COLUMNS = [*CONFIG_KEY, "layer_idx", "name", "type", "category", "c_fw", "c_bw"]
 
 
-# --------------------------------------------------------------------------- tables
+# --------------------------------------------------------------------------- end-to-end model
+
+
+def _affine_fit(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, float]:
+    """Weighted least squares ``y ≈ a + b·x``; ``b = 0`` when ``x`` does not vary."""
+    total = w.sum()
+    x_mean = float((w * x).sum() / total)
+    y_mean = float((w * y).sum() / total)
+    sxx = float((w * (x - x_mean) ** 2).sum())
+    if not sxx > 0:
+        return y_mean, 0.0
+    b = float((w * (x - x_mean) * (y - y_mean)).sum() / sxx)
+    return y_mean - b * x_mean, b
+
+
+@register_regressor
+class GiannitiE2ERegressor(Regressor):
+    """Gianniti et al. end-to-end model: time affine in batch size, one line per model.
+
+    For every (``model_col``, context) group of the training rows, where the context is made of
+    the ``context_cols`` present in ``X`` (by default ``mode`` and ``device``), least squares
+    gives ``y = a + b·batch``. This extrapolates to batch sizes beyond the training range.
+
+    Fallbacks, in original units:
+
+    - a group with a single distinct training batch keeps the shape of its context's global line
+      and is rescaled to go through its own mean: ``y = s·(A + B·covariate)``;
+    - a model not seen in training uses its context's global line ``y = A + B·covariate``
+      (all training rows of that context), or the line fitted on all rows for an unseen context.
+
+    ``covariate`` is a numeric column that grows with the work per step (default ``flops``); when it
+    is absent at fit time the batch size is used. Affine models live in original units, so
+    ``log_target`` defaults to False; ``log_target=True`` keeps them affine but weights the least
+    squares by ``1/y²`` (minimising relative rather than absolute error).
+    """
+
+    kind = "gianniti_e2e"
+
+    def __init__(
+        self,
+        batch_col: str = "batch",
+        model_col: str = "model_id",
+        context_cols: Sequence[str] = ("mode", "device"),
+        covariate: str | None = "flops",
+        log_target: bool = False,
+    ) -> None:
+        self.batch_col = batch_col
+        self.model_col = model_col
+        self.context_cols = context_cols
+        self.covariate = covariate
+        self.log_target = log_target
+
+    @staticmethod
+    def _keys(X: pd.DataFrame, columns: Sequence[str]) -> list[str]:
+        """One string key per row: the values of ``columns`` joined by a unit separator."""
+        if not columns:
+            return [""] * len(X)
+        parts = X[list(columns)].astype(str)
+        return parts.agg("\x1f".join, axis=1).tolist()
+
+    def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> GiannitiE2ERegressor:
+        X = check_frame(X)
+        require_columns(X, [self.batch_col, self.model_col], what="gianniti_e2e")
+        self.context_cols_ = [c for c in self.context_cols if c in X.columns]
+        use_covariate = self.covariate and self.covariate in X.columns and self.covariate != self.batch_col
+        self.covariate_ = self.covariate if use_covariate else self.batch_col
+        columns = [self.batch_col] + ([self.covariate_] if use_covariate else [])
+        A = self._fit_matrix(X, columns)
+        target = np.asarray(y, dtype=np.float64).ravel()
+        if target.shape[0] != len(X) or not np.isfinite(target).all():
+            raise InputError("gianniti_e2e: y must be finite and have one value per row of X")
+        if self.log_target and (target <= 0).any():
+            raise InputError("gianniti_e2e: log_target needs positive targets")
+        weights = 1.0 / target**2 if self.log_target else np.ones_like(target)
+        batch, cov = A[:, 0], A[:, columns.index(self.covariate_)]
+        contexts = np.array(self._keys(X, self.context_cols_), dtype=object)
+        groups = np.array(self._keys(X, [self.model_col, *self.context_cols_]), dtype=object)
+        self.overall_ = list(_affine_fit(cov, target, weights))
+        self.context_fits_ = {
+            c: list(_affine_fit(cov[contexts == c], target[contexts == c], weights[contexts == c]))
+            for c in sorted(set(contexts))
+        }
+        self.group_fits_ = {}
+        for g in sorted(set(groups)):
+            rows = groups == g
+            self.group_fits_[g] = self._fit_group(
+                batch[rows], cov[rows], target[rows], weights[rows], self.context_fits_[contexts[rows][0]]
+            )
+        return self
+
+    @staticmethod
+    def _fit_group(
+        batch: np.ndarray, cov: np.ndarray, y: np.ndarray, w: np.ndarray, context_line: list[float]
+    ) -> dict[str, Any]:
+        if np.unique(batch).size >= 2:
+            a, b = _affine_fit(batch, y, w)
+            return {"a": a, "b": b, "scale": None, "n": int(y.size)}
+        reference = float(np.mean(context_line[0] + context_line[1] * cov))
+        if reference > 0:
+            return {"a": None, "b": None, "scale": float(np.mean(y)) / reference, "n": int(y.size)}
+        return {"a": float(np.mean(y)), "b": 0.0, "scale": None, "n": int(y.size)}
+
+    def predict(self, X: pd.DataFrame) -> np.ndarray:
+        A = self._matrix(X)
+        require_columns(X, [self.model_col, *self.context_cols_], what="gianniti_e2e")
+        batch, cov = A[:, 0], A[:, self.feature_names_.index(self.covariate_)]
+        contexts = self._keys(X, self.context_cols_)
+        groups = self._keys(X, [self.model_col, *self.context_cols_])
+        out = np.empty(len(X), dtype=np.float64)
+        for i, (g, c) in enumerate(zip(groups, contexts, strict=True)):
+            line = self.context_fits_.get(c, self.overall_)
+            fit = self.group_fits_.get(g)
+            if fit is not None and fit["scale"] is None:
+                out[i] = fit["a"] + fit["b"] * batch[i]
+            else:
+                scale = fit["scale"] if fit is not None else 1.0
+                out[i] = scale * (line[0] + line[1] * cov[i])
+        return out
+
+    def coefficients(self) -> pd.DataFrame:
+        """Per-group ``a``, ``b`` (NaN for rescaled single-batch groups) and row count."""
+        check_is_fitted(self, "group_fits_")
+        names = [self.model_col, *self.context_cols_]
+        rows = []
+        for key, fit in self.group_fits_.items():
+            rows.append(
+                {
+                    **dict(zip(names, key.split("\x1f"), strict=True)),
+                    "a": np.nan if fit["a"] is None else fit["a"],
+                    "b": np.nan if fit["b"] is None else fit["b"],
+                    "n": fit["n"],
+                }
+            )
+        return pd.DataFrame(rows, columns=[*names, "a", "b", "n"])
+
+
+# --------------------------------------------------------------------------- per-layer model: tables
 
 
 def with_occurrence(layers: pd.DataFrame) -> pd.DataFrame:
@@ -88,8 +229,8 @@ def with_occurrence(layers: pd.DataFrame) -> pd.DataFrame:
 
 
 def category_order(categories: Sequence[str]) -> list[str]:
-    """Seed categories first, then the extra ones, then anything else alphabetically."""
-    known = [*SEED_CATEGORIES, *EXTRA_CATEGORIES]
+    """The paper's categories first, then the extra ones, then anything else alphabetically."""
+    known = [*PAPER_CATEGORIES, *EXTRA_CATEGORIES]
     present = set(categories)
     return [c for c in known if c in present] + sorted(present - set(known))
 
@@ -97,12 +238,8 @@ def category_order(categories: Sequence[str]) -> list[str]:
 def join_layer_times(layer_times: pd.DataFrame, layer_features: pd.DataFrame) -> pd.DataFrame:
     """Measured layer times joined with their complexities (ok rows only; inner join on
     model_id, mode, batch, name, occurrence)."""
-    _require_columns(layer_times, [*JOIN_KEY, "fw_ms", "bw_ms"], what="layer timing")
-    _require_columns(
-        layer_features,
-        [*CONFIG_KEY, "layer_idx", "name", "type", "category", "c_fw", "c_bw"],
-        what="layer feature",
-    )
+    require_columns(layer_times, [*JOIN_KEY, "fw_ms", "bw_ms"], what="layer timing")
+    require_columns(layer_features, LAYER_FEATURE_COLUMNS, what="layer feature")
     times = layer_times
     if "status" in times.columns:
         times = times[times["status"] == "ok"]
@@ -116,8 +253,6 @@ def join_layer_times(layer_times: pd.DataFrame, layer_features: pd.DataFrame) ->
 
 def _nonnegative_line(c: np.ndarray, t: np.ndarray) -> tuple[float, float]:
     """``t ≈ β0 + β1·c`` by least squares with ``β0, β1 >= 0``."""
-    from scipy.optimize import nnls
-
     c, t = np.asarray(c, dtype=np.float64), np.asarray(t, dtype=np.float64)
     if t.size == 0:
         return math.nan, math.nan
@@ -149,27 +284,17 @@ def fit_joined(joined: pd.DataFrame) -> pd.DataFrame:
             continue
         b0f, b1f, nf = fw.get(category, (math.nan, math.nan, 0))
         b0b, b1b, nb = bw.get(category, (math.nan, math.nan, 0))
-        rows.append(
-            {
-                "category": category,
-                "beta0_fw_ms": b0f,
-                "beta1_fw_ms_per_op": b1f,
-                "beta0_bw_ms": b0b,
-                "beta1_bw_ms_per_op": b1b,
-                "n_layers": nf,
-                "n_layers_bw": nb,
-            }
-        )
+        rows.append([category, b0f, b1f, b0b, b1b, nf, nb])  # COEFFICIENT_COLUMNS order
     table = pd.DataFrame(rows, columns=COEFFICIENT_COLUMNS)
     return table.astype({"n_layers": "int64", "n_layers_bw": "int64"})
 
 
 def fit_layer_coefficients(layer_times: pd.DataFrame, layer_features: pd.DataFrame) -> pd.DataFrame:
-    """Per-category forward and backward linear models ``t = β0 + β1·c`` (seed 004's coefficient slide).
+    """Per-category forward and backward linear models ``t = β0 + β1·c`` (Gianniti et al.'s coefficients).
 
     ``layer_times`` has one row per measured layer call (model_id, mode, batch, name, occurrence, fw_ms,
     bw_ms[, status]); ``layer_features`` is the features' layer table. Returns one row per category
-    (seed categories first, then the extra ones present, then ``pooled``, the fit of all layers
+    (the paper's categories first, then the extra ones present, then ``pooled``, the fit of all layers
     together) with columns ``category, beta0_fw_ms, beta1_fw_ms_per_op, beta0_bw_ms,
     beta1_bw_ms_per_op, n_layers`` and ``n_layers_bw`` (layer calls in the forward and backward fits;
     a direction without data has NaN coefficients). Raises :class:`InputError` when no measured layer
@@ -188,7 +313,7 @@ def coefficient_table(
     layer_times: pd.DataFrame | str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     layer_features: pd.DataFrame | str | os.PathLike[str],
 ) -> pd.DataFrame:
-    """The seed's "Linear Regression Coefficients" slide, per timed device, for the report.
+    """Gianniti et al.'s "Linear Regression Coefficients" table, per timed device, for the report.
 
     Fits :func:`fit_layer_coefficients` on all ok layer timings of each device (files
     ``results/layers/<device>.parquet``, a glob, a list of them, or a DataFrame with a ``device``
@@ -261,11 +386,7 @@ def _layer_sums_from_file(path: str | os.PathLike[str]) -> pd.DataFrame:
 
 def layer_sums(layer_features: pd.DataFrame) -> pd.DataFrame:
     """Per (model_id, mode, batch, category): ``n`` layer calls and the sums ``c_fw``, ``c_bw``."""
-    _require_columns(
-        layer_features,
-        [*CONFIG_KEY, "layer_idx", "name", "type", "category", "c_fw", "c_bw"],
-        what="layer feature",
-    )
+    require_columns(layer_features, LAYER_FEATURE_COLUMNS, what="layer feature")
     table = with_occurrence(layer_features)
     sums = table.groupby([*CONFIG_KEY, "category"], sort=True).agg(
         n=("c_fw", "size"), c_fw=("c_fw", "sum"), c_bw=("c_bw", "sum")
@@ -279,15 +400,9 @@ def layer_sums(layer_features: pd.DataFrame) -> pd.DataFrame:
 
 def _coefficient_dict(table: pd.DataFrame) -> dict[str, list[float]]:
     """``{category: [β0_fw, β1_fw, β0_bw, β1_bw, n_fw, n_bw]}`` (JSON-friendly)."""
+    betas = COEFFICIENT_COLUMNS[1:5]
     return {
-        str(r["category"]): [
-            float(r["beta0_fw_ms"]),
-            float(r["beta1_fw_ms_per_op"]),
-            float(r["beta0_bw_ms"]),
-            float(r["beta1_bw_ms_per_op"]),
-            int(r["n_layers"]),
-            int(r["n_layers_bw"]),
-        ]
+        str(r["category"]): [*(float(r[c]) for c in betas), int(r["n_layers"]), int(r["n_layers_bw"])]
         for r in table.to_dict("records")
     }
 
@@ -393,8 +508,8 @@ class GiannitiLayerRegressor(Regressor):
         featurised on the fly.
         """
         check_is_fitted(self, "coefficients_")
-        X = _check_frame(X)
-        _require_columns(X, self.required_columns, what="gianniti_layer")
+        X = check_frame(X)
+        require_columns(X, self.required_columns, what="gianniti_layer")
         if layer_features is not None:
             sums = layer_sums(layer_features)
         else:
@@ -409,8 +524,8 @@ class GiannitiLayerRegressor(Regressor):
         return out
 
     def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> GiannitiLayerRegressor:
-        X = _check_frame(X)
-        _require_columns(X, self.required_columns, what="gianniti_layer")
+        X = check_frame(X)
+        require_columns(X, self.required_columns, what="gianniti_layer")
         target = np.asarray(y, dtype=np.float64).ravel()
         if target.shape[0] != len(X):
             raise InputError(f"y has {target.shape[0]} values but X has {len(X)} rows")
@@ -434,7 +549,12 @@ class GiannitiLayerRegressor(Regressor):
         self.n_timed_configs_ = int(timings[CONFIG_KEY].drop_duplicates().shape[0])
         self.feature_names_ = list(self.required_columns)
         self.n_features_in_ = len(self.feature_names_)
-        ratios = target / self.layer_sum_ms(X)
+        self._fit_scales(X, target / self.layer_sum_ms(X))
+        return self
+
+    def _fit_scales(self, X: pd.DataFrame, ratios: np.ndarray) -> None:
+        """``global_scale_`` and ``scales_`` (per device, and per device and mode) from the ratios of the
+        training targets to their layer sums."""
         usable = np.isfinite(ratios) & (ratios > 0)
         if not usable.any():
             raise InputError(
@@ -451,7 +571,6 @@ class GiannitiLayerRegressor(Regressor):
                 for mode in sorted(set(modes[rows])):
                     scales[f"{device}\x1f{mode}"] = self._summarise(ratios[rows & (modes == mode)])
         self.scales_ = scales
-        return self
 
     def predict(self, X: pd.DataFrame, layer_features: pd.DataFrame | None = None) -> np.ndarray:
         """Predicted end-to-end step time (the target's units) per row; a config without a layer table
@@ -475,7 +594,7 @@ class GiannitiLayerRegressor(Regressor):
         return sums * factor
 
     def coefficients(self, device: str | None = None) -> pd.DataFrame:
-        """The fitted coefficients of ``device`` (default: the reference device) in the seed's layout."""
+        """The fitted coefficients of ``device`` (default: the reference device) in the paper's layout."""
         check_is_fitted(self, "coefficients_")
         device = self.reference_device_ if device is None else device
         if device not in self.coefficients_:
@@ -483,16 +602,5 @@ class GiannitiLayerRegressor(Regressor):
                 f"gianniti_layer: no coefficients for device {device!r} "
                 f"(timed devices: {', '.join(sorted(self.coefficients_))})"
             )
-        rows = [
-            {
-                "category": c,
-                "beta0_fw_ms": v[0],
-                "beta1_fw_ms_per_op": v[1],
-                "beta0_bw_ms": v[2],
-                "beta1_bw_ms_per_op": v[3],
-                "n_layers": int(v[4]),
-                "n_layers_bw": int(v[5]),
-            }
-            for c, v in self.coefficients_[device].items()
-        ]
+        rows = [[c, *v[:4], int(v[4]), int(v[5])] for c, v in self.coefficients_[device].items()]
         return pd.DataFrame(rows, columns=COEFFICIENT_COLUMNS)

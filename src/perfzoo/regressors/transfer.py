@@ -38,10 +38,8 @@ import numpy as np
 import pandas as pd
 
 from perfzoo.io import InputError
-from perfzoo.regressors import Regressor, _check_frame, _require_columns, register_regressor
+from perfzoo.regressors.base import Regressor, check_frame, register_regressor, require_columns
 from perfzoo.stats import conformal_halfwidth, mean_and_scale
-
-__all__ = ["DeviceTransferRegressor"]
 
 
 def _ridge(A: np.ndarray, y: np.ndarray, penalty: np.ndarray) -> np.ndarray:
@@ -146,7 +144,7 @@ class DeviceTransferRegressor(Regressor):
     def _check(self, X: pd.DataFrame) -> None:
         cols = [*self.workload_features, *self.device_features, *self.row_features, self.workload_col,
                 self.device_col, *([self.anchor_feature] if self.anchor_feature else [])]
-        _require_columns(_check_frame(X), cols, what="device_transfer")
+        require_columns(check_frame(X), cols, what="device_transfer")
         if not 0 < self.interval_level < 1:
             raise InputError(f"device_transfer: interval_level must lie in (0, 1), got {self.interval_level}")
 
