@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from perfzoo import plotting
-from perfzoo.report.html import figures
+from perfzoo.report import figures
 from perfzoo.evaluate import best_per_target, error_quantiles, metrics_table, per_family_table
 from perfzoo.io import write_text
 from perfzoo.report.html import build_report, report_tables

@@ -1,6 +1,6 @@
 """Energy analysis of sensor samples: relative time, 4 Hz cubic resampling, masked-array averaging of
 repetitions of unequal length, E = Δtᵀ·P, cumulative energy, EDP, quadratic fits against the power
-limit, and sampling jitter. The figures built from them: :mod:`perfzoo.report.html.energy`.
+limit, and sampling jitter. The figures built from them: :mod:`perfzoo.report.energy`.
 
 Input is a sensor-sample table (columns of :data:`perfzoo.profiling.nvml.SENSOR_COLUMNS`) carrying the
 run keys ``model_id, mode, batch, repeat``; a run is one repetition of one configuration at one power

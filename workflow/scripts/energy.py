@@ -14,7 +14,7 @@ import pandas as pd
 from perfzoo import energy
 from perfzoo.io import read_parquet, write_json, write_text
 from perfzoo.plotting import empty_figure, save_figure
-from perfzoo.report.html import energy as energy_figures
+from perfzoo.report import energy as energy_figures
 from perfzoo.report.registry import outputs
 
 CONFIG_KEYS = ["model_id", "mode", "batch"]

@@ -342,7 +342,10 @@ def regressor_from_document(doc: Mapping[str, Any], source: str) -> Regressor:
     kind = doc.get("kind")
     cls = REGISTRY.get(kind)  # type: ignore[arg-type]
     if cls is None:
-        raise InputError(f"{source}: unknown regressor kind {kind!r}{suggest(str(kind), REGISTRY)}")
+        raise InputError(
+            f"{source}: unknown regressor kind {kind!r}{suggest(str(kind), REGISTRY)} "
+            f"(known: {', '.join(repr(k) for k in sorted(REGISTRY))})"
+        )
     return cls.from_document(doc, source=source)
 
 

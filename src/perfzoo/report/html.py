@@ -1,7 +1,7 @@
 """Report stage: the tables, figures and HTML page, all regenerated from the pipeline's outputs.
 
 Which outputs exist, their files and captions: :mod:`perfzoo.report.registry` (the one registry). The figures:
-:mod:`perfzoo.report.html.figures`. The page: :mod:`perfzoo.report.page`.
+:mod:`perfzoo.report.figures`. The page: :mod:`perfzoo.report.page`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from perfzoo.plotting import save_figure
-from perfzoo.report.html import figures
+from perfzoo.report import figures
 from perfzoo.evaluate import comparison_table, error_quantiles, family_table
 from perfzoo.io import read_json, write_text
 from perfzoo.report.registry import outputs

@@ -27,7 +27,7 @@ SHOWN = (  # (quantity, column title, unit) of the first screen
     ("energy_per_sample_j", "energy per sample", "J"), ("cost_per_1k_samples", "cost per 1000 samples", ""),
 )  # fmt: skip
 BASELINE_REGRESSORS = ("roofline", "linear")
-BASELINE_PREFIX = "baseline:"  # rows of perfzoo.baselines in the metrics table
+BASELINE_PREFIX = "baseline:"  # rows of perfzoo.regressors.baselines in the metrics table
 COVERAGE_COLUMNS = ("coverage90", "interval_coverage", "coverage")
 SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 NEAR_NOISE = 1.5  # best MAPE within 1.5x the noise floor counts as "at the noise floor"
