@@ -1,6 +1,6 @@
 # perfzoo: the two commands of the README.
 #   make run   create .venv from the lock (once) and run the workflow on the default config
-#   make test  create .venv (once) and run the test suite
+#   make test  create .venv (once), check the rule files' format and the import layers, run the tests
 # The lock (requirements.lock, hashes for Linux x86-64/aarch64 and macOS arm64) is installed with
 # pip's hash checking; `make lock` regenerates it with uv, keeping the versions already locked.
 PYTHON ?= python3
@@ -28,6 +28,7 @@ report: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/snakefmt --check Snakefile rules
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 lock:
