@@ -506,15 +506,20 @@ def featurise(
                                                  else (math.nan, math.nan, "not traced"))
 
     table = _layer_table(recorder.rows, output, mode, batch, model_id)
+    counted = {"model_id": model_id, "mode": mode, "batch": batch, "flops": flops, "flops_fw": flops_fw}
+    graph = {"graph_nodes": graph_nodes, "graph_edges": graph_edges, "graph_error": graph_error}
+    return _model_features(model, x, recorder, table, counted, graph), table
+
+
+def _model_features(model: nn.Module, x: torch.Tensor, recorder: _Recorder, table: pd.DataFrame,
+                    counted: dict[str, Any], graph: dict[str, Any]) -> dict[str, Any]:
+    """The model-level features (:data:`MODEL_COLUMNS`, in that order) of one traced step."""
+    mode, flops_fw = counted["mode"], counted["flops_fw"]
     params = _unique_tensors(model.parameters())
     weight_bytes = _tensor_bytes(_unique_tensors([*params, *model.buffers()]))
     activation_bytes = sum(row["out_bytes"] for row in recorder.rows)
     features: dict[str, Any] = {
-        "model_id": model_id,
-        "mode": mode,
-        "batch": batch,
-        "flops": flops,
-        "flops_fw": flops_fw,
+        **counted,
         "macs": flops_fw / 2,
         "params": sum(p.numel() for p in params),
         "trainable_params": sum(p.numel() for p in params if p.requires_grad),
@@ -524,14 +529,12 @@ def featurise(
         "train_mem_estimate_bytes": weight_bytes * (4 if mode == "training" else 1) + activation_bytes,
         **_layer_counts(recorder.rows),
         "n_attention": recorder.n_attention,
-        "graph_nodes": graph_nodes,
-        "graph_edges": graph_edges,
-        "graph_error": graph_error,
+        **graph,
         "complexity_fw": int(table["c_fw"].sum()),
         "complexity_bw": int(table["c_bw"].sum()),
         "depth": _module_depth(model),
     }
-    return {key: features[key] for key in MODEL_COLUMNS}, table
+    return {key: features[key] for key in MODEL_COLUMNS}
 
 
 def _at_precision(build: Callable[[], nn.Module], input_dtype: str, precision: str
