@@ -24,7 +24,7 @@ import pandas as pd  # noqa: E402
 
 from perfzoo.config import load_config  # noqa: E402
 from perfzoo.features.meta import featurise, featurise_manifest  # noqa: E402
-from perfzoo.features.pool import FeatureJob, _builder, featurise_jobs  # noqa: E402
+from perfzoo.features.pool import FeatureJob, job_builder, featurise_jobs  # noqa: E402
 from perfzoo.models.zoo import expand_zoo, manifest_frame  # noqa: E402
 
 TIMM = ROOT.parent / "shared" / "data" / "timm-benchmark"
@@ -67,14 +67,14 @@ def equal(a: dict, b: dict) -> bool:
 def timm_rate(n_models: int, workers: int) -> None:
     jobs = timm_jobs(n_models)
     configs = sum(len(j.batches) for j in jobs)
-    featurise(_builder(jobs[0]), (3, 224, 224), 2, "inference", "float32", "warm")  # warm imports
+    featurise(job_builder(jobs[0]), (3, 224, 224), 2, "inference", "float32", "warm")  # warm imports
     start, cpu = time.perf_counter(), cpu_seconds()
     one_by_one = {}
     for job in jobs:
         for batch in job.batches:
             try:
                 one_by_one[(job.name, job.resolution, batch)] = featurise(
-                    _builder(job), (3, job.resolution, job.resolution), batch, "inference", "float32", "x")[0]
+                    job_builder(job), (3, job.resolution, job.resolution), batch, "inference", "float32", "x")[0]
             except Exception:  # noqa: BLE001 - an unfeaturisable model counts as done
                 one_by_one[(job.name, job.resolution, batch)] = None
     old, old_cpu = time.perf_counter() - start, cpu_seconds() - cpu

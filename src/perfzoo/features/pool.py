@@ -125,7 +125,7 @@ def _from_cache(job: FeatureJob) -> FeatureResult | None:
     return None if scaled is None else FeatureResult(job, scaled, method="scaled", probes=cached.probes)
 
 
-def _builder(job: FeatureJob) -> Callable[[], Any]:
+def job_builder(job: FeatureJob) -> Callable[[], Any]:
     """A build function that constructs the model once and hands the same module to every step."""
     import torch
 
@@ -192,7 +192,7 @@ def featurise_job(job: FeatureJob) -> FeatureResult:
     """Featurise one job (in the calling process); see the module docstring."""
     from perfzoo.features.meta import featurise
 
-    build, shape = _builder(job), (3, job.resolution, job.resolution)
+    build, shape = job_builder(job), (3, job.resolution, job.resolution)
     label = f"timm:{job.name}" if job.builder == "timm" else f"{job.builder}:{job.name}"
     dtype = BUILD_DTYPES[job.precision]
 
@@ -210,7 +210,7 @@ def featurise_job(job: FeatureJob) -> FeatureResult:
             scaled = _scaled(probes, job.batches)
         if scaled is not None:
             return FeatureResult(job, scaled, method="scaled", probes=probes)
-        direct = {b: featurise(_builder(job), shape, b, job.mode, dtype, label)[0] for b in job.batches}
+        direct = {b: featurise(job_builder(job), shape, b, job.mode, dtype, label)[0] for b in job.batches}
         return FeatureResult(job, direct, method="direct")
     except InputError as exc:
         return FeatureResult(job, reason=str(exc))
