@@ -27,7 +27,7 @@ def validate_config(config: dict[str, Any], source: str = "config") -> None:
     try:
         validate(config, str(SCHEMA))
     except Exception as exc:  # WorkflowError carrying jsonschema's message and the key path
-        raise InputError(f"{source}: {_first_line(exc)}") from None
+        raise InputError(f"{source}: {_schema_error_line(exc)}") from None
     check_sources(config, source)
     check_precisions(config, source)
     check_workflow_config(config)
@@ -122,7 +122,7 @@ def check_model_names(config: dict[str, Any]) -> None:
             check_model_name(spec["builder"], entry["name"], f"zoo.families.{family}.models[{i}]")
 
 
-def _first_line(exc: BaseException) -> str:
+def _schema_error_line(exc: BaseException) -> str:
     text = str(exc).strip()
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     # snakemake's message: "Error validating config file.\n<jsonschema message>\n\nFailed validating ... in schema[...]\nOn instance['zoo']..."

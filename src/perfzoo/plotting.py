@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from perfzoo.io import atomic_path
 
@@ -111,8 +112,6 @@ def _minor_label(axis: Any) -> Any:
 
 def log_axes(ax: Any, x: bool = True, y: bool = True, base: float = 10) -> None:
     """Log scale with plain major tick labels (1, 10, 100) and unlabelled minor ticks."""
-    from matplotlib.ticker import FuncFormatter
-
     for on, axis, setter in ((x, ax.xaxis, ax.set_xscale), (y, ax.yaxis, ax.set_yscale)):
         if on:
             setter("log", base=base)

@@ -70,6 +70,7 @@ from perfzoo.io import InputError, read_yaml
 from perfzoo.precision import check_supported, normalise_precision, peak_for
 from perfzoo.provenance import provenance, sha256_file, write_table
 from perfzoo.dataset.timm import describe_file, read_timm_rows
+from perfzoo.models.builders import library_model_names
 from perfzoo.models.zoo import stable_id
 
 TRACE_KIND = "external"
@@ -348,8 +349,6 @@ def hardware_columns(device: str, n_gpus: int = 1, precision: str = "fp32") -> d
 
 
 def _library_names(library: str) -> frozenset[str]:
-    from perfzoo.models.builders import library_model_names
-
     return frozenset(library_model_names(library))
 
 

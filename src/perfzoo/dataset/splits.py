@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from sklearn.model_selection import StratifiedKFold
 
 from perfzoo.io import InputError
 
@@ -186,8 +187,6 @@ def stratified_kfold(data: pd.DataFrame, k: int, seed: int) -> pd.DataFrame:
     Families with fewer than ``k`` rows are pooled into one stratum (``RARE_STRATUM``); a pooled
     stratum still smaller than ``k`` is allowed (sklearn's warning about it is silenced).
     """
-    from sklearn.model_selection import StratifiedKFold
-
     family = data["family"].astype(str)
     sizes = family.value_counts()
     strata = family.where(family.map(sizes) >= k, RARE_STRATUM).to_numpy()

@@ -55,7 +55,7 @@ def describe_file(path: str | Path) -> TimmFile | None:
 
 def timm_family(name: str) -> str:
     """The timm module that defines the model (its architecture family), or '' for an unknown name."""
-    import timm.models
+    import timm.models  # lazy: seconds to import; only names of never-featurised models need it
 
     try:
         return timm.models.model_entrypoint(name.split(".", 1)[0]).__module__.rsplit(".", 1)[-1]

@@ -52,9 +52,12 @@ graph_nodes, graph_edges
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import pandas as pd
@@ -62,8 +65,10 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
+from tqdm import tqdm
 
 from perfzoo.io import InputError, one_line
+from perfzoo.models.builders import build_model
 from perfzoo.precision import BUILD_DTYPES, normalise_precision
 
 MODES = ("inference", "training")
@@ -551,14 +556,6 @@ def _at_precision(build: Callable[[], nn.Module], input_dtype: str, precision: s
 def featurise_manifest(manifest: pd.DataFrame, num_classes: int, progress: bool = True) -> tuple[
         pd.DataFrame, pd.DataFrame]:
     """Features of every (model, mode, batch) config of the zoo manifest: (model table, layer table)."""
-    import json
-    import sys
-    from functools import partial
-
-    from tqdm import tqdm
-
-    from perfzoo.models.builders import build_model
-
     models, layers = [], []
     rows = manifest.drop_duplicates(["model_id", "mode", "batch"]).to_dict("records")
     for row in tqdm(rows, desc="features", file=sys.stderr, disable=not progress, mininterval=1):

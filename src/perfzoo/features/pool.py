@@ -21,6 +21,7 @@ A model that cannot be built or stepped gives no numbers: ``reason`` holds the b
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import multiprocessing
 import os
@@ -28,10 +29,14 @@ import sys
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from perfzoo.io import InputError
+from perfzoo.models.builders import build_model
 from perfzoo.precision import BUILD_DTYPES
 
 PROBE_BATCHES = (2, 4, 8)
@@ -76,10 +81,7 @@ def _cache_key(job: FeatureJob) -> tuple:
 @functools.lru_cache(maxsize=1)
 def _versions() -> dict[str, str]:
     """What the cached numbers depend on: torch, torchvision, timm and perfzoo's featuriser source."""
-    import hashlib
-    from importlib.metadata import version
-
-    import perfzoo.features.meta
+    import perfzoo.features.meta  # lazy: torch takes seconds to import, and an import without featurisation never needs it
 
     source = hashlib.sha256(Path(perfzoo.features.meta.__file__).read_bytes()).hexdigest()[:16]
     return {"torch": version("torch"), "torchvision": version("torchvision"), "timm": version("timm"),
@@ -127,9 +129,7 @@ def _from_cache(job: FeatureJob) -> FeatureResult | None:
 
 def job_builder(job: FeatureJob) -> Callable[[], Any]:
     """A build function that constructs the model once and hands the same module to every step."""
-    import torch
-
-    from perfzoo.models.builders import build_model
+    import torch  # lazy: torch takes seconds to import, and an import without featurisation never needs it
 
     shape = (3, job.resolution, job.resolution)
     built: list[Any] = []
@@ -190,7 +190,7 @@ def _scaled(probes: tuple[dict[str, Any], ...], batches: tuple[int, ...]) -> dic
 
 def featurise_job(job: FeatureJob) -> FeatureResult:
     """Featurise one job (in the calling process); see the module docstring."""
-    from perfzoo.features.meta import featurise
+    from perfzoo.features.meta import featurise  # lazy: torch takes seconds to import, and an import without featurisation never needs it
 
     build, shape = job_builder(job), (3, job.resolution, job.resolution)
     label = f"timm:{job.name}" if job.builder == "timm" else f"{job.builder}:{job.name}"
@@ -225,7 +225,7 @@ def _warm_imports() -> None:
 
 
 def _worker_init() -> None:
-    import torch
+    import torch  # lazy: torch takes seconds to import, and an import without featurisation never needs it
 
     torch.set_num_threads(1)
 
@@ -240,8 +240,6 @@ def featurise_jobs(jobs: Iterable[FeatureJob], workers: int | None = None, progr
     """
     if cache_path is not None:
         load_cache(cache_path)
-    from tqdm import tqdm
-
     jobs = list(jobs)
     results: dict[int, FeatureResult] = {}
     for i, job in enumerate(jobs):

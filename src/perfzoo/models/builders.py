@@ -11,6 +11,7 @@ import contextlib
 import functools
 import importlib.metadata
 import importlib.util
+import inspect
 import json
 import os
 import sys
@@ -46,11 +47,11 @@ def library_model_names(builder: str) -> tuple[str, ...]:
     except (OSError, ValueError):  # not cached yet, or unreadable: list the library's models
         pass
     if builder == "timm":
-        import timm
+        import timm  # lazy: seconds to import; the Snakefile imports this module to check the config
 
         names = sorted(timm.list_models())
     else:
-        import torchvision.models
+        import torchvision.models  # lazy: seconds to import; the Snakefile imports this module to check the config
 
         names = sorted(torchvision.models.list_models())
     with contextlib.suppress(OSError):  # a read-only cache folder only costs speed
@@ -106,7 +107,7 @@ def _with_image_size(builder: str, name: str, kwargs: dict[str, Any], side: int)
     if builder == "torchvision" and name.startswith("vit_"):
         kwargs.setdefault("image_size", side)
     if builder == "timm":
-        import timm
+        import timm  # lazy: seconds to import; the Snakefile imports this module to check the config
 
         if timm.get_pretrained_cfg(name) is not None and _timm_takes_img_size(name):
             kwargs.setdefault("img_size", side)
@@ -114,7 +115,7 @@ def _with_image_size(builder: str, name: str, kwargs: dict[str, Any], side: int)
 
 
 def _timm_takes_img_size(name: str) -> bool:
-    import timm.models
+    import timm.models  # lazy: seconds to import; the Snakefile imports this module to check the config
 
     return _module_mentions_img_size(timm.models.model_entrypoint(name).__module__)
 
@@ -122,26 +123,24 @@ def _timm_takes_img_size(name: str) -> bool:
 @functools.lru_cache(maxsize=None)
 def _module_mentions_img_size(module_name: str) -> bool:
     """Whether a timm model module's source mentions ``img_size`` (its classes declare it in __init__)."""
-    import inspect
-
     return "img_size" in inspect.getsource(sys.modules[module_name])
 
 
 def _build_torchvision(name: str, kwargs: dict[str, Any], num_classes: int) -> Any:
-    import torchvision.models
+    import torchvision.models  # lazy: seconds to import; the Snakefile imports this module to check the config
 
     return torchvision.models.get_model(name, weights=None, num_classes=num_classes, **kwargs)
 
 
 def _build_timm(name: str, kwargs: dict[str, Any], num_classes: int) -> Any:
-    import timm
+    import timm  # lazy: seconds to import; the Snakefile imports this module to check the config
 
     return timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs)
 
 
 def _build_mlp(name: str, kwargs: dict[str, Any], num_classes: int) -> Any:
     """Fully connected net of Grzelka's energy report (Measuring Energy Consumption of Deep Learning Workloads; MNIST-sized): Linear+ReLU per hidden layer, then logits."""
-    from torch import nn
+    from torch import nn  # lazy: seconds to import; the Snakefile imports this module to check the config
 
     in_features = int(kwargs.pop("in_features", 784))
     hidden = [int(h) for h in kwargs.pop("hidden", [512, 512])]
@@ -171,7 +170,7 @@ def _build_python(ref: str, kwargs: dict[str, Any], num_classes: int) -> Any:
 
 
 def _token_classifier_class() -> type:
-    from torch import nn
+    from torch import nn  # lazy: seconds to import; the Snakefile imports this module to check the config
 
     class _TokenClassifier(nn.Module):
         """Embedding + learned positions + ``nn.TransformerEncoder`` + mean-pooled linear head."""
@@ -197,7 +196,7 @@ def _token_classifier_class() -> type:
             self.head = nn.Linear(d_model, num_classes)
 
         def forward(self, tokens: Any) -> Any:
-            import torch
+            import torch  # lazy: seconds to import; the Snakefile imports this module to check the config
 
             positions = torch.arange(tokens.shape[1], device=tokens.device)
             x = self.embed(tokens) + self.pos(positions)

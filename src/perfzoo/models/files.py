@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from perfzoo.models.zoo import model_entries
+
 
 def factory_file(ref: str) -> str:
     """The file part of a ``path/to/file.py:function`` reference."""
@@ -79,8 +81,6 @@ def _display(path: Path, cwd: Path) -> str:
 
 def zoo_model_files(config: Mapping[str, Any]) -> list[str]:
     """User files behind every ``python`` family of the zoo (the factories and what they import)."""
-    from perfzoo.models.zoo import model_entries
-
     refs = [
         factory_file(entry["name"])
         for spec in config.get("zoo", {}).get("families", {}).values()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from perfzoo.plotting import (
     FEATURE_SET_COLORS,
@@ -164,8 +165,6 @@ def latency_vs_batch(data: pd.DataFrame) -> Figure:
         ax.set_title(family)
         ax.set_xlabel("batch size")
         ax.set_ylabel("latency (ms)")
-    from matplotlib.lines import Line2D
-
     marks = [Line2D([], [], color="0.3", marker="o", ls="-"), Line2D([], [], color="0.3", marker="s", ls="--",
                                                                       mfc="white")]
     shared_legend(fig, marks, ["inference", "training step"])

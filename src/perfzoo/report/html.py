@@ -12,12 +12,15 @@ from typing import Any
 
 import pandas as pd
 
-from perfzoo.plotting import save_figure
-from perfzoo.report import figures
 from perfzoo.evaluate import comparison_table, error_quantiles, family_table
+from perfzoo.fitting import load_models
 from perfzoo.io import read_json, write_text
-from perfzoo.report.registry import outputs
+from perfzoo.plotting import save_figure
+from perfzoo.provenance import code_version, package_versions, read_provenance, sha256_file
+from perfzoo.regressors import feature_importances
+from perfzoo.report import figures
 from perfzoo.report.page import render_index
+from perfzoo.report.registry import outputs
 
 def report_tables(
     predictions: pd.DataFrame, metrics: pd.DataFrame, per_family: pd.DataFrame, best: pd.DataFrame,
@@ -67,8 +70,6 @@ def build_report(
 
 def report_provenance(inputs: Any, config_subset: dict[str, Any]) -> dict[str, Any]:
     """Per table and figure: the sha256 of the files it was computed from; plus code and packages."""
-    from perfzoo.provenance import code_version, package_versions, sha256_file
-
     def files(name: str) -> list[str]:
         value = getattr(inputs, name)
         return [value] if isinstance(value, str) else list(value)
@@ -86,8 +87,6 @@ def report_provenance(inputs: Any, config_subset: dict[str, Any]) -> dict[str, A
 
 def report_notes(statuses: pd.DataFrame, prediction_files: list[str], split_files: list[str] = ()) -> list[str]:
     """Visible notes: failed configs, splits that cannot be formed, excluded labels, skipped folds."""
-    from perfzoo.provenance import read_provenance
-
     notes = [f"{int(r.configs)} config(s) on {r.device} ended with status {r.status}"
              for r in statuses.itertuples() if r.status != "ok"]
     for path in sorted(split_files):
@@ -112,9 +111,6 @@ TREE_REGRESSORS = ("random_forest", "extra_trees", "xgboost", "xgboost_grid")
 
 def importance_table(model_files: list[str], top: int = 10) -> pd.DataFrame:
     """Mean feature importance over the folds of each tree model of the random split (else the first), top ``top``."""
-    from perfzoo.fitting import load_models
-    from perfzoo.regressors import feature_importances
-
     rows = []
     tree_files = [p for p in model_files if Path(p).parent.name in TREE_REGRESSORS]
     names = sorted({Path(p).name for p in tree_files})
