@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from perfzoo.io import one_line
+from perfzoo.prediction.devices import DeviceSettings
 from perfzoo.prediction.predictors import TARGETS, Predictor
 
 Quantities = dict[str, dict[str, Any]]  # quantity name -> {value, lo, hi, source, interval} or {..., missing}
@@ -29,8 +30,6 @@ UNITS = {
     "energy_per_sample_j": "J", "edp": "J·s", "cost_per_1k_samples": "price units",
     "carbon_g_per_1k_samples": "g CO2e",
 }  # fmt: skip
-
-DEFAULT_CARBON_INTENSITY = 400.0  # g CO2e / kWh, the config schema's default
 
 
 def quantity(value: float, lo: float, hi: float, source: str, interval: str) -> dict[str, Any]:
@@ -157,11 +156,11 @@ def _derive_time_and_energy(
 
 
 def _derive_cost_and_carbon(
-    q: Quantities, device: str, batch: int, device_cfg: Mapping[str, Any], config_path: str | None
+    q: Quantities, device: str, batch: int, settings: DeviceSettings, config_path: str | None
 ) -> None:
     """Cost and carbon per 1000 samples from the device's price and carbon intensity."""
     lat = q["latency_ms"]
-    price = device_cfg.get("price_per_hour")
+    price = settings.price_per_hour
     if price is None:
         where = config_path or "the config"
         q["cost_per_1k_samples"] = missing(
@@ -174,7 +173,7 @@ def _derive_cost_and_carbon(
         )
     else:
         q["cost_per_1k_samples"] = missing(f"needs latency: {lat.get('missing')}")
-    ci = float(device_cfg.get("carbon_intensity_g_per_kwh", DEFAULT_CARBON_INTENSITY))
+    ci = float(settings.carbon_intensity_g_per_kwh)
     if present(q["energy_per_sample_j"]):
         g_per_j = 1000 * ci / 3.6e6  # for 1000 samples
         derive(
@@ -193,13 +192,13 @@ def row_quantities(
     missing_targets: Mapping[str, str],
     gaps: Mapping[tuple[str, str], str],
     batch: int,
-    device_cfg: Mapping[str, Any],
+    settings: DeviceSettings,
     config_path: str | None,
 ) -> Quantities:
     """Every quantity of one input row (predicted, derived, or missing with the reason)."""
     q = _predicted(i, device, tp, predictors, missing_targets, gaps)
     _derive_time_and_energy(q, device, gaps, batch)
-    _derive_cost_and_carbon(q, device, batch, device_cfg, config_path)
+    _derive_cost_and_carbon(q, device, batch, settings, config_path)
     return q
 
 

@@ -320,7 +320,10 @@ def serve(path: Path, idle_s: float) -> int:
     listener.listen(16)
     path.with_suffix(".pid").write_text(str(os.getpid()))
     inode = path.stat().st_ino
-    print(f"featuriser server {os.getpid()}: ready on {path} in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    print(
+        f"featuriser server {os.getpid()}: ready on {path} in {time.monotonic() - started:.1f} s",
+        file=sys.stderr,
+    )
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forks are reaped by the kernel
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     listener.settimeout(min(idle_s, 30.0))
