@@ -19,7 +19,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from perfzoo import __version__
 from perfzoo.sensors.command import add_sensors_parser, sensors_command
@@ -53,15 +53,7 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_BAD_INPUT)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="perfzoo",
-        description="Predict time, memory and energy of PyTorch models on the "
-        "profiled devices, and audit any output back to its raw traces.",
-    )
-    parser.add_argument("--version", action="version", version=f"perfzoo {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
+def _add_predict_parser(sub: Any) -> None:
     p = sub.add_parser(
         "predict",
         help="predict a model on every device",
@@ -113,12 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(also: PERFZOO_FEATURISER=local)",
     )
 
-    s = sub.add_parser(
-        "server",
-        help="the warm featuriser server that keeps torch/timm imported between predictions",
-    )
-    s.add_argument("action", choices=("status", "start", "stop"))
 
+def _add_audit_parser(sub: Any) -> None:
     a = sub.add_parser(
         "audit",
         help="re-hash the provenance chain of a file",
@@ -133,6 +121,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a.add_argument("-k", type=int, default=5, help="rows per device for --explain (default 5)")
     a.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="perfzoo",
+        description="Predict time, memory and energy of PyTorch models on the "
+        "profiled devices, and audit any output back to its raw traces.",
+    )
+    parser.add_argument("--version", action="version", version=f"perfzoo {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    _add_predict_parser(sub)
+    s = sub.add_parser(
+        "server",
+        help="the warm featuriser server that keeps torch/timm imported between predictions",
+    )
+    s.add_argument("action", choices=("status", "start", "stop"))
+
+    _add_audit_parser(sub)
     add_sensors_parser(sub)
     # parsed by perfzoo.external's own parser (see _import); listed here for --help
     sub.add_parser(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,7 +143,7 @@ def _featurise_overlapped(
     mode: str,
     num_classes: int,
     use_server: bool,
-    read: Any,
+    read: Callable[[], WorkflowInputs],
 ) -> tuple[dict[str, Any], WorkflowInputs, str]:
     """(featurisation, workflow inputs, how it was featurised): ``read()`` runs while the model is
     featurised in a child process or the warm server (torch, timm/torchvision, the meta-device step)."""
@@ -256,6 +256,52 @@ def _provenance_record(w: WorkflowInputs, sources: Sources, num_classes: int) ->
     }
 
 
+@dataclass(frozen=True)
+class Options:
+    """The checked options of one prediction."""
+
+    batch: int
+    mode: str
+    objective: str
+    latency_target_ms: float | None
+    num_classes: int
+
+
+def _record(
+    o: Options,
+    spec: ModelSpec,
+    featurised: Mapping[str, Any],
+    method: str,
+    w: WorkflowInputs,
+    sources: Sources,
+    entries: dict[str, Any],
+    feature_rows: dict[str, Any],
+    choice: str,
+) -> dict[str, Any]:
+    """The prediction's JSON record (in this key order)."""
+    feats, class_name = featurised["features"], featurised["class_name"]
+    dataset_key = record_key(w.results / "dataset" / "dataset.parquet", w.workdir)
+    model = {**spec.to_dict(), "batch": o.batch, "mode": o.mode, "num_classes": o.num_classes}
+    warnings = range_warnings(spec, class_name, feats, o.batch, o.mode, w.data, w.names)
+    return {
+        "model": {**model, "class_name": class_name},
+        "objective": o.objective,
+        "latency_target_ms": o.latency_target_ms,
+        "features": feats,
+        "featurised_by": method,
+        "devices": entries,
+        "recommendation": _recommendation(w, entries, o.objective, o.latency_target_ms),
+        "warnings": [*warnings, *sources.warnings],
+        "predictors": sources.predictors,
+        "predictor_choice": choice,
+        "missing_targets": w.missing_targets,
+        "dataset": {"path": dataset_key, "sha256": sources.hashes[dataset_key]},
+        "feature_rows": feature_rows,
+        "units": UNITS,
+        "provenance": _provenance_record(w, sources, o.num_classes),
+    }
+
+
 def predict(
     model_or_name: Any,
     batch: int = 1,
@@ -299,33 +345,9 @@ def predict(
         range_check(feats, batch, mode, w.data),
     )  # fmt: skip
     entries = device_entries(w, rows, device_missing, X, ctx)
-    dataset_key = record_key(results / "dataset" / "dataset.parquet", w.workdir)
-    record: dict[str, Any] = {
-        "model": {
-            **spec.to_dict(),
-            "batch": batch,
-            "mode": mode,
-            "num_classes": num_classes,
-            "class_name": class_name,
-        },
-        "objective": objective,
-        "latency_target_ms": latency_target_ms,
-        "features": feats,
-        "featurised_by": method,
-        "devices": entries,
-        "recommendation": _recommendation(w, entries, objective, latency_target_ms),
-        "warnings": [
-            *range_warnings(spec, class_name, feats, batch, mode, w.data, w.names),
-            *sources.warnings,
-        ],
-        "predictors": sources.predictors,
-        "predictor_choice": choice,
-        "missing_targets": w.missing_targets,
-        "dataset": {"path": dataset_key, "sha256": sources.hashes[dataset_key]},
-        "feature_rows": {d: dict(X.iloc[i].items()) for i, d in enumerate(rows)},
-        "units": UNITS,
-        "provenance": _provenance_record(w, sources, num_classes),
-    }
+    opts = Options(batch, mode, objective, latency_target_ms, num_classes)
+    feature_rows = {d: dict(X.iloc[i].items()) for i, d in enumerate(rows)}
+    record = _record(opts, spec, featurised, method, w, sources, entries, feature_rows, choice)
     timing("predictions")
     return Prediction(clean(record), prediction_table(entries))
 
