@@ -339,7 +339,8 @@ def _chain_pairs(record: Any) -> list[tuple[str, str]]:
 def provenance_chain(inputs: Mapping[str, Path | str], workdir: str | Path) -> dict[str, str]:
     """``{path: sha256}`` of every file behind ``inputs``, as recorded in provenance metadata (recursive).
 
-    Used by :mod:`perfzoo.prediction.provenance` so that a prediction carries the hashes of the raw traces behind it.
+    Used by :mod:`perfzoo.prediction.provenance` so that a prediction carries the hashes of the raw traces
+    behind it.
     Files are not re-hashed here, only their records read.
     """
     chain: dict[str, str] = {}

@@ -208,14 +208,13 @@ def _server(args: argparse.Namespace) -> int:
             else f"starting the server on {path} (pid {fs.start_server()}; log {path.with_suffix('.log')})"
         )
     else:
-        print(
-            f"server on {path}: {'running, pid ' + fs.server_pid(path) if fs.running(path) else 'not running'}"
-        )
+        state = f"running, pid {fs.server_pid(path)}" if fs.running(path) else "not running"
+        print(f"server on {path}: {state}")
     return EXIT_OK
 
 
 def _import(argv: Sequence[str]) -> int:
-    """``perfzoo import CSV -o OUT.parquet ...``: the importer's own command line (same as ``perfzoo-import``)."""
+    """``perfzoo import CSV -o OUT.parquet ...``: the importer's own command line (as ``perfzoo-import``)."""
     from perfzoo.external import external_main  # lazy: the importer imports torch to featurise (~4 s CPU)
 
     return external_main(list(argv), prog="perfzoo import")

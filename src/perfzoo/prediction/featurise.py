@@ -37,7 +37,8 @@ FeaturiseArgs = tuple[ModelSpec, int, str, int]  # spec, batch, mode, num_classe
 
 def _metamodel() -> types.ModuleType:
     """The module that featurises (it imports torch)."""
-    import perfzoo.prediction.metamodel as metamodel  # lazy: torch costs 4-5 s CPU; only a featurising process imports it
+    # lazy: torch costs 4-5 s CPU; only the process that featurises imports it
+    import perfzoo.prediction.metamodel as metamodel
 
     return metamodel
 

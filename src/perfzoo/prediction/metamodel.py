@@ -128,7 +128,8 @@ def featurise_model(spec: ModelSpec, batch: int, mode: str, num_classes: int) ->
 
 
 def featurise_request(request: Mapping[str, Any]) -> dict[str, Any]:
-    """Featurise a request of :func:`perfzoo.prediction.spec.featurisation_request` (in a child process or the warm server):
+    """Featurise a request of :func:`perfzoo.prediction.spec.featurisation_request` (in a child process
+    or the warm server):
     ``{"ok": result}`` or ``{"error": one line}``, with the CPU seconds this process has used."""
     spec = ModelSpec(**{**request["spec"], "input_shape": tuple(request["spec"]["input_shape"])})
     try:

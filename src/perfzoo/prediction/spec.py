@@ -144,5 +144,6 @@ def _require_shape(shape: tuple[int, ...] | None, text: str) -> tuple[int, ...]:
 
 
 def featurisation_request(spec: ModelSpec, batch: int, mode: str, num_classes: int) -> dict[str, Any]:
-    """The JSON request another process featurises (:func:`perfzoo.prediction.metamodel.featurise_request`)."""
+    """The JSON request another process featurises
+    (:func:`perfzoo.prediction.metamodel.featurise_request`)."""
     return {"spec": spec.to_dict(), "batch": batch, "mode": mode, "num_classes": num_classes}
