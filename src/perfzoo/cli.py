@@ -215,7 +215,7 @@ def _server(args: argparse.Namespace) -> int:
 
 def _import(argv: Sequence[str]) -> int:
     """``perfzoo import CSV -o OUT.parquet ...``: the importer's own command line (as ``perfzoo-import``)."""
-    from perfzoo.external import external_main  # lazy: the importer imports torch to featurise (~4 s CPU)
+    from perfzoo.external import external_main  # lazy: the importer imports pandas and scipy (~2 s CPU)
 
     return external_main(list(argv), prog="perfzoo import")
 

@@ -103,9 +103,8 @@ def device_row(
     device: str, hw: dict[str, Any] | None, feats: dict[str, Any], batch: int, mode: str, model_id: str
 ) -> dict[str, Any] | str:
     """The predictors' input row of ``device``, or the reason it cannot be built."""
-    from perfzoo.dataset import (
-        MODEL_FEATURES,
-    )  # lazy: scipy (~1 s CPU) loads while the featurising child runs
+    # lazy: perfzoo.dataset imports scipy (~1 s CPU), which loads while the featurising child runs
+    from perfzoo.dataset import MODEL_FEATURES
 
     if hw is None:
         return (

@@ -149,9 +149,8 @@ def load_predictors(
 ) -> tuple[dict[str, Predictor], dict[str, str]]:
     """The chosen predictor of every target (best score on ``preferred_split`` where evaluated), and the
     reason for every target without one."""
-    from perfzoo.fitting import (
-        load_models,
-    )  # lazy: scikit-learn (~1.5 s CPU) loads while the featurising child runs
+    # lazy: perfzoo.fitting imports scikit-learn (~1.5 s CPU), which loads while the featurising child runs
+    from perfzoo.fitting import load_models
 
     metrics = read_parquet(results / "evaluate" / "metrics.parquet")
     found: dict[str, Predictor] = {}

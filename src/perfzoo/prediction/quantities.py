@@ -204,8 +204,7 @@ def row_quantities(
 
 def with_roofline(X: pd.DataFrame) -> pd.DataFrame:
     """``X`` with the roofline features the predictors were fitted with."""
-    from perfzoo.dataset import (
-        add_roofline_features,
-    )  # lazy: scipy (~1 s CPU) loads while the featurising child runs
+    # lazy: perfzoo.dataset imports scipy (~1 s CPU), which loads while the featurising child runs
+    from perfzoo.dataset import add_roofline_features
 
     return add_roofline_features(X.copy())
