@@ -9,8 +9,8 @@ __version__ = "0.1.0"
 
 def predict(*args: Any, **kwargs: Any) -> Any:
     """:func:`perfzoo.prediction.predict`, imported when called."""
-    # lazy: perfzoo.prediction imports pandas and pyarrow (~0.8 s CPU) and, when called, torch; `import perfzoo`
-    # and `perfzoo --help` import neither
+    # lazy: perfzoo.prediction imports pandas and pyarrow (~0.8 s CPU) and, when called, torch;
+    # `import perfzoo` and `perfzoo --help` import neither
     from perfzoo.prediction import predict as _predict
 
     return _predict(*args, **kwargs)

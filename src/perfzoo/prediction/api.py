@@ -27,7 +27,7 @@ from typing import Any
 import pandas as pd
 
 from perfzoo.io import InputError, read_json, read_parquet, suggest
-from perfzoo.prediction import server
+from perfzoo.prediction.server import start_server
 from perfzoo.prediction.advice import OBJECTIVES, PredictionContext, mig_advice, power_cap, recommend
 from perfzoo.prediction.bounds import (
     bound_predictions,
@@ -154,7 +154,7 @@ def _featurise_overlapped(
     finally:
         featuriser.close()
     if featuriser.start_server_after:
-        server.start_server(featuriser.server_path)
+        start_server(featuriser.server_path)
     return featurised, inputs, featuriser.method
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from perfzoo.io import InputError
-from perfzoo.prediction import server
+from perfzoo.prediction.server import ServerRequest, socket_path, submit
 from perfzoo.prediction.spec import LIBRARY_BUILDERS, ModelSpec, featurisation_request
 from perfzoo.prediction.timing import timing
 
@@ -190,13 +190,13 @@ class Featuriser:
     ) -> None:
         self.args: FeaturiseArgs = (spec, batch, mode, num_classes)
         self.child: ChildProcess | None = None
-        self.server: server.ServerRequest | None = None
+        self.server: ServerRequest | None = None
         self.server_path: Path | None = None  # where this environment's server listens (or should)
         self.start_server_after = False  # no server answered: the caller may start one for next time
         self.method = strategy
         if use_server and spec.builder in SERVER_BUILDERS:  # even when this process imported torch
-            self.server_path = server.socket_path()
-            self.server = server.submit(featurisation_request(*self.args), self.server_path)
+            self.server_path = socket_path()
+            self.server = submit(featurisation_request(*self.args), self.server_path)
             timing(f"featurisation: {'sent to the warm server' if self.server else 'no warm server'}")
             if self.server is not None:
                 self.method = "server"

@@ -20,8 +20,8 @@ Lifecycle.
 - Each request runs in a fork: a factory in a user's Python file is imported by that fork, in the
   caller's context (working directory, environment variables replaced whole, ``sys.path``), never by
   the server itself. A caller whose variables read at torch's import (``TORCH*``, ``OMP_*``, ``MKL*``,
-  ...) differ from the server's is refused and featurises in its own child. Connections from other users are refused
-  (``SO_PEERCRED``).
+  ...) differ from the server's is refused and featurises in its own child. Connections from other
+  users are refused (``SO_PEERCRED``).
 - ``PERFZOO_FEATURISER=local`` turns the server off (the tests do); the Python API never uses it.
 """
 
