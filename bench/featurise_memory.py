@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = """
 import json, resource, sys, time
 start = time.perf_counter()
-from perfzoo.predict import featurise_model, resolve_model
+from perfzoo.prediction.metamodel import featurise_model
+from perfzoo.prediction.spec import resolve_model
 spec = resolve_model(sys.argv[1], sys.argv[2])
 out = featurise_model(spec, int(sys.argv[3]), sys.argv[4], 1000)
 print(json.dumps({"params": out["features"]["params"], "flops": out["features"]["flops"],

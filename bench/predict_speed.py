@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         return median
 
     sock = subprocess.run(
-        [sys.executable, "-c", "from perfzoo import featuriser_server as f; print(f.socket_path())"],
+        [sys.executable, "-c", "from perfzoo.prediction import server as f; print(f.socket_path())"],
         env=env, capture_output=True, text=True, check=True,
     ).stdout.strip()
 

@@ -257,7 +257,7 @@ PREDICTIONS = sorted(config.get("predict", {}))
 
 
 def prediction_spec(wildcards):
-    """The `predict:` entry of one name, in the form perfzoo.predict expects."""
+    """The `predict:` entry of one name, in the form perfzoo.prediction.predict_to_file expects."""
     entry = dict(config["predict"][wildcards.name])
     model = entry.pop("model")
     return {**entry, "name": model}

@@ -20,7 +20,7 @@ def predicted(workflow_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     ``mlp_small`` (64 → 32 → 32 → 10), inference at batch 4."""
     from torch import nn
 
-    from perfzoo.predict import predict
+    from perfzoo.prediction import predict
 
     run = tmp_path_factory.mktemp("audited") / "run"
     shutil.copytree(workflow_dir, run, ignore=shutil.ignore_patterns("predictions"))
@@ -44,7 +44,7 @@ def _status(result, key: str) -> str:
 
 
 def test_fresh_outputs_audit_ok(run: Path) -> None:
-    from perfzoo.audit import audit
+    from perfzoo.auditing import audit
 
     result = audit(run / RECORD)
     assert result.ok and result.exit_code == 0
@@ -66,7 +66,7 @@ def test_fresh_outputs_audit_ok(run: Path) -> None:
 
 
 def test_one_changed_trace_byte_is_reported(run: Path) -> None:
-    from perfzoo.audit import audit
+    from perfzoo.auditing import audit
 
     trace = run / TRACE
     data = bytearray(trace.read_bytes())
@@ -86,7 +86,7 @@ def test_one_changed_trace_byte_is_reported(run: Path) -> None:
 
 
 def test_deleted_trace_is_missing(run: Path) -> None:
-    from perfzoo.audit import audit
+    from perfzoo.auditing import audit
 
     (run / TRACE).unlink()
     result = audit(run / RECORD)
@@ -99,7 +99,7 @@ def test_deleted_trace_is_missing(run: Path) -> None:
 
 
 def test_trace_behind_a_deleted_dataset_is_still_checked(run: Path) -> None:
-    from perfzoo.audit import audit
+    from perfzoo.auditing import audit
 
     (run / "results/dataset/dataset.parquet").unlink()
     (run / TRACE).write_bytes(b"tampered")
@@ -109,7 +109,7 @@ def test_trace_behind_a_deleted_dataset_is_still_checked(run: Path) -> None:
 
 
 def test_tampered_predictor_file_is_named(run: Path) -> None:
-    from perfzoo.audit import audit
+    from perfzoo.auditing import audit
 
     record = json.loads((run / RECORD).read_text())
     predictor = record["predictors"]["latency_ms"]["path"]
@@ -124,7 +124,7 @@ def test_tampered_predictor_file_is_named(run: Path) -> None:
 
 
 def test_explain_lists_k_nearest_rows(run: Path) -> None:
-    from perfzoo.audit import explain
+    from perfzoo.auditing import explain
 
     table = explain(run / RECORD, k=3)
     assert len(table) == 6 and set(table["device"]) == {"cpu", "a100"}

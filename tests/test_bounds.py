@@ -10,8 +10,8 @@ import pytest
 import numpy as np
 import pandas as pd
 
-from perfzoo.bounds import RangeCheck, bound_predictions, memory_floor_mb, time_floor_ms
-from perfzoo.predict import predict
+from perfzoo.prediction.bounds import RangeCheck, bound_predictions, memory_floor_mb, time_floor_ms
+from perfzoo.prediction import predict
 
 from test_predict import _mlp, run_dir, workflow_dir  # noqa: F401 - the fixtures
 

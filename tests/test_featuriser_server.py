@@ -45,7 +45,7 @@ def cli(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProce
 
 
 def socket_of(env: dict[str, str]) -> Path:
-    code = "from perfzoo import featuriser_server as f; print(f.socket_path())"
+    code = "from perfzoo.prediction import server as f; print(f.socket_path())"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     return Path(out.stdout.strip())
 
@@ -60,7 +60,7 @@ def wait_until(condition, timeout_s: float = 120.0) -> bool:
 
 
 def test_first_call_starts_server_and_later_calls_use_it(run_dir: Path, server_env, tmp_path: Path) -> None:
-    from perfzoo.featuriser_server import running, server_pid
+    from perfzoo.prediction.server import running, server_pid
 
     first = cli("predict", "mlp:mlp_small", "--input", "64", "--batch", "4", "--json", cwd=run_dir, env=server_env)
     assert first.returncode == 0, first.stderr
@@ -119,7 +119,7 @@ def test_server_that_breaks_off_falls_back_to_a_child(run_dir: Path, server_env)
 
 
 def test_server_key_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from perfzoo.featuriser_server import server_key
+    from perfzoo.prediction.server import server_key
 
     before = server_key()
     monkeypatch.setattr(sys, "path", [*sys.path, "/elsewhere"])
@@ -127,7 +127,7 @@ def test_server_key_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_server_is_off_for_local(monkeypatch: pytest.MonkeyPatch) -> None:
-    from perfzoo.featuriser_server import enabled
+    from perfzoo.prediction.server import enabled
 
     monkeypatch.setenv("PERFZOO_FEATURISER", "local")
     assert not enabled()
@@ -137,7 +137,7 @@ def test_server_is_off_for_local(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_server_featurises_in_the_callers_environment(run_dir: Path, server_env, tmp_path: Path) -> None:
     """A model reading its width from an environment variable: server and --no-server agree."""
-    from perfzoo.featuriser_server import running
+    from perfzoo.prediction.server import running
 
     (tmp_path / "envnet.py").write_text(
         "import os\nfrom torch import nn\n\nWIDTH = int(os.environ.get('NET_WIDTH', '4'))\n\n"
@@ -165,7 +165,7 @@ def test_server_featurises_in_the_callers_environment(run_dir: Path, server_env,
 
 def test_planted_symlink_is_not_used_as_the_socket_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Another user's symlink at the fallback folder's name (pointing at a folder of theirs) is refused."""
-    from perfzoo import featuriser_server
+    from perfzoo.prediction import server as featuriser_server
 
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))

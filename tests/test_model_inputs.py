@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from perfzoo.audit import CHANGED, OK, audit
+from perfzoo.auditing import CHANGED, OK, audit
 from perfzoo.models.files import user_module_files
 from perfzoo.provenance import config_link, provenance
 
@@ -96,7 +96,7 @@ def test_editing_an_imported_model_module_reruns_and_breaks_the_audit(tmp_path) 
     before = {link.key: link.status for link in audit(features).links}
     assert before["models/layers.py"] == OK and before["config.yaml#zoo.num_classes"] == OK
     # a prediction record carries this flattened chain, so its audit re-hashes the model files too
-    from perfzoo.audit import provenance_chain
+    from perfzoo.auditing import provenance_chain
 
     chain = provenance_chain({"features": features}, tmp_path)
     assert {"models/net.py", "models/layers.py", "models/blocks/head.py"} <= set(chain)

@@ -276,7 +276,7 @@ def test_predict_module_instance_per_device_with_intervals(run_dir: Path) -> Non
 
 
 def test_energy_missing_on_cpu_with_reason_never_zero(run_dir: Path) -> None:
-    from perfzoo.predict import predict
+    from perfzoo.prediction import predict
 
     result = predict(_mlp(), batch=4, input_shape=64)
     cpu = result.record["devices"]["cpu"]["quantities"]
@@ -293,7 +293,7 @@ def test_energy_missing_on_cpu_with_reason_never_zero(run_dir: Path) -> None:
 
 
 def test_objectives_mig_and_power_cap(run_dir: Path) -> None:
-    from perfzoo.predict import predict
+    from perfzoo.prediction import predict
 
     energy = predict(_mlp(), batch=8, input_shape=64, objective="energy")
     assert energy.recommendation["device"] == "a100"
@@ -313,7 +313,7 @@ def test_objectives_mig_and_power_cap(run_dir: Path) -> None:
 
 def test_predictor_choice_and_fold_average(run_dir: Path) -> None:
     from perfzoo.fitting import regressor_inputs
-    from perfzoo.predict import predict
+    from perfzoo.prediction import predict
 
     metrics = pd.read_parquet("results/evaluate/metrics.parquet")
     # a profiled family: the best score on the random split; an anonymous module (no family to match):
@@ -338,7 +338,7 @@ def test_predictor_choice_and_fold_average(run_dir: Path) -> None:
 
 
 def test_out_of_range_batch_warns(run_dir: Path) -> None:
-    from perfzoo.predict import predict
+    from perfzoo.prediction import predict
 
     inside = predict(_mlp(), batch=4, input_shape=64)
     assert not any("batch" in w for w in inside.warnings)
@@ -350,7 +350,7 @@ def test_out_of_range_batch_warns(run_dir: Path) -> None:
 def test_unprofiled_family_warns(run_dir: Path) -> None:
     from torch import nn
 
-    from perfzoo.predict import predict
+    from perfzoo.prediction import predict
 
     class ConvNet(nn.Module):
         def __init__(self) -> None:
@@ -374,7 +374,7 @@ def test_unprofiled_family_warns(run_dir: Path) -> None:
 
 
 def test_predict_to_file_record(run_dir: Path, tmp_path: Path) -> None:
-    from perfzoo.predict import predict_to_file
+    from perfzoo.prediction import predict_to_file
     from perfzoo.provenance import sha256_file
 
     out = predict_to_file(
@@ -404,7 +404,7 @@ def test_predict_to_file_record(run_dir: Path, tmp_path: Path) -> None:
 
 def test_unknown_name_lists_close_names(run_dir: Path) -> None:
     from perfzoo.io import InputError
-    from perfzoo.predict import predict
+    from perfzoo.prediction import predict
 
     with pytest.raises(InputError, match="did you mean: mlp_small"):
         predict("mlp:mlp_smal", input_shape=64)
@@ -414,7 +414,7 @@ def test_unknown_name_lists_close_names(run_dir: Path) -> None:
 
 def test_raising_factory_is_located(run_dir: Path, tmp_path: Path) -> None:
     from perfzoo.io import InputError
-    from perfzoo.predict import predict
+    from perfzoo.prediction import predict
 
     model_file = tmp_path / "net.py"
     model_file.write_text(
@@ -452,7 +452,7 @@ def test_raising_factory_is_located(run_dir: Path, tmp_path: Path) -> None:
 
 def test_empty_results_names_the_workflow_target(tmp_path: Path) -> None:
     from perfzoo.io import InputError
-    from perfzoo.predict import predict
+    from perfzoo.prediction import predict
 
     (tmp_path / "results").mkdir()
     with pytest.raises(InputError) as err:
@@ -462,7 +462,7 @@ def test_empty_results_names_the_workflow_target(tmp_path: Path) -> None:
 
 def test_bad_options(run_dir: Path) -> None:
     from perfzoo.io import InputError
-    from perfzoo.predict import parse_input, predict
+    from perfzoo.prediction import parse_input, predict
 
     assert parse_input("3,224,224") == (3, 224, 224) and parse_input(128) == (128,)
     with pytest.raises(InputError, match="--input"):
@@ -523,7 +523,7 @@ def test_cli_bad_input_is_one_line_exit_2(run_dir: Path) -> None:
 def test_import_perfzoo_is_cheap_and_predict_callable() -> None:
     code = (
         "import sys, perfzoo; heavy = [m for m in ('torch', 'pandas', 'sklearn') if m in sys.modules]; "
-        "import perfzoo.predict, perfzoo.audit; "
+        "import perfzoo.prediction, perfzoo.auditing; "
         "print(heavy, callable(perfzoo.predict), callable(perfzoo.audit))"
     )
     out = subprocess.run(
@@ -541,12 +541,12 @@ def test_featurise_child_process_reports_file_and_line(tmp_path: Path) -> None:
     """The CLI featurises in a child process (forked, or a fresh interpreter): a raising factory is
     reported the same way from there."""
     from perfzoo.io import InputError
-    from perfzoo.predict import _Featuriser, resolve_model
+    from perfzoo.prediction import Featuriser, resolve_model
 
     model_file = tmp_path / "broken.py"
     model_file.write_text("def build():\n    raise KeyError('no such layer')\n")
     spec = resolve_model(f"{model_file}:build", 64)
-    child = _Featuriser(spec, 1, "inference", 10, "spawn")
+    child = Featuriser(spec, 1, "inference", 10, "spawn")
     assert child.proc is not None
     with pytest.raises(InputError, match=f"{model_file}:2: KeyError: 'no such layer'"):
         child.result()
@@ -565,7 +565,17 @@ class _Stub:
 
 
 def test_power_cap_sweep_picks_lowest_energy_meeting_the_target() -> None:
-    from perfzoo.predict import Predictor, _power_cap, _row_quantities, _target_predictions, _with_roofline
+    from dataclasses import replace
+
+    from perfzoo.prediction import (
+        DeviceSettings,
+        PredictionContext,
+        Predictor,
+        power_cap,
+        row_quantities,
+        target_predictions,
+        with_roofline,
+    )
 
     def stub(target: str, fn: Any) -> Predictor:
         return Predictor(
@@ -595,30 +605,30 @@ def test_power_cap_sweep_picks_lowest_energy_meeting_the_target() -> None:
         "hw_mem_bw_gbs": 1e3,
         "power_limit_w": 400.0,
     }
-    cfg = {"kind": "cuda", "power_limits_w": [200, 300, 400]}
-    base = _with_roofline(pd.DataFrame([row]))
-    q = _row_quantities(0, "gpu", _target_predictions(base, predictors), predictors, {}, {}, 4, cfg, None)
+    cfg = DeviceSettings(kind="cuda", power_limits_w=[200, 300, 400])
+    base = with_roofline(pd.DataFrame([row]))
+    q = row_quantities(0, "gpu", target_predictions(base, predictors), predictors, {}, {}, 4, cfg, None)
     assert (
         q["energy_per_sample_j"]["lo"] <= q["energy_per_sample_j"]["value"] <= q["energy_per_sample_j"]["hi"]
     )
-    ctx = {
-        "predictors": predictors,
-        "missing": {},
-        "gaps": {},
-        "batch": 4,
-        "objective": "energy",
-        "latency_target_ms": 12.0,
-    }
+    ctx = PredictionContext(
+        predictors=predictors,
+        missing={},
+        gaps={},
+        batch=4,
+        objective="energy",
+        latency_target_ms=12.0,
+    )
     assert (
-        _power_cap("gpu", row, cfg, q, ctx)["power_cap_w"] == 300
+        power_cap("gpu", row, cfg, q, ctx)["power_cap_w"] == 300
     )  # 200 W: lowest energy, but 15 ms > 12 ms
-    assert _power_cap("gpu", row, cfg, q, {**ctx, "latency_target_ms": 8.0})["power_cap_w"] == 400
-    none = _power_cap("gpu", row, cfg, q, {**ctx, "latency_target_ms": 1.0})
+    assert power_cap("gpu", row, cfg, q, replace(ctx, latency_target_ms=8.0))["power_cap_w"] == 400
+    none = power_cap("gpu", row, cfg, q, replace(ctx, latency_target_ms=1.0))
     assert none["power_cap_w"] is None and "latency target" in none["reason"]
 
 
 def test_fold_average_residual_interval_and_split_choice(tmp_path: Path) -> None:
-    from perfzoo.predict import Predictor, _choose_file
+    from perfzoo.prediction import Predictor, choose_file
 
     folds = {"a": _Stub(lambda w: np.full_like(w, 1.0)), "b": _Stub(lambda w: np.full_like(w, 3.0))}
     ratios = np.linspace(0.8, 1.25, 50)  # y_pred / y_true on held-out rows
@@ -635,9 +645,9 @@ def test_fold_average_residual_interval_and_split_choice(tmp_path: Path) -> None
         path = tmp_path / "fit" / "latency_ms" / regressor / f"{split}.models.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("{}")
-    assert _choose_file(metrics, tmp_path, "latency_ms")[:2] == ("random_forest", "random")
+    assert choose_file(metrics, tmp_path, "latency_ms")[:2] == ("random_forest", "random")
     no_random = metrics[metrics["split"] != "random"]
-    assert _choose_file(no_random, tmp_path, "latency_ms")[:2] == ("xgboost", "leave_one_family_out")
+    assert choose_file(no_random, tmp_path, "latency_ms")[:2] == ("xgboost", "leave_one_family_out")
 
 
 def test_model_names_are_cached_per_user_not_per_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from perfzoo.io import InputError
-from perfzoo.predict import Predictor
+from perfzoo.prediction import Predictor
 from perfzoo.regressors import load_regressor, make_regressor, save_regressor
 from perfzoo.regressors.transfer import DeviceTransferRegressor
 from perfzoo.stats import conformal_halfwidth

@@ -8,17 +8,16 @@ __version__ = "0.1.0"
 
 
 def predict(*args: Any, **kwargs: Any) -> Any:
-    """Lazy re-export of :func:`perfzoo.predict.predict` (torch is imported only when it is called).
-
-    Once the submodule is imported, ``perfzoo.predict`` is that module, which is callable the same way.
-    """
-    from perfzoo.predict import predict as _predict
+    """:func:`perfzoo.prediction.predict`, imported when called."""
+    # lazy: perfzoo.prediction imports pandas and pyarrow (~0.8 s CPU) and, when called, torch;
+    # `import perfzoo` and `perfzoo --help` import neither
+    from perfzoo.prediction import predict as _predict
 
     return _predict(*args, **kwargs)
 
 
 def audit(*args: Any, **kwargs: Any) -> Any:
-    """Lazy re-export of :func:`perfzoo.audit.audit` (re-hash the provenance chain of a file)."""
-    from perfzoo.audit import audit as _audit
+    """:func:`perfzoo.auditing.audit` (re-hash the provenance chain of a file), imported when called."""
+    from perfzoo.auditing import audit as _audit  # lazy: perfzoo.auditing imports pandas (~0.6 s CPU)
 
     return _audit(*args, **kwargs)

@@ -1,21 +1,31 @@
-"""Command line: ``perfzoo predict MODEL ...``, ``perfzoo audit [--explain] FILE`` and
-``perfzoo server status|start|stop`` (the warm featuriser of :mod:`perfzoo.featuriser_server`).
+"""The ``perfzoo`` command line: ``perfzoo predict | audit | server | sensors | import``.
 
-Exit codes: 0 success; 1 ``audit`` found a broken provenance link; 2 bad input (one line on stderr).
-Heavy modules (torch, pandas, scikit-learn) are imported only by the subcommand that needs them.
+Exit codes (one table for every subcommand):
+
+==== =========================================================================================
+0    success
+1    the run failed: ``audit`` found a broken provenance link, or an unexpected error (traceback)
+2    bad input: a wrong option, model name, file or config (one line on stderr)
+==== =========================================================================================
+
+Start-up: ``perfzoo --help`` imports neither torch nor pandas; each subcommand imports what it needs when
+it runs (the function-local imports below, each with its reason).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
+from perfzoo import __version__
 from perfzoo.sensors.command import add_sensors_parser, sensors_command
 
-EXIT_OK, EXIT_BROKEN, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT
 
 PREDICT_EPILOG = """\
 MODEL is timm:NAME, torchvision:NAME, mlp:NAME, transformer:NAME or path/to/model.py:function (a
@@ -43,17 +53,7 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_BAD_INPUT)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from perfzoo import __version__
-
-    parser = _Parser(
-        prog="perfzoo",
-        description="Predict time, memory and energy of PyTorch models on the "
-        "profiled devices, and audit any output back to its raw traces.",
-    )
-    parser.add_argument("--version", action="version", version=f"perfzoo {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
+def _add_predict_parser(sub: Any) -> None:
     p = sub.add_parser(
         "predict",
         help="predict a model on every device",
@@ -105,12 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(also: PERFZOO_FEATURISER=local)",
     )
 
-    s = sub.add_parser(
-        "server",
-        help="the warm featuriser server that keeps torch/timm imported between predictions",
-    )
-    s.add_argument("action", choices=("status", "start", "stop"))
 
+def _add_audit_parser(sub: Any) -> None:
     a = sub.add_parser(
         "audit",
         help="re-hash the provenance chain of a file",
@@ -125,13 +121,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a.add_argument("-k", type=int, default=5, help="rows per device for --explain (default 5)")
     a.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="perfzoo",
+        description="Predict time, memory and energy of PyTorch models on the "
+        "profiled devices, and audit any output back to its raw traces.",
+    )
+    parser.add_argument("--version", action="version", version=f"perfzoo {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    _add_predict_parser(sub)
+    s = sub.add_parser(
+        "server",
+        help="the warm featuriser server that keeps torch/timm imported between predictions",
+    )
+    s.add_argument("action", choices=("status", "start", "stop"))
+
+    _add_audit_parser(sub)
     add_sensors_parser(sub)
+    # parsed by perfzoo.dataset.external's own parser (see _import); listed here for --help
+    sub.add_parser(
+        "import",
+        help="import an external measurement CSV or a timm benchmark CSV into a dataset table "
+        "(perfzoo import --help)",
+        add_help=False,
+    )
     return parser
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from perfzoo import featuriser_server
-    from perfzoo.predict import predict
+    # lazy: perfzoo.prediction imports pandas and the workflow modules (~0.8 s CPU), not needed by --help
+    from perfzoo.prediction import predict, server
 
     result = predict(
         args.model,
@@ -144,7 +166,7 @@ def _predict(args: argparse.Namespace) -> int:
         results=args.results,
         config=args.config,
         num_classes=args.num_classes,
-        use_server=not args.no_server and featuriser_server.enabled(),
+        use_server=not args.no_server and server.enabled(),
     )
     if args.output:
         result.save(args.output)
@@ -153,51 +175,65 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    import json
+    # lazy: perfzoo.auditing imports pandas and pyarrow (~0.7 s CPU), not needed by --help
+    from perfzoo.auditing import audit, explain, format_explain
 
     if args.explain:
-        from perfzoo.audit import explain, format_explain
-
         table = explain(args.file, k=args.k)
         if args.json:
             print(table.to_json(orient="records", indent=2))
         else:
             print(format_explain(table))
         return EXIT_OK
-    from perfzoo.audit import audit
-
     result = audit(args.file)
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.to_text())
-    return result.exit_code
+    return EXIT_FAILURE if result.exit_code else EXIT_OK
 
 
 def _server(args: argparse.Namespace) -> int:
-    from perfzoo import featuriser_server as fs
+    from perfzoo.prediction import server as fs  # lazy: perfzoo.prediction imports pandas (~0.8 s CPU)
 
     path = fs.socket_path()
     if path is None:
-        print("perfzoo: error: no private folder for the server socket (see XDG_RUNTIME_DIR)", file=sys.stderr)
+        print(
+            "perfzoo: error: no private folder for the server socket (see XDG_RUNTIME_DIR)", file=sys.stderr
+        )
         return EXIT_BAD_INPUT
     if args.action == "stop":
         print(f"stopped the server on {path}" if fs.stop_server(path) else f"no server on {path}")
     elif args.action == "start":
-        print(f"server on {path} already running" if fs.running(path) else
-              f"starting the server on {path} (pid {fs.start_server()}; log {path.with_suffix('.log')})")
+        print(
+            f"server on {path} already running"
+            if fs.running(path)
+            else f"starting the server on {path} (pid {fs.start_server()}; log {path.with_suffix('.log')})"
+        )
     else:
-        print(f"server on {path}: {'running, pid ' + fs.server_pid(path) if fs.running(path) else 'not running'}")
+        state = f"running, pid {fs.server_pid(path)}" if fs.running(path) else "not running"
+        print(f"server on {path}: {state}")
     return EXIT_OK
 
 
+def _import(argv: Sequence[str]) -> int:
+    """``perfzoo import CSV -o OUT.parquet ...``: the importer's own command line (as ``perfzoo-import``)."""
+    from perfzoo.dataset.external import external_main  # lazy: the importer imports pandas and scipy (~2 s CPU)
+
+    return external_main(list(argv), prog="perfzoo import")
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["import"]:  # its options belong to the importer's parser
+        return _import(words[1:])
+    args = build_parser().parse_args(words)
+    commands = {"predict": _predict, "audit": _audit, "server": _server, "sensors": sensors_command}
+    return commands[args.command](args)
+
+
 def _run(argv: Sequence[str] | None) -> int:
-    args = build_parser().parse_args(argv)
-    from perfzoo.io import InputError
+    from perfzoo.io import InputError  # lazy: perfzoo.io imports pandas (~0.6 s CPU), not needed by --help
 
     try:
-        if args.command == "server":
-            return _server(args)
-        if args.command == "sensors":
-            return sensors_command(args)
-        return _predict(args) if args.command == "predict" else _audit(args)
+        return _dispatch(argv)
     except InputError as exc:
         print(f"perfzoo: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -206,7 +242,7 @@ def _run(argv: Sequence[str] | None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("perfzoo: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # output piped into `head` and the like
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK

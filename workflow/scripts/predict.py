@@ -1,5 +1,5 @@
 """Rule predict: the prediction record of one model listed under `predict:` in the config."""
-from perfzoo.predict import predict_to_file
+from perfzoo.prediction import predict_to_file
 from perfzoo.workflow import run_step
 
 

@@ -545,9 +545,10 @@ def import_summary(data: pd.DataFrame, output: str) -> list[str]:
     return lines
 
 
-def external_main(argv: Sequence[str] | None = None) -> int:
-    """``perfzoo-import CSV -o OUT.parquet``: 0 on success; bad input prints one line and returns 2."""
-    args = build_parser().parse_args(argv)
+def external_main(argv: Sequence[str] | None = None, prog: str = "perfzoo-import") -> int:
+    """``perfzoo-import CSV -o OUT.parquet`` (also ``perfzoo import``): 0 on success; bad input prints one
+    line and returns 2."""
+    args = build_parser(prog).parse_args(argv)
     try:
         options = ImportOptions(fmt=args.format, device=args.device, precision=args.precision,
                                 software=args.software, device_map=load_device_map(args.device_map),
@@ -555,11 +556,11 @@ def external_main(argv: Sequence[str] | None = None) -> int:
                                 progress=not args.quiet, feature_cache=args.feature_cache)
         data, prov = import_external(args.csv, options=options)
     except InputError as exc:
-        print(f"perfzoo-import: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     write_table(args.output, data, prov)
     for line in import_summary(data, args.output):
-        print(f"perfzoo-import: {line}", file=sys.stderr)
+        print(f"{prog}: {line}", file=sys.stderr)
     return 0
 
 

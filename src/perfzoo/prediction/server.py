@@ -16,18 +16,19 @@ Lifecycle.
 - No server: the CLI featurises in its own child process, as without a server, and once its answer is
   printed starts a server in the background (``start_server``) for the next call.
 - The server exits after ``PERFZOO_SERVER_IDLE_S`` seconds (default 900) without a request, on
-  SIGTERM, or when its socket file is removed (``perfzoo predict --stop-server``).
+  SIGTERM, or when its socket file is removed (``perfzoo server stop``).
 - Each request runs in a fork: a factory in a user's Python file is imported by that fork, in the
   caller's context (working directory, environment variables replaced whole, ``sys.path``), never by
   the server itself. A caller whose variables read at torch's import (``TORCH*``, ``OMP_*``, ``MKL*``,
-  ...) differ from the server's is refused and featurises in its own child. Connections from other users are refused
-  (``SO_PEERCRED``).
+  ...) differ from the server's is refused and featurises in its own child. Connections from other
+  users are refused (``SO_PEERCRED``).
 - ``PERFZOO_FEATURISER=local`` turns the server off (the tests do); the Python API never uses it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -40,6 +41,8 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +52,8 @@ ENV_SWITCH = "PERFZOO_FEATURISER"  # "local": never use or start a server
 ENV_IDLE = "PERFZOO_SERVER_IDLE_S"
 LIBRARIES = ("torch", "torchvision", "timm")
 SERVER_ENVIRON = dict(os.environ)  # the environment this process started with
+PACKAGE = Path(__file__).resolve().parents[1]  # the perfzoo package, whose sources the key covers
+MODULE = "perfzoo.prediction.server"  # the server process runs main() of this module
 
 
 # --------------------------------------------------------------------------- where and who
@@ -92,12 +97,10 @@ def _is_private_folder(folder: Path) -> bool:
 
 def server_key() -> str:
     """A hash of everything that decides what featurisation computes in this environment."""
-    from importlib import metadata
-
     h = hashlib.sha256()
     h.update(os.path.realpath(sys.executable).encode())
     h.update("\0".join(sys.path[1:]).encode())
-    package = Path(__file__).resolve().parent
+    package = PACKAGE
     for path in sorted(package.rglob("*.py")):
         info = path.stat()
         h.update(f"{path.relative_to(package)}:{info.st_size}:{info.st_mtime_ns}".encode())
@@ -192,11 +195,11 @@ def start_server(path: Path | None = None) -> int | None:
     path = path or socket_path()
     if path is None:
         return None
-    src = str(Path(__file__).resolve().parents[1])
+    src = str(PACKAGE.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
     with open(path.with_suffix(".log"), "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "perfzoo.featuriser_server", str(path)],
+            [sys.executable, "-c", f"import sys; from {MODULE} import main; sys.exit(main())", str(path)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -236,7 +239,7 @@ def stop_server(path: Path | None = None) -> bool:
         return False
     with contextlib.suppress(OSError, ValueError):
         pid = int(path.with_suffix(".pid").read_text())
-        if b"perfzoo.featuriser_server" in Path(f"/proc/{pid}/cmdline").read_bytes():
+        if MODULE.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
             os.kill(pid, signal.SIGTERM)
     with contextlib.suppress(OSError):
         path.unlink()
@@ -253,10 +256,8 @@ def _peer_uid(conn: socket.socket) -> int | None:
     return struct.unpack("3i", creds)[1]
 
 
-def _answer(conn: socket.socket) -> None:
+def _answer(conn: socket.socket, featurise_request: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     """In a fork of the server: read one request, featurise it, send the result, exit."""
-    from perfzoo.predict import featurise_request
-
     code = 0
     try:
         data = b""
@@ -283,26 +284,26 @@ def _answer(conn: socket.socket) -> None:
         os._exit(code)
 
 
-def _warm_up() -> None:
-    """Import everything featurisation needs, including what ``FlopCounterMode`` loads on first use."""
+def _warm_up() -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Import everything featurisation needs, including what ``FlopCounterMode`` loads on first use;
+    the function that answers a request."""
+    # lazy: torch, torch._dynamo, torchvision and timm cost 4-5 s CPU; only the server process imports them
     import timm  # noqa: F401 - imports torchvision too
     import torch
     import torch._dynamo  # noqa: F401
     import torchvision  # noqa: F401
 
-    import perfzoo.models.builders
-    import perfzoo.features.meta
-    import perfzoo.predict  # noqa: F401
+    from perfzoo.models.builders import library_model_names
+    from perfzoo.prediction.metamodel import featurise_request
 
     for builder in ("timm", "torchvision"):
-        perfzoo.models.builders.library_model_names(builder)
+        library_model_names(builder)
     torch.set_num_threads(1)
+    return featurise_request
 
 
 def serve(path: Path, idle_s: float) -> int:
     """Listen on ``path`` until idle for ``idle_s`` seconds, SIGTERM, or the socket file is removed."""
-    import fcntl
-
     lock = open(path.with_suffix(".lock"), "w")  # noqa: SIM115 - held for the server's life
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -310,7 +311,7 @@ def serve(path: Path, idle_s: float) -> int:
         print(f"featuriser server: another server holds {path}", file=sys.stderr)
         return 0
     started = time.monotonic()
-    _warm_up()
+    featurise_request = _warm_up()
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -319,7 +320,10 @@ def serve(path: Path, idle_s: float) -> int:
     listener.listen(16)
     path.with_suffix(".pid").write_text(str(os.getpid()))
     inode = path.stat().st_ino
-    print(f"featuriser server {os.getpid()}: ready on {path} in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    print(
+        f"featuriser server {os.getpid()}: ready on {path} in {time.monotonic() - started:.1f} s",
+        file=sys.stderr,
+    )
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forks are reaped by the kernel
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     listener.settimeout(min(idle_s, 30.0))
@@ -344,7 +348,7 @@ def serve(path: Path, idle_s: float) -> int:
                 listener.close()
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the fork may run subprocesses of its own
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                _answer(conn)
+                _answer(conn, featurise_request)
             conn.close()
     finally:
         listener.close()
@@ -360,7 +364,7 @@ def serve(path: Path, idle_s: float) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m perfzoo.featuriser_server SOCKET_PATH", file=sys.stderr)
+        print(f"usage: python -m {MODULE} SOCKET_PATH", file=sys.stderr)
         return 2
     try:
         idle_s = float(os.environ.get(ENV_IDLE, DEFAULT_IDLE_S))

@@ -16,17 +16,22 @@ bound what is said:
   factor the model lies outside (both ends, the floor still holding); further out, or for a mode never
   profiled, the prediction is *out of range*: its interval is replaced by ``[physical floor,
   unbounded)`` and marked, and a recommendation resting on such a number says so in its reason.
+- **Warnings**: a mode, FLOPs, parameter count or batch outside the profiled range, a model family or a
+  device never profiled (:func:`range_warnings`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from perfzoo.prediction.spec import ModelSpec
 
 MIB = float(1 << 20)
 RANGE_COLUMNS = ("flops", "params", "batch")
@@ -127,7 +132,11 @@ def bound_predictions(tp: dict[str, Any], X: pd.DataFrame, check: RangeCheck) ->
             ceiling = batch * 1000 / floors["latency_ms"]
             point, lo, hi = (np.fmin(a, ceiling) for a in (point, lo, hi))
         if check.out_of_range:
-            lo = np.where(np.isfinite(floor), floor, np.nan) if floor is not None else np.full_like(point, np.nan)
+            lo = (
+                np.where(np.isfinite(floor), floor, np.nan)
+                if floor is not None
+                else np.full_like(point, np.nan)
+            )
             hi = np.full_like(point, np.inf)
             method = f"out of range ({check.text()}): the 90 % interval does not hold"
         if target == "peak_mem_mb":
@@ -136,14 +145,17 @@ def bound_predictions(tp: dict[str, Any], X: pd.DataFrame, check: RangeCheck) ->
     return out
 
 
-def _capped_at_device_memory(point: np.ndarray, lo: np.ndarray, hi: np.ndarray, method: Any,
-                             X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
+def _capped_at_device_memory(
+    point: np.ndarray, lo: np.ndarray, hi: np.ndarray, method: Any, X: pd.DataFrame
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
     """Cap the memory interval at the device's memory; a point above it means the step does not fit."""
     ceiling = np.array([memory_ceiling_mb(r) for _, r in X.iterrows()], dtype=float)
     over = np.isfinite(ceiling) & (point > ceiling)
     if bool(np.any(over)):
         gib = float(np.nanmin(ceiling[over])) / 1024
-        method = f"{method}; above the device's {gib:.3g} GiB of memory: the step would not fit (out of memory)"
+        method = (
+            f"{method}; above the device's {gib:.3g} GiB of memory: the step would not fit (out of memory)"
+        )
     lo, hi = np.fmin(lo, ceiling), np.fmin(hi, ceiling)
     return point, lo, hi, method
 
@@ -175,3 +187,82 @@ def qualify_recommendation(rec: dict[str, Any], quantities: Mapping[str, Mapping
             f"OUT OF RANGE, unreliable: rests on a prediction outside the profiled range ({why}); "
             + rec["reason"]
         )
+
+
+# --------------------------------------------------------------------------- warnings
+
+
+def _prefix(name: str) -> str:
+    m = re.match(r"[a-z]+", name.lower())
+    return m.group(0) if m else ""
+
+
+def family_profiled(candidates: Sequence[str], data: pd.DataFrame) -> bool:
+    """Whether a model named ``candidates`` (its name, its class) belongs to a profiled family."""
+    families = {str(f).lower() for f in data.get("family", pd.Series(dtype=str)).dropna().unique()}
+    names = {str(n).lower() for n in data.get("name", pd.Series(dtype=str)).dropna().unique()}
+    names |= {
+        str(label).split("@")[0].split("-")[0].lower()
+        for label in data.get("label", pd.Series(dtype=str)).dropna()
+    }
+    stems = families | {_prefix(n) for n in names}
+    for cand in filter(None, (c.lower() for c in candidates)):
+        if cand in families or cand in names:
+            return True
+        p = _prefix(cand)
+        if any(s and len(s) >= 3 and len(p) >= 3 and (p.startswith(s) or s.startswith(p)) for s in stems):
+            return True
+    return False
+
+
+def range_warnings(
+    spec: ModelSpec,
+    class_name: str,
+    feats: Mapping[str, Any],
+    batch: int,
+    mode: str,
+    data: pd.DataFrame,
+    devices: Sequence[str],
+) -> list[str]:
+    """Where the model lies outside the profiled data: mode, FLOPs, parameters, batch, family, devices."""
+    warnings = []
+    same_mode = data[data["mode"] == mode]
+    if same_mode.empty:
+        warnings.append(f"mode {mode!r} was never profiled: every number extrapolates")
+        same_mode = data
+    for col, ref in (("flops", same_mode), ("params", data)):
+        values = (
+            pd.to_numeric(ref[col], errors="coerce").dropna()
+            if col in ref.columns
+            else pd.Series(dtype=float)
+        )
+        v = feats.get(col)
+        if len(values) and v is not None and math.isfinite(float(v)):
+            lo, hi = float(values.min()), float(values.max())
+            if float(v) > hi or float(v) < lo:
+                warnings.append(
+                    f"{col} {float(v):.3g} is outside the profiled range [{lo:.3g}, {hi:.3g}]"
+                    f"{' of ' + mode + ' rows' if col == 'flops' else ''}: the prediction extrapolates"
+                )
+    batches = pd.to_numeric(data["batch"], errors="coerce").dropna()
+    if len(batches) and batch > batches.max():
+        warnings.append(
+            f"batch {batch} is beyond the largest profiled batch ({int(batches.max())}): "
+            "the prediction extrapolates"
+        )
+    elif len(batches) and batch < batches.min():
+        warnings.append(f"batch {batch} is below the smallest profiled batch ({int(batches.min())})")
+    candidates = [spec.name.split(":")[-1], class_name]
+    if not family_profiled(candidates, data):
+        fams = ", ".join(sorted(map(str, data["family"].dropna().unique()))) if "family" in data else ""
+        warnings.append(
+            f"the family of {spec.text} ({class_name}) was never profiled (profiled families: {fams}): "
+            "errors on unseen model families are much larger (23-99 % MAPE in the DIPPM study of unseen applications)"
+        )
+    profiled = set(data["device"].astype(str))
+    for d in devices:
+        if d not in profiled:
+            warnings.append(
+                f"device {d} has no profiled rows: its numbers extrapolate from hardware features alone"
+            )
+    return warnings

@@ -24,17 +24,23 @@ standardised log-feature space: the measurements the fitted predictors mostly in
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
-import sys
-import types
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfzoo.io import InputError
+import numpy as np
+import pandas as pd
+import yaml
+from snakemake.utils import validate
+
+from perfzoo.config import SCHEMA
+from perfzoo.io import InputError, read_parquet
+from perfzoo.provenance import config_subset_sha, read_provenance, sha256_file
 
 OK, CHANGED, MISSING = "OK", "CHANGED", "MISSING"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -82,8 +88,6 @@ def read_record(path: str | Path) -> Any:
     """The provenance-bearing document of ``path``: Parquet schema metadata or the JSON document."""
     path = Path(path)
     if path.suffix == ".parquet":
-        from perfzoo.provenance import read_provenance
-
         return read_provenance(path)
     if path.suffix == ".json":
         try:
@@ -211,8 +215,6 @@ class AuditResult:
 
 
 def _sha(path: Path, cache: dict[Path, str | None]) -> str | None:
-    from perfzoo.provenance import sha256_file
-
     if path not in cache:
         try:
             cache[path] = sha256_file(path) if path.is_file() else None
@@ -224,12 +226,6 @@ def _sha(path: Path, cache: dict[Path, str | None]) -> str | None:
 def _config_sha(path: Path, sections: list[str]) -> str | None:
     """sha256 of the named sections of a config file, after the schema's defaults are filled in (as
     the workflow sees it); None when the file is gone or unreadable."""
-    import yaml
-    from snakemake.utils import validate
-
-    from perfzoo.config import SCHEMA
-    from perfzoo.provenance import config_subset_sha
-
     try:
         config = yaml.safe_load(path.read_text())
         validate(config, str(SCHEMA))  # fills defaults in place
@@ -238,7 +234,9 @@ def _config_sha(path: Path, sections: list[str]) -> str | None:
     return config_subset_sha(config, sections)
 
 
-def _locate(key: str, referrer: Path, hints: list[Path], hashes: dict[Path, str | None]) -> tuple[str, Path, str | None]:
+def _locate(
+    key: str, referrer: Path, hints: list[Path], hashes: dict[Path, str | None]
+) -> tuple[str, Path, str | None]:
     """(identity, resolved file, current sha256) of a recorded link; ``config.yaml#a,b.c`` links hash
     the named sections of the config file rather than the whole file."""
     file_key, _, sections = key.partition("#")
@@ -341,7 +339,8 @@ def _chain_pairs(record: Any) -> list[tuple[str, str]]:
 def provenance_chain(inputs: Mapping[str, Path | str], workdir: str | Path) -> dict[str, str]:
     """``{path: sha256}`` of every file behind ``inputs``, as recorded in provenance metadata (recursive).
 
-    Used by :mod:`perfzoo.predict` so that a prediction carries the hashes of the raw traces behind it.
+    Used by :mod:`perfzoo.prediction.provenance` so that a prediction carries the hashes of the raw traces
+    behind it.
     Files are not re-hashed here, only their records read.
     """
     chain: dict[str, str] = {}
@@ -377,8 +376,6 @@ def _prediction_record(path: Path) -> dict[str, Any]:
 
 def _log_standardised(train: Any, query: Any) -> tuple[Any, Any]:
     """Signed log1p of both matrices, NaN imputed with the training median, standardised by training."""
-    import numpy as np
-
     a = np.sign(train) * np.log1p(np.abs(train))
     q = np.sign(query) * np.log1p(np.abs(query))
     with np.errstate(all="ignore"):
@@ -399,11 +396,7 @@ def explain(path: str | Path, k: int = 5) -> Any:
     rows of the same device where it has any, else all rows. Returns a DataFrame: device, rank,
     distance, the row's identity and its measured labels.
     """
-    import numpy as np
-    import pandas as pd
-
-    from perfzoo.dataset.build import feature_columns
-    from perfzoo.io import read_parquet
+    from perfzoo.dataset.build import feature_columns  # lazy: scipy (~1 s CPU), needed by --explain only
 
     if int(k) < 1:
         raise InputError(f"--explain: k must be >= 1, got {k}")
@@ -454,8 +447,6 @@ def explain(path: str | Path, k: int = 5) -> Any:
 
 
 def _dataset_changed(path: Path, recorded: str | None) -> bool:
-    from perfzoo.provenance import sha256_file
-
     return recorded is not None and sha256_file(path) != recorded
 
 
@@ -484,16 +475,4 @@ def format_explain(table: Any) -> str:
 
 
 def _num(value: float) -> str:
-    import math
-
     return "-" if value is None or not math.isfinite(value) else f"{value:.4g}"
-
-
-class _CallableModule(types.ModuleType):
-    """``perfzoo.audit`` is both this module and, called, :func:`audit` (see perfzoo/__init__.py)."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> AuditResult:
-        return audit(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
