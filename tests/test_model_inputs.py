@@ -96,7 +96,7 @@ def test_editing_an_imported_model_module_reruns_and_breaks_the_audit(tmp_path) 
     before = {link.key: link.status for link in audit(features).links}
     assert before["models/layers.py"] == OK and before["config.yaml#zoo.num_classes"] == OK
     # a prediction record carries this flattened chain, so its audit re-hashes the model files too
-    from perfzoo.auditing import provenance_chain
+    from perfzoo.lineage import provenance_chain
 
     chain = provenance_chain({"features": features}, tmp_path)
     assert {"models/net.py", "models/layers.py", "models/blocks/head.py"} <= set(chain)

@@ -23,12 +23,10 @@ standardised log-feature space: the measurements the fitted predictors mostly in
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import re
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,97 +38,20 @@ from snakemake.utils import validate
 
 from perfzoo.config import SCHEMA
 from perfzoo.io import InputError, read_parquet
-from perfzoo.provenance import config_subset_sha, read_provenance, sha256_file
+from perfzoo.lineage import (
+    chain_pairs,
+    file_inputs,
+    has_record,
+    read_record,
+    recorded_hashes,
+    resolve,
+    sidecar_record,
+    workdir_hint,
+)
+from perfzoo.provenance import config_subset_sha, sha256_file
 
 OK, CHANGED, MISSING = "OK", "CHANGED", "MISSING"
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_PATH_SUFFIXES = (".parquet", ".json", ".jsonl", ".csv", ".py", ".yaml", ".yml", ".png", ".html", ".tsv")
-#: keys of big or unrelated sections that never hold provenance records
-_SKIP_KEYS = frozenset({"folds", "payload", "features", "feature_rows", "table", "devices", "warnings"})
 EXPLAIN_LABELS = ("latency_ms", "throughput", "peak_mem_mb", "mean_power_w", "energy_per_sample_j")
-
-
-# --------------------------------------------------------------------------- reading records
-
-
-def _looks_like_path(key: str) -> bool:
-    key = key.partition("#")[0]  # ``config.yaml#zoo``: a section of a file
-    return "/" in key or key.endswith(_PATH_SUFFIXES)
-
-
-def recorded_hashes(obj: Any) -> list[tuple[str, str]]:
-    """Every ``(path, sha256)`` pair recorded in a provenance structure, in document order."""
-    pairs: list[tuple[str, str]] = []
-
-    def walk(node: Any, depth: int) -> None:
-        if depth > 8:
-            return
-        if isinstance(node, Mapping):
-            for key, value in node.items():
-                if isinstance(value, str) and _HEX64.match(value) and _looks_like_path(str(key)):
-                    pairs.append((str(key), value))
-                elif key not in _SKIP_KEYS:
-                    walk(value, depth + 1)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value, depth + 1)
-
-    if isinstance(obj, Mapping) and isinstance(obj.get("provenance"), Mapping):
-        walk(obj["provenance"], 0)
-    elif isinstance(obj, Mapping) and isinstance(obj.get("meta"), Mapping):
-        walk(obj["meta"], 0)
-    else:
-        walk(obj, 0)
-    return pairs
-
-
-def read_record(path: str | Path) -> Any:
-    """The provenance-bearing document of ``path``: Parquet schema metadata or the JSON document."""
-    path = Path(path)
-    if path.suffix == ".parquet":
-        return read_provenance(path)
-    if path.suffix == ".json":
-        try:
-            return json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(f"{path}: unreadable JSON ({type(exc).__name__}: {exc})") from None
-    return None
-
-
-def file_inputs(path: str | Path) -> list[tuple[str, str]] | None:
-    """Recorded ``(path, sha256)`` inputs of a file; None for a file type that carries none."""
-    record = read_record(path)
-    return None if record is None else recorded_hashes(record)
-
-
-def _has_record(record: Any) -> bool:
-    """Whether a document carries a provenance record at all (possibly with no inputs)."""
-    if not isinstance(record, Mapping) or not record:
-        return False
-    return any(key in record for key in ("provenance", "meta", "inputs"))
-
-
-def _workdir_hint(record: Any) -> list[Path]:
-    if isinstance(record, Mapping):
-        prov = record.get("provenance")
-        if isinstance(prov, Mapping) and isinstance(prov.get("workdir"), str):
-            return [Path(prov["workdir"])]
-    return []
-
-
-def resolve(key: str, referrer: Path, hints: Iterable[Path] = ()) -> Path:
-    """Where the recorded path ``key`` lies: relative paths are tried against every ancestor folder of
-    the referring file, then the hints (the recorded workflow directory) and the current directory."""
-    p = Path(key)
-    if p.is_absolute():
-        return p
-    # the referring file's own tree first: the nearest ancestor holding the file, or its top folder
-    # (``results/``) when the file is gone; then the recorded workflow folder and the current one
-    for bases in (Path(os.path.abspath(referrer)).parents, [*(Path(h) for h in hints), Path.cwd()]):
-        for base in bases:
-            if (base / p).exists() or (len(p.parts) > 1 and (base / p.parts[0]).is_dir()):
-                return base / p
-    return Path.cwd() / p
 
 
 # --------------------------------------------------------------------------- audit
@@ -284,16 +205,16 @@ def audit(path: str | Path, workdir: str | Path | None = None) -> AuditResult:
         raise InputError(f"{path}: file not found")
     record = read_record(root)
     if record is None:  # a table, figure or page: its record sits next to it (report/provenance.json)
-        record = _sidecar_record(root)
+        record = sidecar_record(root)
     pairs = recorded_hashes(record) if record is not None else []
-    if not pairs and not _has_record(record):
+    if not pairs and not has_record(record):
         raise InputError(
             f"{path}: carries no provenance record (expected a perfzoo output: a Parquet file "
             "with provenance metadata, a JSON file with 'provenance' or 'meta', or a report file "
             "next to a provenance.json)"
         )
-    hints = [Path(workdir)] if workdir is not None else _workdir_hint(record)
-    chain = _chain_pairs(record)
+    hints = [Path(workdir)] if workdir is not None else workdir_hint(record)
+    chain = chain_pairs(record)
     direct = recorded_hashes({"inputs": record["provenance"].get("inputs", {})}) if chain else pairs
     links, hashes = _walk(root, direct, hints, str(path))
     for key, sha in chain:  # the flattened chain a prediction carries: reaches files behind a missing one
@@ -305,60 +226,6 @@ def audit(path: str | Path, workdir: str | Path | None = None) -> AuditResult:
         if f"{path} (chain)" not in refs and not refs:
             refs.append(f"{path} (chain)")
     return AuditResult(root, sorted(links.values(), key=lambda link: link.depth))
-
-
-def _sidecar_record(path: Path) -> Any:
-    """The part of the nearest ``provenance.json`` (this folder or up to two above) that describes
-    ``path``: its ``tables``/``figures`` entry named like the file, else the whole record."""
-    for folder in [path.parent, *path.parents][:3]:
-        sidecar = folder / "provenance.json"
-        if sidecar.is_file():
-            record = read_record(sidecar)
-            for section in ("tables", "figures"):
-                entry = record.get(section, {}).get(path.stem) if isinstance(record, Mapping) else None
-                if isinstance(entry, Mapping):
-                    return {"inputs": entry}
-            return record
-    return None
-
-
-def _chain_pairs(record: Any) -> list[tuple[str, str]]:
-    """The ``provenance.chain`` (and ``traces``) pairs of a prediction record."""
-    prov = record.get("provenance") if isinstance(record, Mapping) else None
-    if not isinstance(prov, Mapping):
-        return []
-    return [
-        (k, v)
-        for part in ("chain", "traces")
-        if isinstance(prov.get(part), Mapping)
-        for k, v in prov[part].items()
-        if isinstance(v, str) and _HEX64.match(v)
-    ]
-
-
-def provenance_chain(inputs: Mapping[str, Path | str], workdir: str | Path) -> dict[str, str]:
-    """``{path: sha256}`` of every file behind ``inputs``, as recorded in provenance metadata (recursive).
-
-    Used by :mod:`perfzoo.prediction.provenance` so that a prediction carries the hashes of the raw traces
-    behind it.
-    Files are not re-hashed here, only their records read.
-    """
-    chain: dict[str, str] = {}
-    seen: set[Path] = set()
-    queue: deque[Path] = deque(Path(p) for p in inputs.values())
-    while queue:
-        path = Path(os.path.abspath(queue.popleft()))
-        if path in seen or not path.is_file():
-            continue
-        seen.add(path)
-        try:
-            pairs = file_inputs(path) or []
-        except InputError:
-            continue
-        for key, sha in pairs:
-            chain.setdefault(key, sha)
-            queue.append(resolve(key, path, [Path(workdir)]))
-    return dict(sorted(chain.items()))
 
 
 # --------------------------------------------------------------------------- explain
@@ -403,7 +270,7 @@ def explain(path: str | Path, k: int = 5) -> Any:
     path = Path(path)
     record = _prediction_record(path)
     dataset_key = record["dataset"]["path"]
-    dataset_path = resolve(dataset_key, path, _workdir_hint(record))
+    dataset_path = resolve(dataset_key, path, workdir_hint(record))
     if not dataset_path.is_file():
         raise InputError(f"{dataset_key}: dataset of the prediction not found (looked at {dataset_path})")
     data = read_parquet(dataset_path)

@@ -1,5 +1,5 @@
 """The provenance of a prediction: the sha256 of every file it read, the chain recorded behind them (down
-to the raw traces, see :func:`perfzoo.auditing.provenance_chain`), and what each predictor was fitted on."""
+to the raw traces, see :func:`perfzoo.lineage.provenance_chain`), and what each predictor was fitted on."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perfzoo.auditing import provenance_chain
+from perfzoo.lineage import provenance_chain
 from perfzoo.prediction.predictors import RUN_WORKFLOW, Predictor
 from perfzoo.prediction.spec import ModelSpec
 from perfzoo.provenance import sha256_file
