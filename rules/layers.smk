@@ -1,6 +1,6 @@
 # Per-layer forward/backward timings on the CPU devices, for the per-layer models of Gianniti et al.:
 #   snakemake layers_<device>          time the layers of a sample of the zoo on that CPU device
-#   snakemake gianniti_coefficients    the seed's coefficient table, per timed device
+#   snakemake gianniti_coefficients    Gianniti et al.'s coefficient table, per timed device
 LAYER_DEVICES = CPU_DEVICES
 
 
@@ -43,7 +43,7 @@ GIANNITI_TABLE = report_output("gianniti_coefficients_fit")
 
 
 rule gianniti_coefficients:
-    """Per-category linear models t = b0 + b1 * c of layer time on Gianniti complexity (seed 004)."""
+    """Per-category linear models t = b0 + b1 * c of layer time on Gianniti et al.'s complexity."""
     input:
         pkg("layers.py"),
         timings=expand("results/layers/{device}.parquet", device=LAYER_DEVICES),

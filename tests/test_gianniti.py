@@ -20,12 +20,8 @@ from perfzoo.gianniti import (
     with_occurrence,
 )
 from perfzoo.io import InputError
-from perfzoo.profiling.layers import (
-    LAYER_TIMING_COLUMNS,
-    measure_layers_on_cpu,
-    profile_layer_configs,
-    select_layer_configs,
-)
+from perfzoo.profiling.layers import LAYER_TIMING_COLUMNS, measure_layers_on_cpu, select_layer_configs
+from perfzoo.profiling.runner import profile_layer_configs
 from perfzoo.regressors import REGISTRY, load_regressor, save_regressor
 
 # category -> (β0_fw, β1_fw, β0_bw, β1_bw), the order of magnitude of the seed's slide

@@ -64,7 +64,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
 from perfzoo.io import InputError, one_line
-from perfzoo.precision import BUILD_DTYPES, normalise_precision
+from perfzoo.hardware.precision import BUILD_DTYPES, normalise_precision
 
 MODES = ("inference", "training")
 CATEGORIES = ("conv_fc", "norm", "pool_s1", "pool_s2", "relu_drop", "attention", "embedding", "other")

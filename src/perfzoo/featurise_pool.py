@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from perfzoo.io import InputError
-from perfzoo.precision import BUILD_DTYPES
+from perfzoo.hardware.precision import BUILD_DTYPES
 
 PROBE_BATCHES = (2, 4, 8)
 PROPORTIONAL = ("flops", "flops_fw", "macs", "activation_bytes", "input_bytes", "complexity_fw", "complexity_bw")

@@ -932,7 +932,7 @@ def _mig(
     latency_target_ms: float | None,
 ) -> dict[str, Any] | None:
     """recommend_mig for a cuda device whose GPU has MIG profile tables; None for other devices."""
-    from perfzoo.mig import recommend_mig, resolve_mig_gpu
+    from perfzoo.hardware.mig import recommend_mig, resolve_mig_gpu
 
     if _kind(device_cfg, hw) != "cuda":
         return None
@@ -945,7 +945,7 @@ def _mig(
     ]
     if device_cfg.get("spec"):
         try:
-            from perfzoo.hardware_specs import lookup_gpu
+            from perfzoo.hardware.specs import lookup_gpu
 
             names.insert(2, lookup_gpu(device_cfg["spec"])["name"])
         except InputError:
