@@ -1,6 +1,6 @@
 # Per-layer forward/backward timings on the CPU devices, for the per-layer models of Gianniti et al.:
 #   snakemake layers_<device>          time the layers of a sample of the zoo on that CPU device
-#   snakemake gianniti_coefficients    the paper's coefficient table, per timed device
+#   snakemake gianniti_coefficients    Gianniti et al.'s coefficient table, per timed device
 LAYER_DEVICES = CPU_DEVICES
 
 
@@ -36,14 +36,14 @@ for _device in LAYER_DEVICES:
             "../workflow/scripts/layers.py"
 
 
-# File, caption and category from the registry perfzoo.report.registry.
+# File, caption and category from the registry perfzoo.report_outputs.
 from perfzoo.report.registry import by_name as report_output, snakemake_report_args
 
 GIANNITI_TABLE = report_output("gianniti_coefficients_fit")
 
 
 rule gianniti_coefficients:
-    """Per-category linear models t = b0 + b1 * c of layer time on Gianniti complexity (Gianniti et al.)."""
+    """Per-category linear models t = b0 + b1 * c of layer time on Gianniti et al.'s complexity."""
     input:
         pkg("layers.py"),
         timings=expand("results/layers/{device}.parquet", device=LAYER_DEVICES),

@@ -22,10 +22,11 @@ from fakes import ORIGINAL_MW
 from fakes import FakeNvml as _ScriptedNvml
 
 from perfzoo import energy
-from perfzoo.hardware import check_device, describe_device, hardware_features
+from perfzoo.hardware import hardware_features
 from perfzoo.io import InputError
-from perfzoo.profiling import cuda, measure, nvml, runner
+from perfzoo.profiling import cuda, measure, microbench, nvml, runner
 from perfzoo.profiling.cuda import measure_on_cuda, window_energy_from_samples
+from perfzoo.profiling.microbench import check_device, describe_device
 from perfzoo.profiling.nvml import NvmlError
 from perfzoo.profiling.worker import Outcome
 from perfzoo.models.zoo import expand_zoo, manifest_frame
@@ -257,15 +258,13 @@ def test_identity_has_versions_and_the_uuid_matched_nvml_index() -> None:
 
 
 def test_describe_cuda_device_with_fakes(monkeypatch) -> None:
-    from perfzoo import hardware
-
     calls = []
-    monkeypatch.setattr(hardware, "cuda_hardware", lambda *a, **k: calls.append((a, k)) or {"kind": "cuda"})
+    monkeypatch.setattr(microbench, "cuda_hardware", lambda *a, **k: calls.append((a, k)) or {"kind": "cuda"})
     assert describe_device("a100", CUDA_DEVICE, nvml_lib="lib", backend="be") == {"kind": "cuda"}
     assert calls == [(("a100", CUDA_DEVICE), {"nvml_lib": "lib", "backend": "be"})]
     monkeypatch.undo()
-    hw = hardware.cuda_hardware("a100", {**CUDA_DEVICE, "carbon_intensity_g_per_kwh": 300.0},
-                                nvml_lib=FakeNvml(), backend=FakeCuda(), gemm_n=64, copy_mb=4, repeats=2)
+    hw = microbench.cuda_hardware("a100", {**CUDA_DEVICE, "carbon_intensity_g_per_kwh": 300.0},
+                                  nvml_lib=FakeNvml(), backend=FakeCuda(), gemm_n=64, copy_mb=4, repeats=2)
     assert set(hw["measured_gemm_tflops"]) == {"fp32", "tf32", "fp16", "bf16"}
     assert all(v > 0 for v in hw["measured_gemm_tflops"].values())
     assert hw["measured_copy_gbs"] > 0 and hw["sm_count"] == 108 and hw["memory_gb"] == 40.0

@@ -25,7 +25,7 @@ from perfzoo.dataset.external import (
 from perfzoo.features.meta import featurise
 from perfzoo.features.pool import FeatureJob, featurise_job, scale_features
 from perfzoo.fitting import fit_split
-from perfzoo.hardware_specs import lookup_gpu
+from perfzoo.hardware.specs import lookup_gpu
 from perfzoo.io import InputError
 from perfzoo.provenance import read_provenance
 from perfzoo.dataset.splits import make_split, split_notes

@@ -13,12 +13,8 @@ import pytest
 
 from perfzoo.features.meta import LAYER_COLUMNS, featurise
 from perfzoo.io import InputError
-from perfzoo.profiling.layers import (
-    LAYER_TIMING_COLUMNS,
-    measure_layers_on_cpu,
-    profile_layer_configs,
-    select_layer_configs,
-)
+from perfzoo.profiling.layers import LAYER_TIMING_COLUMNS, measure_layers_on_cpu, select_layer_configs
+from perfzoo.profiling.runner import profile_layer_configs
 from perfzoo.regressors import REGISTRY, load_regressor, save_regressor
 from perfzoo.regressors.gianniti import (
     GiannitiLayerRegressor,

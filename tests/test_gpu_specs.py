@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from perfzoo.hardware_specs import NUMERIC_COLUMNS, SPEC_COLUMNS, load_gpu_specs, lookup_gpu
+from perfzoo.hardware.specs import NUMERIC_COLUMNS, SPEC_COLUMNS, load_gpu_specs, lookup_gpu
 from perfzoo.io import InputError
 
 NVML_NAMES = {

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from perfzoo import mig
+from perfzoo.hardware import mig
 from perfzoo.io import InputError
 
 

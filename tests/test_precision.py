@@ -11,8 +11,8 @@ import torch
 from perfzoo.dataset.build import add_roofline_features, precision_peaks
 from perfzoo.features.meta import featurise_manifest
 from perfzoo.io import InputError
-from perfzoo.precision import normalise_precision, peak_for
-from perfzoo.profiling.measure import make_step, set_precision
+from perfzoo.hardware.precision import normalise_precision, peak_for
+from perfzoo.profiling.core import make_step, set_precision
 from perfzoo.models.zoo import expand_zoo, manifest_frame
 
 FAMILY = {"builder": "mlp", "models": [{"name": "m", "kwargs": {"in_features": 16, "hidden": [8]}}],

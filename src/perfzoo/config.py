@@ -96,8 +96,8 @@ def check_sources(config: dict[str, Any], source: str = "config") -> None:
 
 def check_precisions(config: dict[str, Any], source: str = "config") -> None:
     """A zoo precision that needs tensor cores a configured GPU lacks (bf16 on a V100) names the device."""
-    from perfzoo.hardware_specs import lookup_gpu
-    from perfzoo.precision import check_supported
+    from perfzoo.hardware.specs import lookup_gpu
+    from perfzoo.hardware.precision import check_supported
 
     wanted = {p for family in config.get("zoo", {}).get("families", {}).values()
               for p in family.get("precisions", ["fp32"])}

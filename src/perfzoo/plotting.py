@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
-import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure

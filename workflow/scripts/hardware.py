@@ -1,5 +1,5 @@
 """Rule hardware: identify one device and measure its microbenchmarks."""
-from perfzoo.hardware import describe_device
+from perfzoo.profiling.microbench import describe_device
 from perfzoo.io import write_json
 from perfzoo.provenance import config_link, provenance
 from perfzoo.workflow import run_step

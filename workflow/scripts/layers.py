@@ -1,9 +1,11 @@
-"""Rules layers_<device> and gianniti_coefficients: per-layer CPU timings (Gianniti et al.), their coefficients."""
+"""Rules layers_<device> and gianniti_coefficients: per-layer CPU timings and the coefficients of
+Gianniti, Zhang and Ardagna, "Performance Prediction of GPU-based Deep Learning Applications"."""
 
-from perfzoo.io import read_parquet, write_text
-from perfzoo.profiling.layers import profile_layer_configs, select_layer_configs
-from perfzoo.provenance import provenance, write_table
 from perfzoo.regressors.gianniti import coefficient_table
+from perfzoo.io import read_parquet, write_text
+from perfzoo.profiling.layers import select_layer_configs
+from perfzoo.profiling.runner import profile_layer_configs
+from perfzoo.provenance import provenance, write_table
 from perfzoo.workflow import run_step
 
 

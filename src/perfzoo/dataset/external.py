@@ -19,7 +19,7 @@ Output: one row per ``(model_id, device, mode, batch)`` like ``results/dataset/d
   NaN; ``latency_ms``/``throughput`` and ``energy_j``/``energy_per_sample_j`` are derived from each
   other (``throughput = batch / latency_ms * 1000``, ``energy_per_sample_j = energy_j / batch``)
   when only one of a pair is given, and ``derived_labels`` names the derived ones.
-* ``device`` is the GPU's name in the spec table (``perfzoo.hardware_specs``), so the same GPU
+* ``device`` is the GPU's name in the spec table (``perfzoo.hardware.specs``), so the same GPU
   spelled two ways is one device; ``device_reported`` keeps the spelling of the file.
   Hardware features come from the spec sheet: ``hw_peak_gflops`` (FP32 non-tensor peak * 1000),
   ``hw_mem_bw_gbs``, ``hw_cores`` (SM count), ``hw_mem_gb``, ``hw_n_gpus`` and extras
@@ -65,9 +65,9 @@ import pandas as pd
 
 from perfzoo.dataset.build import KEY, MODEL_FEATURES, add_roofline_features
 from perfzoo.features.pool import FeatureJob, featurise_jobs
-from perfzoo.hardware_specs import close_names, lookup_gpu
+from perfzoo.hardware.specs import close_names, lookup_gpu
 from perfzoo.io import InputError, read_yaml
-from perfzoo.precision import check_supported, normalise_precision, peak_for
+from perfzoo.hardware.precision import check_supported, normalise_precision, peak_for
 from perfzoo.provenance import provenance, sha256_file, write_table
 from perfzoo.dataset.timm import describe_file, read_timm_rows
 from perfzoo.models.builders import library_model_names
@@ -334,7 +334,7 @@ def _derive(wide: pd.DataFrame) -> pd.DataFrame:
 def hardware_columns(device: str, n_gpus: int = 1, precision: str = "fp32") -> dict[str, float]:
     """Spec-sheet hardware features of one GPU of ``device`` (a spec-table or NVML name).
 
-    ``hw_peak_gflops`` is the peak of the unit that runs ``precision`` (``perfzoo.precision``) and
+    ``hw_peak_gflops`` is the peak of the unit that runs ``precision`` (``perfzoo.hardware.precision``) and
     ``hw_tensor_cores`` says whether that unit is a tensor core (1.0) or not (0.0).
     """
     spec = _gpu(device)

@@ -69,7 +69,7 @@ from tqdm import tqdm
 
 from perfzoo.io import InputError, one_line
 from perfzoo.models.builders import build_model
-from perfzoo.precision import BUILD_DTYPES, normalise_precision
+from perfzoo.hardware.precision import BUILD_DTYPES, normalise_precision
 
 MODES = ("inference", "training")
 CATEGORIES = ("conv_fc", "norm", "pool_s1", "pool_s2", "relu_drop", "attention", "embedding", "other")

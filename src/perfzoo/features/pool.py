@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from perfzoo.io import InputError
 from perfzoo.models.builders import build_model
-from perfzoo.precision import BUILD_DTYPES
+from perfzoo.hardware.precision import BUILD_DTYPES
 
 PROBE_BATCHES = (2, 4, 8)
 PROPORTIONAL = ("flops", "flops_fw", "macs", "activation_bytes", "input_bytes", "complexity_fw", "complexity_bw")

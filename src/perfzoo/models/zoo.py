@@ -35,7 +35,7 @@ class ModelConfig:
     batch: int
     mode: str
     shard: str
-    precision: str = "fp32"  # fp32, tf32, fp16, bf16 or amp (perfzoo.precision)
+    precision: str = "fp32"  # fp32, tf32, fp16, bf16 or amp (perfzoo.hardware.precision)
 
 
 def stable_id(payload: dict[str, Any]) -> str:

@@ -1,5 +1,5 @@
 """Advice from the predicted quantities: the recommended device for an objective, the smallest MIG profile
-that fits a GPU model (tables in :mod:`perfzoo.mig`), and the power cap with the lowest predicted energy
+that fits a GPU model (tables in :mod:`perfzoo.hardware.mig`), and the power cap with the lowest predicted energy
 that meets the latency target."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 
 import pandas as pd
 
-from perfzoo.hardware_specs import lookup_gpu
+from perfzoo.hardware.specs import lookup_gpu
 from perfzoo.io import InputError
-from perfzoo.mig import recommend_mig, resolve_mig_gpu
+from perfzoo.hardware.mig import recommend_mig, resolve_mig_gpu
 from perfzoo.prediction.bounds import RangeCheck
 from perfzoo.prediction.devices import DeviceSettings
 from perfzoo.prediction.predictors import Predictor

@@ -5,7 +5,7 @@ Protocol (DESIGN.md, "Measurement protocol"), inside one isolated worker:
 1. free the cache, gc, reset the allocator's peak statistics; build the model and the synthetic batch on
    ``cuda:{gpu_index}``; warm up;
 2. time iterations with CUDA events, one pair per iteration, every iteration kept, until
-   :func:`perfzoo.profiling.measure.should_stop` says so (the same adaptive rule as on the CPU);
+   :func:`perfzoo.profiling.core.should_stop` says so (the same adaptive rule as on the CPU);
 3. read ``max_memory_allocated`` / ``max_memory_reserved`` (``peak_mem_mb`` is the reserved peak, what
    the job needs from the GPU);
 4. energy window: a :class:`~perfzoo.profiling.nvml.PowerSampler` at ``sample_hz`` runs while the step is
@@ -29,15 +29,23 @@ import math
 import os
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from perfzoo.models.builders import build_model
+from perfzoo.energy import compare_counter, energy_from_samples
 from perfzoo.profiling import nvml
-
-if TYPE_CHECKING:
-    from perfzoo.profiling.measure import Measurement
+from perfzoo.profiling.core import (
+    Measurement,
+    main_module_hidden,
+    make_step,
+    set_precision,
+    synthetic_batch,
+    time_iterations,
+    worker_context,
+)
 
 MIB = 1024 * 1024
 DEFAULT_SAMPLE_HZ = 50.0
@@ -59,7 +67,7 @@ class TorchCuda:
 
     def facts(self, index: int) -> dict[str, Any]:
         """Availability of CUDA device ``index`` and its facts; ``available`` False with ``reason`` if not."""
-        import torch
+        import torch  # lazy: ~3 s import; the parent process never measures
 
         facts: dict[str, Any] = {
             "torch_version": torch.__version__,
@@ -94,18 +102,18 @@ class TorchCuda:
         return f"cuda:{index}"
 
     def set_device(self, index: int) -> None:
-        import torch
+        import torch  # lazy: ~3 s import; the parent process never measures
 
         torch.cuda.set_device(index)
 
     def synchronize(self, device: str) -> None:
-        import torch
+        import torch  # lazy: ~3 s import; the parent process never measures
 
         torch.cuda.synchronize(device)
 
     def time_ms(self, fn: Callable[[], Any], device: str) -> float:
         """Milliseconds of GPU time of ``fn`` between two CUDA events on the current stream."""
-        import torch
+        import torch  # lazy: ~3 s import; the parent process never measures
 
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
@@ -116,22 +124,22 @@ class TorchCuda:
         return float(start.elapsed_time(end))
 
     def empty_cache(self) -> None:
-        import torch
+        import torch  # lazy: ~3 s import; the parent process never measures
 
         torch.cuda.empty_cache()
 
     def reset_peak_memory_stats(self, device: str) -> None:
-        import torch
+        import torch  # lazy: ~3 s import; the parent process never measures
 
         torch.cuda.reset_peak_memory_stats(device)
 
     def max_memory_allocated(self, device: str) -> int:
-        import torch
+        import torch  # lazy: ~3 s import; the parent process never measures
 
         return int(torch.cuda.max_memory_allocated(device))
 
     def max_memory_reserved(self, device: str) -> int:
-        import torch
+        import torch  # lazy: ~3 s import; the parent process never measures
 
         return int(torch.cuda.max_memory_reserved(device))
 
@@ -162,12 +170,10 @@ def cuda_facts(index: int, backend: Any | None = None, timeout_s: float = 120.0)
     """
     if backend is not None:
         return backend.facts(index)
-    from perfzoo.profiling.worker import _main_module_hidden, worker_context
-
     ctx = worker_context()
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_facts_child, args=(child, index), daemon=True)
-    with _main_module_hidden():
+    with main_module_hidden():
         proc.start()
     child.close()
     try:
@@ -253,8 +259,6 @@ def time_cuda_iterations(
     step: Callable[[], None], settings: dict[str, Any], backend: Any, device: str
 ) -> tuple[list[float], str]:
     """CUDA-event time of every iteration until ``should_stop`` (same adaptive rule as on the CPU)."""
-    from perfzoo.profiling.measure import time_iterations
-
     return time_iterations(lambda: backend.time_ms(step, device), settings)
 
 
@@ -281,8 +285,6 @@ def window_energy_from_samples(samples: pd.DataFrame, t0_ns: int, t1_ns: int) ->
     if missing:
         return float("nan"), f"{missing} of {powers.size} power readings in the window failed"
     times = np.concatenate([[t0_ns], t[inside], [t1_ns]]).astype("float64")
-    from perfzoo.energy import energy_from_samples
-
     return energy_from_samples(times, np.append(powers, powers[-1]), method="rectangle"), ""
 
 
@@ -303,8 +305,6 @@ def energy_window(
     about a tenth of the window by ``iteration_ms`` (the median timed iteration), later ones are sized
     from the wall time per step observed so far. The window is closed only after a synchronisation.
     """
-    from perfzoo.energy import compare_counter
-
     nan = float("nan")
     sampler = nvml.PowerSampler(gpu, rate_hz=sample_hz, clock=clock) if gpu is not None else None
     problems: list[str] = [gpu_reason] if gpu is None and gpu_reason else []
@@ -405,10 +405,7 @@ def measure_on_cuda(
     ``power_limit_w`` set by a sweep (None: the limit in force, read here). ``backend`` and ``nvml_lib``
     substitute the CUDA and NVML boundaries.
     """
-    import torch
-
-    from perfzoo.models.builders import build_model
-    from perfzoo.profiling.measure import Measurement, make_step, set_precision, synthetic_batch
+    import torch  # lazy: ~3 s import; the parent process never measures
 
     cuda = _backend(backend)
     index = int(settings.get("gpu_index", 0))
@@ -488,7 +485,7 @@ def measure_gemm_tflops(
     fp32 runs at full IEEE precision (``set_float32_matmul_precision('highest')``), tf32 with TF32
     tensor cores allowed ('high'); the global setting is restored afterwards.
     """
-    import torch
+    import torch  # lazy: ~3 s import; the parent process never measures
 
     cuda = _backend(backend)
     device = cuda.device(index)
@@ -516,7 +513,7 @@ def measure_copy_gbs(
     index: int = 0, backend: Any | None = None, megabytes: int = 1024, repeats: int = 10, warmup: int = 3
 ) -> float:
     """Device-to-device copy bandwidth (bytes read + written per second, GB/s), best of ``repeats``."""
-    import torch
+    import torch  # lazy: ~3 s import; the parent process never measures
 
     cuda = _backend(backend)
     device = cuda.device(index)

@@ -1,4 +1,5 @@
-"""Per-layer forward and backward timing on the CPU, for the per-layer models of Gianniti et al. (seed 004).
+"""Per-layer forward and backward timing on the CPU, for the per-layer models of
+Gianniti, Zhang and Ardagna, "Performance Prediction of GPU-based Deep Learning Applications".
 
 :func:`measure_layers_on_cpu` runs inside an isolated worker (registered as ``MEASURE["cpu_layers"]``)
 and times every *layer call* of one config. A layer call is defined exactly as in
@@ -50,18 +51,15 @@ import gc
 import json
 import math
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
 import pandas as pd
 
+from perfzoo.models.builders import build_model
 from perfzoo.io import InputError
-
-if TYPE_CHECKING:
-    from perfzoo.profiling.measure import Measurement
+from perfzoo.profiling.core import Measurement, peak_rss_mb, reset_peak_rss, synthetic_batch
 
 LAYER_ITERS = 10
 LOSS_NAME = "loss"
@@ -79,7 +77,7 @@ that failed keeps one row with ``name == ""``, NaN times and its status/message.
 @functools.cache
 def _marker_class() -> type:
     """An identity autograd function that calls back when its backward runs (created lazily: torch)."""
-    import torch
+    import torch  # lazy: ~3 s import; the parent process never measures
 
     class _Marker(torch.autograd.Function):
         @staticmethod
@@ -98,8 +96,8 @@ def _marker_class() -> type:
 
 def _mark(tensors_in: Any, callback: Any, clone: bool) -> tuple[Any, bool]:
     """(``tensors_in`` with every tensor that requires grad passed through one marker, whether any did)."""
-    import torch
-    from torch.utils._pytree import tree_flatten, tree_unflatten
+    import torch  # lazy: ~3 s import; the parent process never measures
+    from torch.utils._pytree import tree_flatten, tree_unflatten  # lazy: as torch above
 
     leaves, spec = tree_flatten(tensors_in)
     where = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor) and v.requires_grad]
@@ -284,10 +282,7 @@ def measure_layers_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Mea
     ``{name, occurrence, type, fw_ms, bw_ms}`` per layer call in execution order (medians over the
     steps); ``extra`` also holds ``unhooked_step_ms``, ``threads`` and ``inplace_disabled``.
     """
-    import torch
-
-    from perfzoo.models.builders import build_model
-    from perfzoo.profiling.measure import Measurement, peak_rss_mb, reset_peak_rss, synthetic_batch
+    import torch  # lazy: ~3 s import; the parent process never measures
 
     torch.set_num_threads(int(settings["threads"]))
     torch.manual_seed(0)
@@ -403,54 +398,10 @@ def select_layer_configs(
     return rows.loc[sorted(keep)].reset_index(drop=True)
 
 
-def _failed_row(config: dict[str, Any], device: str, status: str, message: str) -> dict[str, Any]:
+def failed_layer_row(config: dict[str, Any], device: str, status: str, message: str) -> dict[str, Any]:
     return {
         "device": device, "config_id": config["config_id"], "model_id": config["model_id"],
         "family": config["family"], "mode": config["mode"], "batch": int(config["batch"]), "name": "",
         "occurrence": -1, "type": "", "fw_ms": math.nan, "bw_ms": math.nan, "step_ms": math.nan,
         "unhooked_step_ms": math.nan, "n_iters": 0, "status": status, "message": message,
     }  # fmt: skip
-
-
-def profile_layer_configs(
-    configs: pd.DataFrame, device: str, settings: dict[str, Any], progress: bool = True
-) -> pd.DataFrame:
-    """Time the layers of every config in its own isolated worker; one row per layer call.
-
-    ``settings`` are the profiling settings (``timeout_s``, ``max_rss_mb``, ``warmup_iters``,
-    ``optimizer``) plus ``threads``, ``num_classes`` and ``layer_iters``. A config that crashes, runs
-    out of memory or times out keeps one row with its status and message (columns
-    :data:`LAYER_TIMING_COLUMNS`).
-    """
-    from tqdm import tqdm
-
-    from perfzoo.profiling.worker import run_isolated
-
-    rows: list[dict[str, Any]] = []
-    records = configs.to_dict("records")
-    bar = tqdm(records, desc=f"layers {device}", disable=not progress, file=sys.stderr, mininterval=1)
-    for config in bar:
-        outcome = run_isolated("cpu_layers", config, settings)
-        if outcome.status != "ok" or outcome.measurement is None:
-            rows.append(_failed_row(config, device, outcome.status, outcome.message))
-            continue
-        result = outcome.measurement
-        step_ms = float(np.median(result["times_ms"])) if result["times_ms"] else math.nan
-        unhooked = result["extra"].get("unhooked_step_ms") or []
-        base = _failed_row(config, device, "ok", "")
-        for layer in result["extra"]["layers"]:
-            rows.append({**base, **layer, "step_ms": step_ms,
-                         "unhooked_step_ms": float(np.median(unhooked)) if unhooked else math.nan,
-                         "n_iters": len(result["times_ms"])})  # fmt: skip
-    table = pd.DataFrame(rows, columns=LAYER_TIMING_COLUMNS)
-    return table.astype(
-        {
-            "batch": "int64",
-            "occurrence": "int64",
-            "n_iters": "int64",
-            "fw_ms": "float64",
-            "bw_ms": "float64",
-            "step_ms": "float64",
-            "unhooked_step_ms": "float64",
-        }
-    )

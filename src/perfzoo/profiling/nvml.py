@@ -75,7 +75,7 @@ class NvmlLibrary:
 
     def __init__(self, module: Any | None = None) -> None:
         if module is None:
-            import pynvml as module
+            import pynvml as module  # lazy: optional package, absent where there is no NVIDIA driver
         self._nvml = module
 
     # -- plumbing --------------------------------------------------------------------------------

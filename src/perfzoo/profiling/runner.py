@@ -1,4 +1,5 @@
-"""Profile one (device, shard): isolated workers, a journal to resume from, trace tables out."""
+"""Profile one (device, shard): isolated workers, a journal to resume from, trace tables out; and the
+per-layer timings of a sample of configs (one isolated worker each)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from perfzoo.profiling.cuda import DEFAULT_MIN_WINDOW_S, DEFAULT_SAMPLE_HZ
+from perfzoo.profiling import nvml
+from perfzoo.profiling.cuda import DEFAULT_MIN_WINDOW_S, DEFAULT_SAMPLE_HZ, probe_counter_period_s
+from perfzoo.profiling.layers import LAYER_TIMING_COLUMNS, failed_layer_row
+from perfzoo.profiling.microbench import check_device
 from perfzoo.profiling.worker import Outcome, run_isolated
+from perfzoo.models.zoo import stable_id
 
 TRACE_COLUMNS = [
     "model_id", "config_id", "mode", "batch", "repeat", "iter", "time_ms", "status", "message",
@@ -83,8 +89,6 @@ def plan_sweep_tasks(configs: pd.DataFrame, orders: list[list[float]]) -> list[T
 
 def sweep_seed(device: str, configs: pd.DataFrame) -> int:
     """Seed of a shard's sweep orders: stable for (device, shard configs), so a resumed job replays them."""
-    from perfzoo.models.zoo import stable_id
-
     return int(stable_id({"device": device, "configs": sorted(configs["config_id"])})[:8], 16)
 
 
@@ -140,8 +144,6 @@ def _parse(line: str) -> dict[str, Any] | None:
 
 
 def fingerprint(device: str, settings: dict[str, Any], configs: pd.DataFrame) -> str:
-    from perfzoo.models.zoo import stable_id
-
     return stable_id({"device": device, "settings": settings, "configs": sorted(configs["config_id"])})
 
 
@@ -217,8 +219,6 @@ def profile_shard(
     down (:func:`~perfzoo.profiling.nvml.cooldown`). ``nvml_lib`` and ``cuda_backend`` substitute the NVML
     and CUDA boundaries (tests).
     """
-    from perfzoo.hardware import check_device
-
     kind = device_cfg["kind"]
     identity = (check_device(device, device_cfg, nvml_lib=nvml_lib, backend=cuda_backend) if kind == "cuda"
                 else check_device(device, device_cfg))
@@ -270,9 +270,6 @@ def _profile_cuda(
     configs: pd.DataFrame, device: str, device_cfg: dict[str, Any], settings: dict[str, Any],
     journal_path: Path, identity: dict[str, Any], progress: bool, nvml_lib: Any | None, shard: str,
 ) -> tuple[list[Task], dict[str, dict[str, Any]], int, list[Task], dict[str, Any]]:
-    from perfzoo.profiling import nvml
-    from perfzoo.profiling.cuda import probe_counter_period_s
-
     measurement = _measurement_settings(device_cfg)
     limits = measurement["power_limits_w"]
     low, high = identity.get("power_limit_min_w"), identity.get("power_limit_max_w")
@@ -319,9 +316,7 @@ def _sweep(
     progress: bool, cool: Any,
 ) -> tuple[list[Task], int, list[Task], dict[str, Any]]:
     """Run the power-limit sweep of a shard; fall back to the limit in force if limits cannot be set."""
-    from perfzoo.profiling.nvml import PowerLimitSweep
-
-    sweep = PowerLimitSweep(gpu, measurement["power_limits_w"], measurement["sweep_repetitions"],
+    sweep = nvml.PowerLimitSweep(gpu, measurement["power_limits_w"], measurement["sweep_repetitions"],
                             seed=sweep_seed(device, configs), device=device)
     tasks = plan_sweep_tasks(configs, sweep.orders)
     resumed = sum(1 for t in tasks if t.key in done)
@@ -357,3 +352,43 @@ def _sweep(
 
 def _outcome_dict(outcome: Outcome) -> dict[str, Any]:
     return {"status": outcome.status, "message": outcome.message, "measurement": outcome.measurement}
+
+
+def profile_layer_configs(
+    configs: pd.DataFrame, device: str, settings: dict[str, Any], progress: bool = True
+) -> pd.DataFrame:
+    """Time the layers of every config in its own isolated worker; one row per layer call.
+
+    ``settings`` are the profiling settings (``timeout_s``, ``max_rss_mb``, ``warmup_iters``,
+    ``optimizer``) plus ``threads``, ``num_classes`` and ``layer_iters``. A config that crashes, runs
+    out of memory or times out keeps one row with its status and message (columns
+    :data:`LAYER_TIMING_COLUMNS`).
+    """
+    rows: list[dict[str, Any]] = []
+    records = configs.to_dict("records")
+    bar = tqdm(records, desc=f"layers {device}", disable=not progress, file=sys.stderr, mininterval=1)
+    for config in bar:
+        outcome = run_isolated("cpu_layers", config, settings)
+        if outcome.status != "ok" or outcome.measurement is None:
+            rows.append(failed_layer_row(config, device, outcome.status, outcome.message))
+            continue
+        result = outcome.measurement
+        step_ms = float(np.median(result["times_ms"])) if result["times_ms"] else math.nan
+        unhooked = result["extra"].get("unhooked_step_ms") or []
+        base = failed_layer_row(config, device, "ok", "")
+        for layer in result["extra"]["layers"]:
+            rows.append({**base, **layer, "step_ms": step_ms,
+                         "unhooked_step_ms": float(np.median(unhooked)) if unhooked else math.nan,
+                         "n_iters": len(result["times_ms"])})  # fmt: skip
+    table = pd.DataFrame(rows, columns=LAYER_TIMING_COLUMNS)
+    return table.astype(
+        {
+            "batch": "int64",
+            "occurrence": "int64",
+            "n_iters": "int64",
+            "fw_ms": "float64",
+            "bw_ms": "float64",
+            "step_ms": "float64",
+            "unhooked_step_ms": "float64",
+        }
+    )

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing as mp
 import signal
-import sys
 import time
-import types
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -16,9 +11,8 @@ from typing import Any
 import psutil
 
 from perfzoo.io import one_line
-
-PRELOAD = ["torch", "torchvision", "timm", "perfzoo.profiling.measure"]
-_CONTEXT: Any = None
+from perfzoo.profiling.core import main_module_hidden, worker_context
+from perfzoo.profiling.measure import MEASURE
 
 
 @dataclass
@@ -28,16 +22,6 @@ class Outcome:
     status: str  # ok / oom / error / timeout
     message: str
     measurement: dict[str, Any] | None = None
-
-
-def worker_context() -> Any:
-    """A forkserver context with torch preloaded, so each worker starts in a fraction of a second."""
-    global _CONTEXT
-    if _CONTEXT is None:
-        _CONTEXT = mp.get_context("forkserver")
-        _CONTEXT.set_forkserver_preload(PRELOAD)
-    return _CONTEXT
-
 
 
 #: how allocators word a failed allocation (CUDA's "out of memory", the CPU allocator's ENOMEM)
@@ -51,10 +35,8 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 def _child(conn: Connection, kind: str, spec: dict[str, Any], settings: dict[str, Any]) -> None:
-    from perfzoo.profiling import measure
-
     try:
-        result = measure.MEASURE[kind](spec, settings)
+        result = MEASURE[kind](spec, settings)
         conn.send(Outcome("ok", "", asdict(result)))
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a trace status
         conn.send(Outcome("oom" if is_out_of_memory(exc) else "error", one_line(exc, limit=500)))
@@ -76,7 +58,7 @@ def run_isolated(kind: str, spec: dict[str, Any], settings: dict[str, Any]) -> O
     ctx = worker_context()
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(child, kind, spec, settings), daemon=True)
-    with _main_module_hidden():
+    with main_module_hidden():
         proc.start()
     child.close()
     deadline = time.monotonic() + settings["timeout_s"]
@@ -101,17 +83,6 @@ def run_isolated(kind: str, spec: dict[str, Any], settings: dict[str, Any]) -> O
             proc.kill()
         proc.join(10)
         parent.close()
-
-
-@contextlib.contextmanager
-def _main_module_hidden() -> Iterator[None]:
-    """Start workers without multiprocessing re-running the calling script (e.g. a Snakemake script)."""
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = main
 
 
 def _rss_bytes(pid: int) -> int:

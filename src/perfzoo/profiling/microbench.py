@@ -1,34 +1,25 @@
-"""Hardware stage: who the device is, and what it can do (measured microbenchmarks + specs)."""
+"""The hardware rule's measurements: check that a job landed on the device its entry declares (cpu, or a
+cuda GPU seen by NVML and CUDA with the configured name), measure its GEMM and copy rates, and assemble
+the ``results/hardware/<device>.json`` record around perfzoo.hardware's description."""
 
 from __future__ import annotations
 
 import math
 import os
-import platform
 import socket
 import time
-from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
+from perfzoo.hardware import (
+    NO_ENERGY_SENSOR,
+    cost_fields,
+    cpu_model_name,
+    mig_profile_rows,
+    spec_row,
+    total_memory_gb,
+)
 from perfzoo.io import InputError
-
-NO_ENERGY_SENSOR = "no energy sensor read on kind 'cpu' (RAPL is not used)"
-DEFAULT_CARBON_INTENSITY_G_PER_KWH = 400.0
-
-
-def cpu_model_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def total_memory_gb() -> float:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
+from perfzoo.profiling import cuda, nvml
 
 
 def check_device(
@@ -57,9 +48,6 @@ def check_cuda_device(
     identity (GPU name, UUID, driver, CUDA and torch versions, power-limit range, the NVML index matched
     to the CUDA device by UUID) goes into the run metadata.
     """
-    from perfzoo.profiling import nvml
-    from perfzoo.profiling.cuda import cuda_facts, nvml_index_for
-
     host = socket.gethostname()
     gpu_name = device_cfg.get("gpu_name") or ""
     index = int(device_cfg.get("gpu_index", 0))
@@ -75,7 +63,7 @@ def check_cuda_device(
         ok, reason = nvml.nvml_available()
         if not ok:
             raise unavailable(reason)
-    facts = cuda_facts(index, backend)
+    facts = cuda.cuda_facts(index, backend)
     if not facts.get("available"):
         raise unavailable(f"CUDA is unavailable: {facts.get('reason', 'unknown reason')}")
     try:
@@ -83,7 +71,7 @@ def check_cuda_device(
     except (ImportError, nvml.NvmlError) as exc:
         raise unavailable(f"NVML could not be opened: {exc}") from None
     try:
-        nvml_index, how = nvml_index_for(probe.lib, facts.get("uuid"), index)
+        nvml_index, how = cuda.nvml_index_for(probe.lib, facts.get("uuid"), index)
         gpu = nvml.GpuHandle(lib=probe.lib, handle=probe.lib.handle(nvml_index), index=nvml_index)
         identity = nvml.device_identity(gpu)
         counter_mj, counter_reason = nvml.read_energy_counter_mj(gpu)
@@ -122,7 +110,7 @@ def _best_seconds(fn: Any, repeats: int) -> float:
 
 def measure_gemm_gflops(threads: int, n: int = 1024, repeats: int = 5) -> float:
     """Float32 matrix-multiply rate with ``threads`` intra-op threads (best of ``repeats``)."""
-    import torch
+    import torch  # lazy: ~3 s import; the profiling parent only checks the device
 
     torch.set_num_threads(threads)
     a, b = torch.randn(n, n), torch.randn(n, n)
@@ -131,7 +119,7 @@ def measure_gemm_gflops(threads: int, n: int = 1024, repeats: int = 5) -> float:
 
 def measure_copy_gbs(threads: int, megabytes: int = 256, repeats: int = 5) -> float:
     """Memory-copy bandwidth (bytes read + written per second) of a large tensor copy."""
-    import torch
+    import torch  # lazy: ~3 s import; the profiling parent only checks the device
 
     torch.set_num_threads(threads)
     src = torch.ones(megabytes * 1024 * 1024 // 4)
@@ -156,34 +144,6 @@ def cpu_hardware(device: str, device_cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _cost_fields(device_cfg: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "carbon_intensity_g_per_kwh": float(device_cfg.get("carbon_intensity_g_per_kwh",
-                                                           DEFAULT_CARBON_INTENSITY_G_PER_KWH)),
-        "price_per_hour": device_cfg.get("price_per_hour"),
-    }
-
-
-def _spec_row(device: str, device_cfg: dict[str, Any], nvml_name: str) -> tuple[dict[str, Any] | None, str]:
-    """Spec-table row from the configured ``spec`` (must exist) or the NVML name (missing with a reason)."""
-    from perfzoo.hardware_specs import lookup_gpu
-
-    configured = device_cfg.get("spec")
-    try:
-        return lookup_gpu(configured or nvml_name), ""
-    except InputError as exc:
-        if configured:
-            raise InputError(f"device '{device}': spec '{configured}': {exc}") from None
-        return None, str(exc)
-
-
-def _mig_profiles(name: str) -> tuple[list[dict[str, Any]], str]:
-    from perfzoo.mig import mig_profiles
-
-    try:
-        return [asdict(p) for p in mig_profiles(name)], ""
-    except InputError as exc:
-        return [], str(exc)
 
 
 def cuda_hardware(
@@ -192,25 +152,23 @@ def cuda_hardware(
 ) -> dict[str, Any]:
     """Hardware description of a cuda device: spec-table row, measured GEMM TFLOP/s per dtype (CUDA events),
     device-to-device copy GB/s, memory, SM count, MIG profiles, identity."""
-    from perfzoo.profiling.cuda import gemm_support, measure_copy_gbs, measure_gemm_tflops
-
     identity = check_device(device, device_cfg, nvml_lib=nvml_lib, backend=backend)
     index = int(device_cfg.get("gpu_index", 0))
     if backend is not None:
         backend.set_device(index)
     else:
-        import torch
+        import torch  # lazy: ~3 s import; the profiling parent only checks the device
 
         torch.cuda.set_device(index)
     name = identity.get("name") or identity.get("cuda_device_name") or ""
-    spec, spec_reason = _spec_row(device, device_cfg, name)
-    support = gemm_support(identity)
-    tflops = {dt: (measure_gemm_tflops(dt, index, backend, n=gemm_n, repeats=repeats) if not why else None)
+    spec, spec_reason = spec_row(device, device_cfg, name)
+    support = cuda.gemm_support(identity)
+    tflops = {dt: None if why else cuda.measure_gemm_tflops(dt, index, backend, n=gemm_n, repeats=repeats)
               for dt, why in support.items()}
     memory_mb = identity.get("memory_total_mb") or identity.get("cuda_total_memory_mb")
-    mig, mig_reason = _mig_profiles(name)
+    mig, mig_reason = mig_profile_rows(name)
     if not mig and spec:
-        mig, mig_reason = _mig_profiles(spec["name"])
+        mig, mig_reason = mig_profile_rows(spec["name"])
     return {
         "device": device,
         "kind": "cuda",
@@ -223,7 +181,7 @@ def cuda_hardware(
         "gemm_unsupported": {dt: why for dt, why in support.items() if why},
         "gemm_n": gemm_n,
         "measured_gemm_gflops_fp32": tflops["fp32"] * 1000.0,
-        "measured_copy_gbs": measure_copy_gbs(index, backend, megabytes=copy_mb, repeats=repeats),
+        "measured_copy_gbs": cuda.measure_copy_gbs(index, backend, megabytes=copy_mb, repeats=repeats),
         "spec": spec,
         "spec_missing_reason": spec_reason,
         "mig_profiles": mig,
@@ -234,7 +192,7 @@ def cuda_hardware(
         "energy_sensor": "nvml",
         "energy_counter_supported": identity.get("energy_counter_supported", False),
         "energy_missing_reason": None,
-        **_cost_fields(device_cfg),
+        **cost_fields(device_cfg),
     }
 
 
@@ -245,19 +203,4 @@ def describe_device(
     if device_cfg["kind"] == "cuda":
         return cuda_hardware(device, device_cfg, nvml_lib=nvml_lib, backend=backend)
     check_device(device, device_cfg)
-    return {**cpu_hardware(device, device_cfg), **_cost_fields(device_cfg)}
-
-
-def hardware_features(hw: dict[str, Any]) -> dict[str, float]:
-    """The numeric ``hw_*`` feature columns joined onto every dataset row of the device.
-
-    cpu: measured fp32 GEMM, measured copy, cores used, memory; cuda: measured fp32 GEMM (CUDA events),
-    measured device-to-device copy, SM count, GPU memory.
-    """
-    cores = hw.get("cores_used") if hw.get("kind", "cpu") == "cpu" else hw.get("sm_count")
-    return {
-        "hw_peak_gflops": float(hw["measured_gemm_gflops_fp32"]),
-        "hw_mem_bw_gbs": float(hw["measured_copy_gbs"]),
-        "hw_cores": float(cores or hw.get("cores_used", 0) or hw.get("sm_count", 0) or 0),
-        "hw_mem_gb": float(hw["memory_gb"]),
-    }
+    return {**cpu_hardware(device, device_cfg), **cost_fields(device_cfg)}

@@ -6,8 +6,9 @@ slices out of 7, memory in GB as the profile name states it, and how many instan
 GPU. Media-extension variants (``+me``) have the compute and memory of their base profile and are left
 out.
 
-Recommendation rule. The memory rule is DIPPM's (seed 001 §4.5, eq. 2): profile ``g`` fits a model of
-predicted peak memory α if α < memory(g), α being predicted on the full GPU and so an upper bound
+Recommendation rule. The memory rule is DIPPM's (Panner Selvam and Brorsson, "MAELSTROM D3.5:
+Performance model for hardware configurations", §4.5, eq. 2): profile ``g`` fits a model of predicted
+peak memory α if α < memory(g), α being predicted on the full GPU and so an upper bound
 (memory consumption is highest on the full GPU). Here α is multiplied by ``1 + margin`` first;
 ``margin=0`` reproduces eq. 2, and ``profiles=DIPPM_A100_PROFILES`` its candidate set. 1 GB = 1024 MB.
 The latency rule is an extension: a profile with ``k`` of 7 compute slices is assumed to run ``7 / k``
@@ -74,7 +75,7 @@ MIG_PROFILES: dict[str, tuple[MigProfile, ...]] = {
 }  # fmt: skip
 
 DIPPM_A100_PROFILES: tuple[str, ...] = ("1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb")
-"""The four A100 40 GB profiles DIPPM chooses among (seed 001 eq. 2)."""
+"""The four A100 40 GB profiles DIPPM chooses among (Panner Selvam and Brorsson, MAELSTROM D3.5, eq. 2)."""
 
 _GPU_PATTERNS: tuple[tuple[str, str], ...] = (
     (r"A100.*80\s*GB|80\s*GB.*A100", "A100-80GB"),
@@ -192,7 +193,8 @@ def mig_report_table(
     latency_target_ms: float | None = None,
     profiles: Sequence[str] | None = None,
 ) -> pd.DataFrame:
-    """Recommendation table in the shape of DIPPM's Table 4.5 (seed 003).
+    """Recommendation table in the shape of DIPPM's Table 4.5 (Panner Selvam, "Performance Prediction
+    Models for Deep Learning: A Graph Neural Network and Large Language Model Approach", PhD thesis).
 
     Input columns: ``model``, ``batch``, ``predicted_mem_mb`` and optionally ``measured_mem_mb`` and
     ``predicted_latency_ms``. Output: model, batch, recommended profile, predicted and measured memory,

@@ -1,0 +1,74 @@
+"""Device description without measuring: host facts, spec-table row, MIG profiles, cost fields, and the
+``hw_*`` feature columns read from a device's hardware record (measurements: perfzoo.profiling.microbench)."""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from perfzoo.hardware.mig import mig_profiles
+from perfzoo.hardware.specs import lookup_gpu
+from perfzoo.io import InputError
+
+NO_ENERGY_SENSOR = "no energy sensor read on kind 'cpu' (RAPL is not used)"
+DEFAULT_CARBON_INTENSITY_G_PER_KWH = 400.0
+
+
+def cpu_model_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def total_memory_gb() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
+
+
+def cost_fields(device_cfg: dict[str, Any]) -> dict[str, Any]:
+    """Carbon intensity (configured or the default) and price per hour of a device entry."""
+    return {
+        "carbon_intensity_g_per_kwh": float(device_cfg.get("carbon_intensity_g_per_kwh",
+                                                           DEFAULT_CARBON_INTENSITY_G_PER_KWH)),
+        "price_per_hour": device_cfg.get("price_per_hour"),
+    }
+
+
+def spec_row(device: str, device_cfg: dict[str, Any], nvml_name: str) -> tuple[dict[str, Any] | None, str]:
+    """Spec-table row from the configured ``spec`` (must exist) or the NVML name (missing with a reason)."""
+    configured = device_cfg.get("spec")
+    try:
+        return lookup_gpu(configured or nvml_name), ""
+    except InputError as exc:
+        if configured:
+            raise InputError(f"device '{device}': spec '{configured}': {exc}") from None
+        return None, str(exc)
+
+
+def mig_profile_rows(name: str) -> tuple[list[dict[str, Any]], str]:
+    """MIG profiles of a GPU as plain dicts, or ([], why there are none)."""
+    try:
+        return [asdict(p) for p in mig_profiles(name)], ""
+    except InputError as exc:
+        return [], str(exc)
+
+
+def hardware_features(hw: dict[str, Any]) -> dict[str, float]:
+    """The numeric ``hw_*`` feature columns joined onto every dataset row of the device.
+
+    cpu: measured fp32 GEMM, measured copy, cores used, memory; cuda: measured fp32 GEMM (CUDA events),
+    measured device-to-device copy, SM count, GPU memory.
+    """
+    cores = hw.get("cores_used") if hw.get("kind", "cpu") == "cpu" else hw.get("sm_count")
+    return {
+        "hw_peak_gflops": float(hw["measured_gemm_gflops_fp32"]),
+        "hw_mem_bw_gbs": float(hw["measured_copy_gbs"]),
+        "hw_cores": float(cores or hw.get("cores_used", 0) or hw.get("sm_count", 0) or 0),
+        "hw_mem_gb": float(hw["memory_gb"]),
+    }

@@ -1,0 +1,174 @@
+"""The measurement core shared by every device kind: what a worker reports (:class:`Measurement`), peak
+RSS, the synthetic batch, precision setup, one step, and the adaptive stopping rule; plus the start of
+isolated worker processes. perfzoo.profiling.measure (cpu), cuda and layers import this, never the other
+way round."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing as mp
+import sys
+import time
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perfzoo.models.builders import VOCAB_SIZE
+from perfzoo.hardware import BUILD_DTYPES
+from perfzoo.stats import relative_ci_halfwidth
+
+PRELOAD = ["torch", "torchvision", "timm", "perfzoo.profiling.measure"]
+"""Modules the forkserver imports once, so each worker starts in a fraction of a second."""
+_CONTEXT: Any = None
+
+
+def worker_context() -> Any:
+    """A forkserver context with torch preloaded, so each worker starts in a fraction of a second."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        _CONTEXT = mp.get_context("forkserver")
+        _CONTEXT.set_forkserver_preload(PRELOAD)
+    return _CONTEXT
+
+
+@contextlib.contextmanager
+def main_module_hidden() -> Iterator[None]:
+    """Start workers without multiprocessing re-running the calling script (e.g. a Snakemake script)."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+@dataclass
+class Measurement:
+    """Everything one worker reports for one config."""
+
+    times_ms: list[float] = field(default_factory=list)
+    peak_mem_mb: float = float("nan")
+    n_warmup: int = 0
+    stop_reason: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _rss_kib(field_name: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field_name + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field_name}")
+
+
+def reset_peak_rss() -> float:
+    """Reset the kernel's peak-RSS watermark to the current RSS; return that baseline in MB."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass  # older kernels: the watermark then includes the parent's pages, baseline still subtracts them
+    return _rss_kib("VmRSS") / 1024
+
+
+def peak_rss_mb() -> float:
+    return _rss_kib("VmHWM") / 1024
+
+
+def synthetic_batch(spec: dict[str, Any], num_classes: int, device: str) -> tuple[Any, Any]:
+    """Seeded random inputs and class targets of the config's shape (no data set needed)."""
+    import torch  # lazy: ~3 s import; the parent process never measures
+
+    gen = torch.Generator().manual_seed(0)
+    shape = (int(spec["batch"]), *json.loads(spec["input_shape"]))
+    if spec["dtype"] == "int64":
+        x = torch.randint(0, VOCAB_SIZE, shape, generator=gen)
+    else:
+        x = torch.randn(shape, generator=gen)
+    y = torch.randint(0, num_classes, (shape[0],), generator=gen)
+    return x.to(device), y.to(device)
+
+
+def set_precision(model: Any, x: Any, precision: str, device_type: str) -> tuple[Any, Any, Callable[[], Any]]:
+    """(model, input, context of each forward) running at ``precision`` (see ``perfzoo.hardware.precision``).
+
+    fp16/bf16 convert the model and floating-point inputs; amp keeps float32 weights and runs the forward
+    under float16 ``torch.autocast``; tf32 allows TF32 in matmuls and cuDNN convolutions, and every other
+    precision forbids it (PyTorch lets cuDNN use TF32 by default, which would make fp32 not fp32).
+    """
+    import torch  # lazy: ~3 s import; the parent process never measures
+
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    if precision in ("fp16", "bf16"):
+        dtype = getattr(torch, BUILD_DTYPES[precision])
+        model = model.to(dtype)
+        x = x.to(dtype) if x.is_floating_point() else x
+    if precision == "amp":
+        return model, x, lambda: torch.autocast(device_type, dtype=torch.float16)
+    return model, x, contextlib.nullcontext
+
+
+def make_step(model: Any, x: Any, y: Any, mode: str, optimizer: str,
+              forward_context: Callable[[], Any] | None = None) -> Callable[[], None]:
+    """One inference forward (no_grad) or one training step (forward, loss, backward, optimizer);
+    ``forward_context`` (e.g. autocast from :func:`set_precision`) wraps each forward and loss."""
+    import torch  # lazy: ~3 s import; the parent process never measures
+
+    context = forward_context or contextlib.nullcontext
+    if mode == "inference":
+        model.eval()
+
+        def infer() -> None:
+            with torch.no_grad(), context():
+                model(x)
+
+        return infer
+    model.train()
+    loss_fn = torch.nn.CrossEntropyLoss()
+    opt = (torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9) if optimizer == "sgd"
+           else torch.optim.Adam(model.parameters(), lr=1e-4))
+
+    def train() -> None:
+        opt.zero_grad(set_to_none=True)
+        with context():
+            loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+
+    return train
+
+
+def should_stop(times_ms: list[float], started_ns: int, settings: dict[str, Any]) -> str:
+    """The reason to stop measuring, or '' to go on."""
+    n = len(times_ms)
+    if n < settings["min_iters"]:
+        return ""
+    if relative_ci_halfwidth(times_ms) <= settings["ci_target"]:
+        return "ci_target"
+    if n >= settings["max_iters"]:
+        return "max_iters"
+    if (time.perf_counter_ns() - started_ns) / 1e9 >= settings["max_time_s"]:
+        return "max_time"
+    return ""
+
+
+def time_iterations(timed_step: Callable[[], float], settings: dict[str, Any]) -> tuple[list[float], str]:
+    """Call ``timed_step`` (one iteration, returning its time in ms) until should_stop says so."""
+    times: list[float] = []
+    started = time.perf_counter_ns()
+    while not (reason := should_stop(times, started, settings)):
+        times.append(float(timed_step()))
+    return times, reason
+
+
+def time_cpu_iterations(step: Callable[[], None], settings: dict[str, Any]) -> tuple[list[float], str]:
+    """Wall-clock (perf_counter_ns) per iteration until should_stop says so."""
+
+    def timed() -> float:
+        t0 = time.perf_counter_ns()
+        step()
+        return (time.perf_counter_ns() - t0) / 1e6
+
+    return time_iterations(timed, settings)
