@@ -669,8 +669,9 @@ FOREIGN_THROTTLE_BITS = {0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_therm
 def gpu_state(gpu: GpuHandle, own_pids: Sequence[int] = ()) -> tuple[dict[str, Any], list[str]]:
     """The GPU just before a measurement window: (readings, reasons it is not quiet).
 
-    Other compute processes, utilisation above 10 %, and throttle reasons that are not the idle or
-    power-cap ones are reasons; a reading that fails is left out of the readings with its error noted.
+    Other compute processes and throttle reasons that are not the idle or power-cap ones are reasons;
+    utilisation and the SM clock are readings only (the utilisation is a trailing average that still
+    holds the previous config's own work). A reading that fails is left out, with its error noted.
     """
     state: dict[str, Any] = {}
     reasons: list[str] = []
@@ -686,8 +687,6 @@ def gpu_state(gpu: GpuHandle, own_pids: Sequence[int] = ()) -> tuple[dict[str, A
     others = [pid for pid in state.get("pids", []) if pid not in set(own_pids)]
     if others:
         reasons.append(f"other processes on the GPU: {others}")
-    if state.get("gpu_util", 0.0) > 10.0:
-        reasons.append(f"GPU {state['gpu_util']:g}% busy before the window")
     bits = int(state.get("throttle_reasons", 0))
     throttled = [name for bit, name in FOREIGN_THROTTLE_BITS.items() if bits & bit]
     if throttled:
