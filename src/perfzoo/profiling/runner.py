@@ -52,6 +52,9 @@ SENSOR_COLUMNS = [
 STATUSES = ("ok", "oom", "error", "timeout")
 _FLOAT_ENERGY_COLUMNS = [c for c in ENERGY_TRACE_COLUMNS
                          if c not in ("power_limit_swept", "power_source", "energy_message")]
+BUSY_STREAK = 3
+"""Configs in a row still disturbed after every retry: the machine is busy for good, so later configs are
+flagged without waiting, until one is measured clean."""
 NOT_ASSESSED = Assessment(math.nan, "not assessed (measured before interference detection)", math.nan,
                           math.nan, "")
 
@@ -223,15 +226,18 @@ class Measurer:
     settings: dict[str, Any]
     baseline: dict[str, Any] | None = None
     before_task: Callable[[Task], dict[str, Any]] | None = None
+    still_disturbed: int = 0  # configs in a row that stayed disturbed after their retries
 
     def entry(self, task: Task) -> dict[str, Any]:
         """The journal entry of ``task``: re-measured after ``wait_s`` while disturbed, up to ``retries``
-        times; the last attempt is kept, with its interference reasons when it is still disturbed."""
+        times (none after :data:`BUSY_STREAK` configs in a row stayed disturbed); the last attempt is kept,
+        with its interference reasons when it is still disturbed."""
         policy = Policy.from_settings(self.settings)
         task_settings = (self.settings if task.power_limit_w is None
                          else {**self.settings, "power_limit_w": task.power_limit_w})
+        retries = policy.retries if self.still_disturbed < BUSY_STREAK else 0
         attempts: list[dict[str, Any]] = []
-        for attempt in range(policy.retries + 1):
+        for attempt in range(retries + 1):
             if attempt:
                 time.sleep(policy.wait_s)
             extra = self.before_task(task) if self.before_task is not None else {}
@@ -241,6 +247,8 @@ class Measurer:
             attempts.append({"started": started, "finished": time.time(), **verdict.as_dict()})
             if outcome.status != "ok" or not verdict.interference:
                 break
+        if outcome.status == "ok":
+            self.still_disturbed = self.still_disturbed + 1 if verdict.interference else 0
         return {"key": task.key, **_outcome_dict(outcome), **extra, "assessment": verdict.as_dict(),
                 "attempts": attempts}
 
