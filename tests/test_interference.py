@@ -100,6 +100,11 @@ def test_verdict_names_each_reason_and_never_invents_a_ratio() -> None:
     assert slow.probe_ratio == pytest.approx(2.5)
     for part in ("GPU: [7]", "probe 2.50x", "0.90 of 2 CPUs", "steal time 20%"):
         assert part in slow.interference
+    spare = measurement([{"gemm_ms": 1.0, "copy_ms": 2.0}], load=0.9)
+    spare["extra"]["interference"]["threads"] = 1  # one of the two CPUs is left to other processes
+    assert assess(spare, baseline, policy).interference == ""
+    spare["extra"]["interference"]["other_cpu_load"] = 1.3
+    assert assess(spare, baseline, policy).interference == "other processes used 1.30 of 2 CPUs"
     failed = assess(measurement([], error="RuntimeError: boom"), baseline, policy)
     assert math.isnan(failed.probe_ratio) and "boom" in failed.probe_message
     no_base = assess(measurement([{"gemm_ms": 1.0, "copy_ms": 2.0}]), {"missing": "probe failed: x"}, policy)

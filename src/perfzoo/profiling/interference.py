@@ -9,8 +9,9 @@ own iterations look perfectly consistent, so its noise cannot reveal interferenc
   probe baseline) over both runs and both parts; the baseline is recorded by the hardware rule with the
   same code. A probe that fails, or a device without a baseline, leaves the ratio missing with a reason;
 * what the operating system says over the measurement: CPU time used on the worker's CPUs by other
-  processes (per-CPU busy time minus the worker's own CPU time, in CPUs) and hypervisor steal time (a
-  fraction of those CPUs' time); on CUDA the parent also reads NVML just before each measurement
+  processes (per-CPU busy time minus the worker's own CPU time, in CPUs; it disturbs when it exceeds
+  the CPUs the worker leaves free, ``cpus - threads``, by ``load_tolerance``) and hypervisor steal time
+  (a fraction of those CPUs' time); on CUDA the parent also reads NVML just before each measurement
   (:func:`perfzoo.profiling.nvml.gpu_state`).
 
 :class:`Policy` turns the evidence into an ``interference`` reason (empty when clean); the runner
@@ -63,7 +64,7 @@ class Policy:
     """When a measurement counts as disturbed, and what the runner does then (``profiling.interference``)."""
 
     tolerance: float = 0.3  # probe slower than its baseline by more than this fraction
-    load_tolerance: float = 0.25  # other processes used more than this many CPUs of the worker's CPUs
+    load_tolerance: float = 0.25  # other processes used this many CPUs more than the worker leaves free
     steal_tolerance: float = 0.05  # steal time above this fraction of the worker's CPU time
     retries: int = 0  # re-measurements of a disturbed config
     wait_s: float = 0.0  # pause before each re-measurement
@@ -174,7 +175,7 @@ def observe(kind: str, settings: dict[str, Any], measure: Callable[[], Measureme
     result = measure()
     after = cpu_snapshot()
     probe()
-    result.extra["interference"] = {"probes": probes, "probe_error": "; ".join(errors),
+    result.extra["interference"] = {"probes": probes, "probe_error": "; ".join(errors), "threads": threads,
                                     **cpu_window(before, after)}
     return result
 
@@ -204,8 +205,10 @@ def assess(measurement: dict[str, Any] | None, baseline: dict[str, Any] | None, 
     load, steal = float(info.get("other_cpu_load", math.nan)), float(info.get("steal_frac", math.nan))
     if ratio > 1 + policy.tolerance:
         reasons.append(f"probe {ratio:.2f}x its baseline")
-    if load > policy.load_tolerance:
-        reasons.append(f"other processes used {load:.2f} of {info.get('cpus')} CPUs")
+    cpus, threads = info.get("cpus"), info.get("threads")
+    spare = max(int(cpus) - int(threads), 0) if cpus and threads else 0  # CPUs the worker leaves free
+    if load > spare + policy.load_tolerance:
+        reasons.append(f"other processes used {load:.2f} of {cpus} CPUs")
     if steal > policy.steal_tolerance:
         reasons.append(f"steal time {steal:.0%}")
     return Assessment(ratio, missing, load, steal, "; ".join(reasons))
