@@ -59,19 +59,20 @@ def test_busy_core_during_a_real_run_is_flagged_or_remeasured(config, tmp_path) 
     timer.start()
     journal = tmp_path / "j.jsonl"
     try:
-        traces, _, meta = profile_shard(configs, "cpu", {"kind": "cpu", "threads": threads}, settings, journal,
-                                        progress=False, hardware=hardware)
+        traces, _, meta = profile_shard(configs, "cpu", {"kind": "cpu", "threads": threads}, settings,
+                                        journal, progress=False, hardware=hardware)
     finally:
         timer.cancel()
         if busy.poll() is None:
             stop()
     entries = [json.loads(line) for line in journal.read_text().splitlines()[1:]]
-    inside = [a for e in entries for a in e["attempts"]
-              if a["started"] >= window["start"] and a["finished"] <= window["end"]]
+    def within(attempt: dict) -> bool:
+        return attempt["started"] >= window["start"] and attempt["finished"] <= window["end"]
+
+    inside = [a for e in entries for a in e["attempts"] if within(a)]
     assert inside, "no measurement ran entirely inside the busy window"
     assert all(a["interference"] for a in inside), inside
-    disturbed = {e["key"].split("/")[0] for e in entries
-                 if e["attempts"][0]["started"] >= window["start"] and e["attempts"][0]["finished"] <= window["end"]}
+    disturbed = {e["key"].split("/")[0] for e in entries if within(e["attempts"][0])}
     rows = traces.drop_duplicates("config_id").set_index("config_id")
     for config_id in disturbed:
         assert rows.loc[config_id, "interference"] or rows.loc[config_id, "attempts"] > 1

@@ -402,7 +402,7 @@ def _sweep(
             "limit_after_w": limit_after_w, "skipped_reason": sweep.skipped_reason}
     if not sweep.skipped_reason:
         return tasks, resumed, todo, info
-    if sweep.visited:  # the limit could be set before and not any more: the rest cannot be measured as planned
+    if sweep.visited:  # the limit could be set before and not any more: the rest cannot be measured
         for task in tasks:
             if task.key not in done:
                 reason = f"power limit {task.power_limit_w:g} W not set: {sweep.skipped_reason}"

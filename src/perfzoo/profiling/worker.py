@@ -83,7 +83,8 @@ def run_isolated(kind: str, spec: dict[str, Any], settings: dict[str, Any]) -> O
             if _rss_bytes(proc.pid) > limit_bytes:
                 return Outcome("oom", f"worker exceeded max_rss_mb={settings['max_rss_mb']:g} and was killed")
             if time.monotonic() > deadline:
-                return Outcome("timeout", f"no result after timeout_s={settings['timeout_s']:g} s; worker killed")
+                return Outcome("timeout",
+                               f"no result after timeout_s={settings['timeout_s']:g} s; worker killed")
     finally:
         if proc.is_alive():
             proc.kill()
