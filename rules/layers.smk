@@ -20,7 +20,7 @@ for _device in LAYER_DEVICES:
             f"benchmarks/layers/{_device}.tsv"
         conda:
             "../envs/perfzoo.yaml"
-        threads: device_threads(_device)
+        threads: quiet_threads(_device)
         resources:
             **device_resources(_device),
             runtime=runtime_for_attempt(_device),

@@ -1,6 +1,16 @@
 # One pair of rules per configured device, so one device can be (re)run alone:
 #   snakemake profile_<device>                  measure (or resume) that device's shards
 #   snakemake --forcerun trace_<device>         measure it afresh, then everything downstream
+
+
+def quiet_threads(device):
+    """Threads of a measuring job: in a local run every core Snakemake was given (it caps the number), so no
+    other job of the run shares the cores while a device is measured; on a cluster the device's threads
+    (its request; the ``exclusive`` flag asks for a node of its own). What is measured always uses the
+    device's configured ``threads``, whatever the job gets."""
+    return device_threads(device) if not workflow.local_exec else 1_000_000
+
+
 for _device in DEVICES:
 
     rule:
@@ -16,7 +26,7 @@ for _device in DEVICES:
             f"benchmarks/hardware/{_device}.tsv"
         conda:
             "../envs/perfzoo.yaml"
-        threads: device_threads(_device)
+        threads: quiet_threads(_device)
         resources:
             **device_resources(_device),
             runtime=10,
@@ -32,6 +42,7 @@ for _device in DEVICES:
         input:
             pkg("profile.py"),
             manifest="results/zoo/manifest.parquet",
+            hardware=f"results/hardware/{_device}.json",
             model_files=MODEL_FILES,
         output:
             traces=f"results/traces/{_device}/{{shard}}.parquet",
@@ -43,7 +54,7 @@ for _device in DEVICES:
             f"benchmarks/profile/{_device}/{{shard}}.tsv"
         conda:
             "../envs/perfzoo.yaml"
-        threads: device_threads(_device)
+        threads: quiet_threads(_device)
         resources:
             **device_resources(_device),
             runtime=runtime_for_attempt(_device),

@@ -127,5 +127,11 @@ class FakeNvml:
     def clock_mhz(self, handle: str, which: str) -> float:
         return {"sm": 1410.0, "mem": 1215.0}[which]
 
+    def compute_pids(self, handle: str) -> list[int]:
+        return list(getattr(self, "other_pids", []))
+
+    def throttle_reasons(self, handle: str) -> int:
+        return int(getattr(self, "throttle_bits", 0))
+
     def temperature_c(self, handle: str) -> float:
         return self.temperatures.pop(0) if len(self.temperatures) > 1 else self.temperatures[0]

@@ -7,7 +7,7 @@ from perfzoo.workflow import run_step
 
 def main() -> None:
     device = snakemake.params.name
-    hw = describe_device(device, dict(snakemake.params.device, threads=snakemake.threads))
+    hw = describe_device(device, dict(snakemake.params.device))
     write_json(snakemake.output[0], {**hw, "provenance": provenance([], {"device": snakemake.params.device}, links=config_link(snakemake.config, [f"devices.{device}"]))})
 
 

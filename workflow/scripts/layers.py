@@ -15,7 +15,7 @@ def time_layers() -> None:
     configs = select_layer_configs(manifest, params.families, params.max_configs)
     settings = dict(
         params.profiling,
-        threads=snakemake.threads,
+        threads=int(params.device["threads"]),  # the device's setting, whatever --cores gives the job
         num_classes=params.num_classes,
         layer_iters=params.layer_iters,
     )

@@ -2,7 +2,7 @@
 from pathlib import Path
 
 from perfzoo.finished import keep_finished
-from perfzoo.io import read_parquet, write_json
+from perfzoo.io import read_json, read_parquet, write_json
 from perfzoo.profiling.runner import profile_shard
 from perfzoo.provenance import config_link, provenance, write_table
 from perfzoo.workflow import run_step
@@ -12,11 +12,15 @@ from perfzoo.models.zoo import shard_configs
 def main() -> None:
     device, shard = snakemake.params.name, snakemake.wildcards.shard
     configs = shard_configs(read_parquet(snakemake.input.manifest), shard)
-    settings = dict(snakemake.params.profiling, threads=snakemake.threads, num_classes=snakemake.params.num_classes)
+    device_cfg = dict(snakemake.params.device)
+    # the device's configured threads, not the job's: --cores must not change what a device measures
+    settings = dict(snakemake.params.profiling, threads=int(device_cfg["threads"]),
+                    num_classes=snakemake.params.num_classes)
     journal = Path(snakemake.params.journal)
-    traces, sensors, meta = profile_shard(configs, device, dict(snakemake.params.device), settings, journal)
+    traces, sensors, meta = profile_shard(configs, device, device_cfg, settings, journal,
+                                          hardware=read_json(snakemake.input.hardware))
     sections = [f"devices.{device}", "profiling", "zoo.num_classes"]
-    prov = provenance([snakemake.input.manifest, *snakemake.input.model_files],
+    prov = provenance([snakemake.input.manifest, snakemake.input.hardware, *snakemake.input.model_files],
                       {"device": snakemake.params.device, "profiling": settings},
                       links=config_link(snakemake.config, sections))
     write_table(snakemake.output.sensors, sensors, prov)

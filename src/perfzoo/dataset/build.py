@@ -11,6 +11,7 @@ import pandas as pd
 
 from perfzoo.hardware import hardware_features
 from perfzoo.io import InputError, read_json, read_parquet
+from perfzoo.profiling.interference import drop_flagged_runs
 from perfzoo.profiling.runner import STATUSES, TRACE_COLUMNS
 from perfzoo.stats import coefficient_of_variation, mape, median_ci
 
@@ -199,13 +200,16 @@ def build_dataset(
     With a power-limit sweep the rows are unique per (model_id, device, mode, batch, power_limit_w), and
     the limit is also a hardware feature (``hw_power_limit_w``; the limit in force, NaN on cpu).
     """
-    runs = aggregate_runs(load_traces(trace_paths))
+    traces = load_traces(trace_paths)
+    runs = aggregate_runs(traces)
+    clean = drop_flagged_runs(runs, traces)  # measurements flagged as disturbed are not fitted
     hardware = {Path(p).stem: read_json(p) for p in hardware_paths}
     unknown = sorted(set(runs["device"]) - set(hardware)) if len(runs) else []
     if unknown:
         raise InputError(f"traces for devices {unknown} have no hardware/<device>.json")
     key = dataset_key(runs) if len(runs) else list(KEY)
-    first = runs[(runs["repeat"] == 0) & (runs["status"] == "ok")].drop(columns=["repeat", "message", "status"])
+    first = clean[(clean["repeat"] == 0) & (clean["status"] == "ok")]
+    first = first.drop(columns=["repeat", "message", "status"])
     labels = energy_labels(first, hardware)
     hw = pd.DataFrame([{"device": d, **hardware_features(h)} for d, h in sorted(hardware.items())])
     info = manifest[["config_id", "family", "name", "variant", "label", "builder",
@@ -224,7 +228,7 @@ def build_dataset(
     data = add_roofline_features(data)
     data.insert(0, "row_id", _row_id(data, key) if len(data) else pd.Series(dtype=object))
     data = data.sort_values("row_id").reset_index(drop=True)
-    return data, noise_floor(runs), status_counts(runs)
+    return data, noise_floor(clean), status_counts(runs)
 
 
 def imported_only(external: list[pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:

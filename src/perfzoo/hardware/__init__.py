@@ -5,6 +5,7 @@ precisions with the peak each one runs at. Nothing here measures (see perfzoo.pr
 from perfzoo.hardware.device import (
     DEFAULT_CARBON_INTENSITY_G_PER_KWH,
     NO_ENERGY_SENSOR,
+    MeasurementSetting,
     cost_fields,
     cpu_model_name,
     hardware_features,
@@ -34,8 +35,8 @@ from perfzoo.hardware.specs import NUMERIC_COLUMNS, SPEC_COLUMNS, close_names, l
 
 __all__ = [
     "BUILD_DTYPES", "DEFAULT_CARBON_INTENSITY_G_PER_KWH", "MIG_PROFILES", "NO_ENERGY_SENSOR",
-    "NUMERIC_COLUMNS", "PRECISIONS", "SPEC_COLUMNS", "MigProfile", "Peak", "check_supported", "close_names",
-    "cost_fields", "cpu_model_name", "hardware_features", "load_gpu_specs", "lookup_gpu", "mig_profile_rows",
-    "mig_profiles", "mig_report_table", "normalise_precision", "peak_for", "profile_table", "recommend_mig",
-    "resolve_mig_gpu", "scaled_latency_ms", "spec_row", "total_memory_gb",
+    "NUMERIC_COLUMNS", "PRECISIONS", "SPEC_COLUMNS", "MeasurementSetting", "MigProfile", "Peak",
+    "check_supported", "close_names", "cost_fields", "cpu_model_name", "hardware_features", "load_gpu_specs",
+    "lookup_gpu", "mig_profile_rows", "mig_profiles", "mig_report_table", "normalise_precision", "peak_for",
+    "profile_table", "recommend_mig", "resolve_mig_gpu", "scaled_latency_ms", "spec_row", "total_memory_gb",
 ]

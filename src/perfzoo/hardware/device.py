@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 import platform
-from dataclasses import asdict
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,33 @@ from perfzoo.io import InputError
 
 NO_ENERGY_SENSOR = "no energy sensor read on kind 'cpu' (RAPL is not used)"
 DEFAULT_CARBON_INTENSITY_G_PER_KWH = 400.0
+
+
+@dataclass(frozen=True)
+class MeasurementSetting:
+    """The settings that change what is measured on a device: part of the device's identity, recorded in
+    its hardware record and its traces' metadata. One device is measured with one setting."""
+
+    threads: int
+
+    @classmethod
+    def of(cls, settings: Mapping[str, Any]) -> MeasurementSetting:
+        """The setting of a device entry or of profiling settings (``threads``, default 1)."""
+        return cls(threads=int(settings.get("threads", 1)))
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def check_same(self, device: str, recorded: Mapping[str, Any] | None, where: str) -> None:
+        """Raise a one-line InputError when ``recorded`` (the setting ``where`` was measured with) differs."""
+        if recorded is None:
+            raise InputError(f"device '{device}': {where} records no measurement setting (made by an older "
+                             f"perfzoo); measure the device's hardware again")
+        for key, value in self.as_dict().items():
+            if recorded.get(key) != value:
+                raise InputError(f"device '{device}': {key} is {value} in this run but {recorded.get(key)} "
+                                 f"in {where}; measure with {key}={recorded.get(key)}, or afresh (hardware "
+                                 f"included), or as a separate device")
 
 
 def cpu_model_name() -> str:

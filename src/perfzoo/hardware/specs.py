@@ -91,7 +91,8 @@ def lookup_gpu(name: str) -> dict[str, Any]:
     if len(hits) > 1:
         raise InputError(f"GPU '{name}' matches several rows of {SPEC_FILE}: {list(hits['name'])}")
     hint = close_names(name)
-    raise InputError(f"GPU '{name}' is not in {SPEC_FILE}{'; close names: ' + ', '.join(hint) if hint else ''}")
+    close = "; close names: " + ", ".join(hint) if hint else ""
+    raise InputError(f"GPU '{name}' is not in {SPEC_FILE}{close}")
 
 
 def close_names(name: str, n: int = 3) -> list[str]:

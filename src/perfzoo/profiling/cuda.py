@@ -314,48 +314,15 @@ def energy_window(
         sampler.sample_once()  # a reading at or before t0, so the whole window is covered
     c0, c0_reason = nvml.read_energy_counter_mj(gpu) if gpu is not None else (nan, "")
     t0 = clock()
-    iterations, target_ns = 0, window_s * 1e9
-    per_iter_ns = max(iteration_ms, 1e-3) * 1e6 if math.isfinite(iteration_ms) else 1e6
     try:
-        while True:
-            elapsed = clock() - t0
-            remaining = target_ns - elapsed
-            if remaining <= 0 and iterations > 0:
-                break
-            if iterations:  # calibrated on the wall clock (launch overhead included)
-                per_iter_ns = max(elapsed / iterations, 1.0)
-                chunk = math.ceil(remaining / per_iter_ns)
-            else:  # the event time may underestimate the wall time per step: start with a tenth
-                chunk = math.ceil(0.1 * target_ns / per_iter_ns)
-            chunk = max(1, min(chunk, 100_000))
-            for _ in range(chunk):
-                step()
-            iterations += chunk
-            backend.synchronize(device)
+        iterations = _repeat_in_chunks(step, backend, device, window_s * 1e9, iteration_ms, clock, t0)
     finally:
         t1 = clock()
         c1, c1_reason = nvml.read_energy_counter_mj(gpu) if gpu is not None else (nan, "")
         samples = sampler.stop() if sampler is not None else pd.DataFrame(columns=list(nvml.SENSOR_COLUMNS))
     summary = sampler.summary() if sampler is not None else {}
-
-    counter_j = (c1 - c0) / 1000.0
-    if c0_reason:
-        problems.append(f"energy counter at window start: {c0_reason}")
-    if c1_reason:
-        problems.append(f"energy counter at window end: {c1_reason}")
-    if math.isfinite(counter_j) and counter_j < 0:
-        problems.append(f"energy counter went backwards ({c0:.0f} -> {c1:.0f} mJ; driver reloaded?)")
-        counter_j = nan
-    if sampler is not None:
-        samples_j, why = window_energy_from_samples(samples, t0, t1)
-        if why:
-            problems.append(f"samples: {why}")
-        if summary["errors"]:
-            problems.append("sensor errors: " + "; ".join(summary["errors"][:3]))
-        if "power (instant)" in summary["unsupported"] or "power (average)" in summary["unsupported"]:
-            problems.append(f"power unsupported: {summary['unsupported']}")
-    else:
-        samples_j = nan
+    counter_j = _counter_energy_j(c0, c0_reason, c1, c1_reason, problems)
+    samples_j = _samples_energy_j(samples, summary, t0, t1, problems) if sampler is not None else nan
     mem_used = samples["mem_used_mb"].to_numpy(dtype="float64") if len(samples) else np.empty(0)
     return {
         "window_s": (t1 - t0) / 1e9,
@@ -370,6 +337,54 @@ def energy_window(
         "energy_message": " | ".join(p for p in problems if p)[:2000],
         "sensors": _sensor_records(samples),
     }
+
+
+def _repeat_in_chunks(step: Callable[[], None], backend: Any, device: str, target_ns: float,
+                      iteration_ms: float, clock: Callable[[], int], t0: int) -> int:
+    """Run ``step`` in synchronised chunks until ``target_ns`` have passed since ``t0``; the steps run."""
+    iterations = 0
+    per_iter_ns = max(iteration_ms, 1e-3) * 1e6 if math.isfinite(iteration_ms) else 1e6
+    while True:
+        elapsed = clock() - t0
+        remaining = target_ns - elapsed
+        if remaining <= 0 and iterations > 0:
+            return iterations
+        if iterations:  # calibrated on the wall clock (launch overhead included)
+            per_iter_ns = max(elapsed / iterations, 1.0)
+            chunk = math.ceil(remaining / per_iter_ns)
+        else:  # the event time may underestimate the wall time per step: start with a tenth
+            chunk = math.ceil(0.1 * target_ns / per_iter_ns)
+        chunk = max(1, min(chunk, 100_000))
+        for _ in range(chunk):
+            step()
+        iterations += chunk
+        backend.synchronize(device)
+
+
+def _counter_energy_j(c0: float, c0_reason: str, c1: float, c1_reason: str, problems: list[str]) -> float:
+    """Energy between two counter readings (mJ) in J, NaN with the reason appended to ``problems``."""
+    counter_j = (c1 - c0) / 1000.0
+    if c0_reason:
+        problems.append(f"energy counter at window start: {c0_reason}")
+    if c1_reason:
+        problems.append(f"energy counter at window end: {c1_reason}")
+    if math.isfinite(counter_j) and counter_j < 0:
+        problems.append(f"energy counter went backwards ({c0:.0f} -> {c1:.0f} mJ; driver reloaded?)")
+        counter_j = float("nan")
+    return counter_j
+
+
+def _samples_energy_j(samples: pd.DataFrame, summary: dict[str, Any], t0: int, t1: int,
+                      problems: list[str]) -> float:
+    """Energy of the power samples over [t0, t1]; the sampler's problems are appended to ``problems``."""
+    samples_j, why = window_energy_from_samples(samples, t0, t1)
+    if why:
+        problems.append(f"samples: {why}")
+    if summary["errors"]:
+        problems.append("sensor errors: " + "; ".join(summary["errors"][:3]))
+    if "power (instant)" in summary["unsupported"] or "power (average)" in summary["unsupported"]:
+        problems.append(f"power unsupported: {summary['unsupported']}")
+    return samples_j
 
 
 def _sensor_records(samples: pd.DataFrame) -> list[dict[str, Any]]:
@@ -393,6 +408,26 @@ def _open_gpu(index: int, lib: Any | None) -> tuple[nvml.GpuHandle | None, str]:
         return None, f"pynvml is not installed: {exc}"
     except nvml.NvmlError as exc:
         return None, f"NVML device {index} could not be opened: {exc}"
+
+
+def _power_limit_w(settings: dict[str, Any], gpu: nvml.GpuHandle | None) -> tuple[float | None, bool]:
+    """(the limit a sweep set, True), else (the limit in force read from NVML, or None, False)."""
+    limit_w = settings.get("power_limit_w")
+    swept = limit_w is not None
+    if not swept and gpu is not None:
+        with contextlib.suppress(nvml.NvmlError):
+            limit_w = gpu.lib.power_limit_mw(gpu.handle) / 1000.0
+    return limit_w, swept
+
+
+def _window_target_s(settings: dict[str, Any], gpu: nvml.GpuHandle | None) -> tuple[float, float]:
+    """(energy counter update period, or NaN; the energy window's length: at least one period)."""
+    period = settings.get("counter_period_s")
+    if period is None and gpu is not None:
+        period, _ = probe_counter_period_s(gpu)
+    period = float("nan") if period is None else float(period)
+    return period, max(float(settings.get("min_window_s", DEFAULT_MIN_WINDOW_S)),
+                       period if math.isfinite(period) else 0.0)
 
 
 def measure_on_cuda(
@@ -430,17 +465,8 @@ def measure_on_cuda(
 
     gpu, gpu_reason = _open_gpu(int(settings.get("nvml_index", index)), nvml_lib)
     try:
-        limit_w = settings.get("power_limit_w")
-        swept = limit_w is not None
-        if not swept and gpu is not None:
-            with contextlib.suppress(nvml.NvmlError):
-                limit_w = gpu.lib.power_limit_mw(gpu.handle) / 1000.0
-        period = settings.get("counter_period_s")
-        if period is None and gpu is not None:
-            period, _ = probe_counter_period_s(gpu)
-        period = float("nan") if period is None else float(period)
-        window_s = max(float(settings.get("min_window_s", DEFAULT_MIN_WINDOW_S)),
-                       period if math.isfinite(period) else 0.0)
+        limit_w, swept = _power_limit_w(settings, gpu)
+        period, window_s = _window_target_s(settings, gpu)
         window = energy_window(step, gpu, cuda, device, window_s,
                                float(settings.get("sample_hz", DEFAULT_SAMPLE_HZ)),
                                float(np.median(times)) if times else float("nan"), gpu_reason)

@@ -52,6 +52,7 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -272,6 +273,38 @@ def disable_inplace(model: Any) -> int:
     return changed
 
 
+def _timed_step(model: Any, x: Any, y: Any, loss_fn: Any, timer: _LayerTimer, training: bool,
+                optimizer: str) -> Callable[[str], float]:
+    """One step in a timer phase ("off", "discover", "forward"), returning its wall time in ms."""
+    import torch  # lazy: ~3 s import; the parent process never measures
+
+    if training:
+        model.train()
+        opt = (torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9) if optimizer == "sgd"
+               else torch.optim.Adam(model.parameters(), lr=1e-4))
+
+    def step(phase: str) -> float:
+        t0 = time.perf_counter_ns()
+        timer.begin_step(phase)
+        if training:
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            timer.end_forward()
+            loss.backward()
+            if phase == "forward":
+                timer.end_backward(time.perf_counter_ns())
+            timer.phase = "off"
+            opt.step()
+        else:
+            model.eval()
+            with torch.no_grad():
+                model(x)
+            timer.end_forward()
+        return (time.perf_counter_ns() - t0) / 1e6
+
+    return step
+
+
 def measure_layers_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Measurement:
     """Time every layer call of one config on the CPU (forward, and backward in training).
 
@@ -304,32 +337,7 @@ def measure_layers_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Mea
     types = {id(m): type(m).__name__ for m in model.modules()}
     names[id(loss_fn)], types[id(loss_fn)] = LOSS_NAME, "Loss"
     timer = _LayerTimer(names, types, training)
-    if training:
-        model.train()
-        if settings.get("optimizer", "sgd") == "sgd":
-            opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-        else:
-            opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-
-    def step(phase: str) -> float:
-        t0 = time.perf_counter_ns()
-        timer.begin_step(phase)
-        if training:
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
-            timer.end_forward()
-            loss.backward()
-            if phase == "forward":
-                timer.end_backward(time.perf_counter_ns())
-            timer.phase = "off"
-            opt.step()
-        else:
-            model.eval()
-            with torch.no_grad():
-                model(x)
-            timer.end_forward()
-        return (time.perf_counter_ns() - t0) / 1e6
-
+    step = _timed_step(model, x, y, loss_fn, timer, training, settings.get("optimizer", "sgd"))
     n_warmup = int(settings.get("warmup_iters", 3))
     iters = max(int(settings.get("layer_iters", LAYER_ITERS)), 1)
     for _ in range(n_warmup):

@@ -12,6 +12,7 @@ from typing import Any
 
 from perfzoo.hardware import (
     NO_ENERGY_SENSOR,
+    MeasurementSetting,
     cost_fields,
     cpu_model_name,
     mig_profile_rows,
@@ -20,6 +21,7 @@ from perfzoo.hardware import (
 )
 from perfzoo.io import InputError
 from perfzoo.profiling import cuda, nvml
+from perfzoo.profiling.interference import probe_baseline
 
 
 def check_device(
@@ -139,6 +141,8 @@ def cpu_hardware(device: str, device_cfg: dict[str, Any]) -> dict[str, Any]:
         "memory_gb": round(total_memory_gb(), 2),
         "measured_gemm_gflops_fp32": measure_gemm_gflops(threads),
         "measured_copy_gbs": measure_copy_gbs(threads),
+        "probe_baseline": probe_baseline("cpu", threads),
+        "measurement_setting": MeasurementSetting.of(device_cfg).as_dict(),
         "energy_sensor": None,
         "energy_missing_reason": NO_ENERGY_SENSOR,
     }
@@ -182,6 +186,9 @@ def cuda_hardware(
         "gemm_n": gemm_n,
         "measured_gemm_gflops_fp32": tflops["fp32"] * 1000.0,
         "measured_copy_gbs": cuda.measure_copy_gbs(index, backend, megabytes=copy_mb, repeats=repeats),
+        "probe_baseline": (probe_baseline("cuda", int(device_cfg.get("threads", 1)), index) if backend is None
+                           else {"missing": "the CUDA boundary is substituted: no probe on a real GPU"}),
+        "measurement_setting": MeasurementSetting.of(device_cfg).as_dict(),
         "spec": spec,
         "spec_missing_reason": spec_reason,
         "mig_profiles": mig,

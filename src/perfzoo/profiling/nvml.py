@@ -187,6 +187,14 @@ class NvmlLibrary:
         info = self._call("nvmlDeviceGetMemoryInfo", handle)
         return info.total / MIB, info.used / MIB
 
+    def compute_pids(self, handle: Any) -> list[int]:
+        """Process ids of the compute processes running on the GPU."""
+        return [int(p.pid) for p in self._call("nvmlDeviceGetComputeRunningProcesses", handle)]
+
+    def throttle_reasons(self, handle: Any) -> int:
+        """Bitmask of the reasons the clocks are held down now (``nvmlClocksThrottleReason*``)."""
+        return int(self._call("nvmlDeviceGetCurrentClocksThrottleReasons", handle))
+
 
 @dataclass
 class GpuHandle:
@@ -651,3 +659,36 @@ def cooldown(
         sleep(poll_s)
     result["waited_s"] = clock() - start
     return result
+
+
+#: throttle reasons that mean someone or something else slows the GPU (NVML's bit values): not idle (0x1),
+#: not the application clock setting (0x2), not the software power cap a sweep sets on purpose (0x4)
+FOREIGN_THROTTLE_BITS = {0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "power_brake"}
+
+
+def gpu_state(gpu: GpuHandle, own_pids: Sequence[int] = ()) -> tuple[dict[str, Any], list[str]]:
+    """The GPU just before a measurement window: (readings, reasons it is not quiet).
+
+    Other compute processes and throttle reasons that are not the idle or power-cap ones are reasons;
+    utilisation and the SM clock are readings only (the utilisation is a trailing average that still
+    holds the previous config's own work). A reading that fails is left out, with its error noted.
+    """
+    state: dict[str, Any] = {}
+    reasons: list[str] = []
+    reads = {"pids": lambda: gpu.lib.compute_pids(gpu.handle),
+             "gpu_util": lambda: gpu.lib.utilization(gpu.handle)[0],
+             "sm_clock_mhz": lambda: gpu.lib.clock_mhz(gpu.handle, "sm"),
+             "throttle_reasons": lambda: gpu.lib.throttle_reasons(gpu.handle)}
+    for key, read in reads.items():
+        try:
+            state[key] = read()
+        except (NvmlError, AttributeError) as exc:
+            state.setdefault("unreadable", {})[key] = str(exc)
+    others = [pid for pid in state.get("pids", []) if pid not in set(own_pids)]
+    if others:
+        reasons.append(f"other processes on the GPU: {others}")
+    bits = int(state.get("throttle_reasons", 0))
+    throttled = [name for bit, name in FOREIGN_THROTTLE_BITS.items() if bits & bit]
+    if throttled:
+        reasons.append(f"clocks throttled ({', '.join(throttled)})")
+    return state, reasons

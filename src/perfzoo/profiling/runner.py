@@ -10,7 +10,7 @@ import socket
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,9 @@ import pandas as pd
 from tqdm import tqdm
 
 from perfzoo.profiling import nvml
+from perfzoo.hardware import MeasurementSetting
 from perfzoo.profiling.cuda import DEFAULT_MIN_WINDOW_S, DEFAULT_SAMPLE_HZ, probe_counter_period_s
+from perfzoo.profiling.interference import INTERFERENCE_TRACE_COLUMNS, Assessment, Policy, assess
 from perfzoo.profiling.layers import LAYER_TIMING_COLUMNS, failed_layer_row
 from perfzoo.profiling.microbench import check_device
 from perfzoo.profiling.worker import Outcome, run_isolated
@@ -50,6 +52,11 @@ SENSOR_COLUMNS = [
 STATUSES = ("ok", "oom", "error", "timeout")
 _FLOAT_ENERGY_COLUMNS = [c for c in ENERGY_TRACE_COLUMNS
                          if c not in ("power_limit_swept", "power_source", "energy_message")]
+BUSY_STREAK = 3
+"""Configs in a row still disturbed after every retry: the machine is busy for good, so later configs are
+flagged without waiting, until one is measured clean."""
+NOT_ASSESSED = Assessment(math.nan, "not assessed (measured before interference detection)", math.nan,
+                          math.nan, "")
 
 
 @dataclass(frozen=True)
@@ -153,7 +160,9 @@ def outcome_rows(task: Task, outcome: dict[str, Any]) -> Iterator[dict[str, Any]
     swept = task.power_limit_w is not None
     base = {"model_id": c["model_id"], "config_id": c["config_id"], "mode": c["mode"], "batch": c["batch"],
             "repeat": task.repeat, "status": outcome["status"], "message": outcome["message"],
-            "power_limit_w": task.power_limit_w if swept else math.nan, "power_limit_swept": swept}
+            "power_limit_w": task.power_limit_w if swept else math.nan, "power_limit_swept": swept,
+            **(outcome.get("assessment") or NOT_ASSESSED.as_dict()),
+            "attempts": len(outcome.get("attempts") or [1])}
     m = outcome.get("measurement")
     if outcome["status"] != "ok" or not m:
         yield {**base, "iter": 0, "time_ms": float("nan")}
@@ -170,13 +179,16 @@ def outcome_rows(task: Task, outcome: dict[str, Any]) -> Iterator[dict[str, Any]
 
 def traces_frame(tasks: list[Task], done: dict[str, dict[str, Any]]) -> pd.DataFrame:
     rows = [row for task in tasks for row in outcome_rows(task, done[task.key])]
-    df = pd.DataFrame(rows, columns=[*TRACE_COLUMNS, *ENERGY_TRACE_COLUMNS])
+    df = pd.DataFrame(rows, columns=[*TRACE_COLUMNS, *ENERGY_TRACE_COLUMNS, *INTERFERENCE_TRACE_COLUMNS])
     df["power_limit_swept"] = df["power_limit_swept"].astype(object).fillna(False).astype(bool)
     df["power_source"] = df["power_source"].astype(object)
-    df["energy_message"] = df["energy_message"].astype(object).fillna("")
+    for text in ("energy_message", "probe_message", "interference"):
+        df[text] = df[text].astype(object).fillna("")
     return df.astype({"batch": "int64", "repeat": "int64", "iter": "int64", "time_ms": "float64",
                       "peak_mem_mb": "float64", "n_warmup": "float64", "threads": "float64",
-                      **{c: "float64" for c in _FLOAT_ENERGY_COLUMNS}})
+                      **{c: "float64" for c in _FLOAT_ENERGY_COLUMNS},
+                      "probe_ratio": "float64", "other_cpu_load": "float64", "steal_frac": "float64",
+                      "attempts": "int64"})
 
 
 def sensors_frame(tasks: list[Task], done: dict[str, dict[str, Any]]) -> pd.DataFrame:
@@ -205,10 +217,46 @@ def _measurement_settings(device_cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+@dataclass
+class Measurer:
+    """How each task of a shard is measured: the worker's kind and settings, the device's probe baseline,
+    what runs before each attempt (cuda: cool-down and the GPU's state), and the interference policy."""
+
+    kind: str
+    settings: dict[str, Any]
+    baseline: dict[str, Any] | None = None
+    before_task: Callable[[Task], dict[str, Any]] | None = None
+    still_disturbed: int = 0  # configs in a row that stayed disturbed after their retries
+
+    def entry(self, task: Task) -> dict[str, Any]:
+        """The journal entry of ``task``: re-measured after ``wait_s`` while disturbed, up to ``retries``
+        times (none after :data:`BUSY_STREAK` configs in a row stayed disturbed); the last attempt is kept,
+        with its interference reasons when it is still disturbed."""
+        policy = Policy.from_settings(self.settings)
+        task_settings = (self.settings if task.power_limit_w is None
+                         else {**self.settings, "power_limit_w": task.power_limit_w})
+        retries = policy.retries if self.still_disturbed < BUSY_STREAK else 0
+        attempts: list[dict[str, Any]] = []
+        for attempt in range(retries + 1):
+            if attempt:
+                time.sleep(policy.wait_s)
+            extra = self.before_task(task) if self.before_task is not None else {}
+            started = time.time()
+            outcome = run_isolated(self.kind, task.config, task_settings)
+            verdict = assess(outcome.measurement, self.baseline, policy, extra.pop("gpu_reasons", ()))
+            attempts.append({"started": started, "finished": time.time(), **verdict.as_dict()})
+            if outcome.status != "ok" or not verdict.interference:
+                break
+        if outcome.status == "ok":
+            self.still_disturbed = self.still_disturbed + 1 if verdict.interference else 0
+        return {"key": task.key, **_outcome_dict(outcome), **extra, "assessment": verdict.as_dict(),
+                "attempts": attempts}
+
+
 def profile_shard(
     configs: pd.DataFrame, device: str, device_cfg: dict[str, Any], settings: dict[str, Any],
     journal_path: Path, progress: bool = True, *, nvml_lib: Any | None = None,
-    cuda_backend: Any | None = None,
+    cuda_backend: Any | None = None, hardware: dict[str, Any] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
     """Measure every task of the shard not already in the journal; return traces, sensors, metadata.
 
@@ -218,8 +266,16 @@ def profile_shard(
     SIGTERM included), with a fresh seeded order of limits per repetition; between configs the GPU cools
     down (:func:`~perfzoo.profiling.nvml.cooldown`). ``nvml_lib`` and ``cuda_backend`` substitute the NVML
     and CUDA boundaries (tests).
+
+    ``hardware`` is the device's hardware record: its measurement setting must be this run's (else a
+    one-line InputError, before anything is measured) and its probe baseline gives each measurement's
+    ``probe_ratio`` (:mod:`perfzoo.profiling.interference`; without a record the ratio is missing).
     """
     kind = device_cfg["kind"]
+    setting = MeasurementSetting.of(settings)
+    if hardware is not None:
+        setting.check_same(device, hardware.get("measurement_setting"), f"results/hardware/{device}.json")
+    baseline = (hardware or {}).get("probe_baseline")
     identity = (check_device(device, device_cfg, nvml_lib=nvml_lib, backend=cuda_backend) if kind == "cuda"
                 else check_device(device, device_cfg))
     started = time.time()
@@ -229,46 +285,54 @@ def profile_shard(
         journal = Journal(journal_path, fingerprint(device, settings, configs))
         done = journal.load()
         resumed = sum(1 for t in tasks if t.key in done)
-        todo = _run_tasks(tasks, done, journal, kind, settings, f"profile {device}/{shard}", progress)
+        todo = _run_tasks(tasks, done, journal, Measurer(kind, settings, baseline),
+                          f"profile {device}/{shard}", progress)
         extra_meta: dict[str, Any] = {}
     else:
         tasks, done, resumed, todo, extra_meta = _profile_cuda(
-            configs, device, device_cfg, settings, journal_path, identity, progress, nvml_lib, shard)
+            configs, device, device_cfg, settings, journal_path, identity, progress, nvml_lib, shard,
+            baseline)
     traces = traces_frame(tasks, done)
     meta = {
         "device": device, "device_config": device_cfg, "identity": identity, "host": socket.gethostname(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "started": started, "finished": time.time(),
-        "settings": settings, "tasks": len(tasks), "tasks_resumed_from_journal": resumed,
+        "settings": settings, "measurement_setting": setting.as_dict(), "tasks": len(tasks),
+        "tasks_resumed_from_journal": resumed,
         "tasks_measured_now": len(todo), "rows": len(traces),
         "status_counts": traces.drop_duplicates(["config_id", "repeat", "power_limit_w"])["status"]
         .value_counts().to_dict(),
+        "interference": _interference_summary(tasks, done),
         **extra_meta,
     }
     return traces, sensors_frame(tasks, done), meta
 
 
+def _interference_summary(tasks: list[Task], done: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Measurements of the shard kept with an interference flag, and those measured more than once."""
+    entries = [done[t.key] for t in tasks]
+    return {"flagged": sum(1 for e in entries if (e.get("assessment") or {}).get("interference")),
+            "remeasured": sum(1 for e in entries if len(e.get("attempts") or []) > 1)}
+
+
 def _run_tasks(
-    tasks: list[Task], done: dict[str, dict[str, Any]], journal: Journal, kind: str, settings: dict[str, Any],
-    desc: str, progress: bool, before_task: Any = None,
+    tasks: list[Task], done: dict[str, dict[str, Any]], journal: Journal, measurer: Measurer, desc: str,
+    progress: bool,
 ) -> list[Task]:
     """Measure the tasks not yet in ``done`` (journalled one by one); return those measured now."""
     todo = [t for t in tasks if t.key not in done]
     for task in tqdm(todo, desc=desc, disable=not progress, file=sys.stderr, mininterval=1):
-        entry_extra = before_task(task) if before_task is not None else {}
-        task_settings = (settings if task.power_limit_w is None
-                         else {**settings, "power_limit_w": task.power_limit_w})
-        outcome = run_isolated(kind, task.config, task_settings)
-        entry = {"key": task.key, **_outcome_dict(outcome), **entry_extra}
+        entry = measurer.entry(task)
         journal.append(entry)
         done[task.key] = entry
-        if settings.get("cooldown_s"):
-            time.sleep(settings["cooldown_s"])
+        if measurer.settings.get("cooldown_s"):
+            time.sleep(measurer.settings["cooldown_s"])
     return todo
 
 
 def _profile_cuda(
     configs: pd.DataFrame, device: str, device_cfg: dict[str, Any], settings: dict[str, Any],
     journal_path: Path, identity: dict[str, Any], progress: bool, nvml_lib: Any | None, shard: str,
+    baseline: dict[str, Any] | None,
 ) -> tuple[list[Task], dict[str, dict[str, Any]], int, list[Task], dict[str, Any]]:
     measurement = _measurement_settings(device_cfg)
     limits = measurement["power_limits_w"]
@@ -288,20 +352,23 @@ def _profile_cuda(
 
         def cool(task: Task) -> dict[str, Any]:
             result = nvml.cooldown(gpu, band_c=band, timeout_s=float(settings.get("cooldown_timeout_s", 120)))
+            state, reasons = nvml.gpu_state(gpu)
             if band is not None:
                 cooldowns.append(result)
-            return {"cooldown": result} if band is not None else {}
+            extra = {"gpu_state": state, "gpu_reasons": reasons}
+            return {**extra, "cooldown": result} if band is not None else extra
+
+        measurer = Measurer("cuda", worker_settings, baseline, cool)
 
         desc = f"profile {device}/{shard}"
         meta: dict[str, Any] = {"counter_period_s": period, "counter_period_reason": period_reason}
         if not limits:
             tasks = plan_tasks(configs, settings["repeat_every"])
             resumed = sum(1 for t in tasks if t.key in done)
-            todo = _run_tasks(tasks, done, journal, "cuda", worker_settings, desc, progress, cool)
+            todo = _run_tasks(tasks, done, journal, measurer, desc, progress)
         else:
             tasks, resumed, todo, meta["power_limit_sweep"] = _sweep(
-                configs, device, gpu, measurement, settings, worker_settings, journal, done, desc, progress,
-                cool)
+                configs, device, gpu, measurement, settings, measurer, journal, done, desc, progress)
         meta["cooldowns"] = {"band_c": band, "configs": len(cooldowns),
                              "waited_s": sum(c["waited_s"] for c in cooldowns),
                              "not_within_band": [c["reason"] for c in cooldowns if c["within_band"] is False]}
@@ -312,8 +379,7 @@ def _profile_cuda(
 
 def _sweep(
     configs: pd.DataFrame, device: str, gpu: Any, measurement: dict[str, Any], settings: dict[str, Any],
-    worker_settings: dict[str, Any], journal: Journal, done: dict[str, dict[str, Any]], desc: str,
-    progress: bool, cool: Any,
+    measurer: Measurer, journal: Journal, done: dict[str, dict[str, Any]], desc: str, progress: bool,
 ) -> tuple[list[Task], int, list[Task], dict[str, Any]]:
     """Run the power-limit sweep of a shard; fall back to the limit in force if limits cannot be set."""
     sweep = nvml.PowerLimitSweep(gpu, measurement["power_limits_w"], measurement["sweep_repetitions"],
@@ -324,8 +390,8 @@ def _sweep(
     with sweep:
         for repetition, limit_w in sweep:
             batch = [t for t in tasks if t.repeat == repetition and t.power_limit_w == float(limit_w)]
-            todo += _run_tasks(batch, done, journal, "cuda", worker_settings,
-                               f"{desc} rep {repetition} @ {limit_w:g} W", progress, cool)
+            todo += _run_tasks(batch, done, journal, measurer, f"{desc} rep {repetition} @ {limit_w:g} W",
+                               progress)
     try:
         limit_after_w: float | None = gpu.lib.power_limit_mw(gpu.handle) / 1000.0
     except Exception:  # noqa: BLE001 - only a record
@@ -336,7 +402,7 @@ def _sweep(
             "limit_after_w": limit_after_w, "skipped_reason": sweep.skipped_reason}
     if not sweep.skipped_reason:
         return tasks, resumed, todo, info
-    if sweep.visited:  # the limit could be set before and not any more: the rest cannot be measured as planned
+    if sweep.visited:  # the limit could be set before and not any more: the rest cannot be measured
         for task in tasks:
             if task.key not in done:
                 reason = f"power limit {task.power_limit_w:g} W not set: {sweep.skipped_reason}"
@@ -346,7 +412,7 @@ def _sweep(
                   f"({sweep.skipped_reason})", RuntimeWarning, stacklevel=2)
     tasks = plan_tasks(configs, settings["repeat_every"])
     resumed = sum(1 for t in tasks if t.key in done)
-    todo = _run_tasks(tasks, done, journal, "cuda", worker_settings, desc, progress, cool)
+    todo = _run_tasks(tasks, done, journal, measurer, desc, progress)
     return tasks, resumed, todo, info
 
 

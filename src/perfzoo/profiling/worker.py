@@ -12,7 +12,11 @@ import psutil
 
 from perfzoo.io import one_line
 from perfzoo.profiling.core import main_module_hidden, worker_context
+from perfzoo.profiling.interference import observe
 from perfzoo.profiling.measure import MEASURE
+
+PROBED_KINDS = ("cpu", "cuda")
+"""Kinds whose measurement runs between two calibration probes (perfzoo.profiling.interference)."""
 
 
 @dataclass
@@ -36,7 +40,9 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 def _child(conn: Connection, kind: str, spec: dict[str, Any], settings: dict[str, Any]) -> None:
     try:
-        result = MEASURE[kind](spec, settings)
+        measure = MEASURE[kind]
+        result = (observe(kind, settings, lambda: measure(spec, settings)) if kind in PROBED_KINDS
+                  else measure(spec, settings))
         conn.send(Outcome("ok", "", asdict(result)))
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a trace status
         conn.send(Outcome("oom" if is_out_of_memory(exc) else "error", one_line(exc, limit=500)))
@@ -77,7 +83,8 @@ def run_isolated(kind: str, spec: dict[str, Any], settings: dict[str, Any]) -> O
             if _rss_bytes(proc.pid) > limit_bytes:
                 return Outcome("oom", f"worker exceeded max_rss_mb={settings['max_rss_mb']:g} and was killed")
             if time.monotonic() > deadline:
-                return Outcome("timeout", f"no result after timeout_s={settings['timeout_s']:g} s; worker killed")
+                return Outcome("timeout",
+                               f"no result after timeout_s={settings['timeout_s']:g} s; worker killed")
     finally:
         if proc.is_alive():
             proc.kill()

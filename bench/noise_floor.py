@@ -1,0 +1,156 @@
+"""Latency noise floor of measurement protocols, side by side in one run on the same configs.
+
+    python bench/noise_floor.py                          # every 4th config of the default zoo, 3 windows
+    python bench/noise_floor.py --configs 3 --max-time-s 0.1 --windows 2   # a quick check that it runs
+
+Every config is measured twice, independently (repeat 0, then repeat 1 after all configs), by each
+protocol; the protocols take turns config by config, so they see the same machine. The noise floor of a
+protocol is the MAPE of its repeat-1 latencies against its repeat-0 ones (as the dataset stage computes
+it); its profiling time is the wall time of its own measurements.
+
+* ``current``: one isolated worker per config, warm-up, iterations until the CI / ``max_iters`` /
+  ``max_time_s`` stop (the profiler's protocol; the worker runs the calibration probe around it);
+* ``probe_normalised``: the same measurements divided by the probe's ratio to its baseline (mean of the
+  GEMM and copy ratios before and after), i.e. latency at the machine's baseline speed (its profiling
+  time is that of ``current``: no measurement of its own);
+* ``interleaved``: ``--windows`` shorter measurements (``max_time_s / windows`` each) per repeat, spread
+  over the run in rounds, and the median of the per-window medians;
+* ``pinned``: as ``current`` with the worker pinned to the first ``threads`` CPUs (the forkserver's
+  affinity is set before the worker is forked, and restored after).
+
+The table is printed as Markdown; ``--out`` also writes the per-config latencies as CSV.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+# the workers (forkserver children) must import this checkout's perfzoo too, not an installed one
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
+
+import pandas as pd  # noqa: E402
+import psutil  # noqa: E402
+
+from perfzoo.config import load_config  # noqa: E402
+from perfzoo.profiling.interference import probe_baseline  # noqa: E402
+from perfzoo.profiling.worker import run_isolated  # noqa: E402
+from perfzoo.stats import mape  # noqa: E402
+from perfzoo.zoo import expand_zoo, manifest_frame  # noqa: E402
+
+PROTOCOLS = ("current", "probe_normalised", "interleaved", "pinned")
+
+
+def pin_workers(cpus: set[int] | None) -> None:
+    """Set the affinity new workers inherit (the forkserver's); ``None`` gives them every CPU back."""
+    target = cpus or os.sched_getaffinity(0)
+    for child in psutil.Process().children():
+        if "forkserver" in " ".join(child.cmdline()):
+            child.cpu_affinity(sorted(target))
+
+
+def measure(config: dict[str, Any], settings: dict[str, Any]) -> tuple[float, dict[str, Any], float]:
+    """(median latency ms, the measurement's interference record, wall seconds) of one isolated run."""
+    start = time.perf_counter()
+    outcome = run_isolated("cpu", config, settings)
+    wall = time.perf_counter() - start
+    if outcome.status != "ok" or not outcome.measurement:
+        return float("nan"), {}, wall
+    m = outcome.measurement
+    return statistics.median(m["times_ms"]), m["extra"].get("interference", {}), wall
+
+
+def speed_ratio(record: dict[str, Any], baseline: dict[str, Any]) -> float:
+    """Mean probe / baseline ratio of a measurement (NaN without probes or baseline)."""
+    probes = record.get("probes") or []
+    if not probes or "gemm_ms" not in baseline:
+        return float("nan")
+    return statistics.mean(r for p in probes for r in (p["gemm_ms"] / baseline["gemm_ms"],
+                                                       p["copy_ms"] / baseline["copy_ms"]))
+
+
+def run(configs: list[dict[str, Any]], settings: dict[str, Any], windows: int, threads: int) -> pd.DataFrame:
+    """Latency per (protocol, config, repeat), and the wall time each measurement took."""
+    baseline = probe_baseline("cpu", threads)
+    short = {**settings, "max_time_s": settings["max_time_s"] / windows}
+    pinned = set(sorted(os.sched_getaffinity(0))[:threads])
+    run_isolated("cpu", configs[0], settings)  # start the worker server before timing anything
+    rows: list[dict[str, Any]] = []
+    per_window: dict[tuple[str, int], list[float]] = {}
+    for repeat in (0, 1):
+        for window in range(windows):
+            for config in configs:
+                cid = config["config_id"]
+                if window == 0:
+                    latency, record, wall = measure(config, settings)
+                    rows.append({"protocol": "current", "config_id": cid, "repeat": repeat,
+                                 "latency_ms": latency, "wall_s": wall})
+                    rows.append({"protocol": "probe_normalised", "config_id": cid, "repeat": repeat,
+                                 "latency_ms": latency / speed_ratio(record, baseline), "wall_s": wall})
+                    pin_workers(pinned)
+                    try:
+                        latency, _, wall = measure(config, settings)
+                    finally:
+                        pin_workers(None)
+                    rows.append({"protocol": "pinned", "config_id": cid, "repeat": repeat,
+                                 "latency_ms": latency, "wall_s": wall})
+                latency, _, wall = measure(config, short)
+                per_window.setdefault((cid, repeat), []).append(latency)
+                rows.append({"protocol": "interleaved_window", "config_id": cid, "repeat": repeat,
+                             "latency_ms": latency, "wall_s": wall})
+    frame = pd.DataFrame(rows)
+    window_rows = frame[frame["protocol"] == "interleaved_window"]
+    windows_wall = window_rows.groupby(["config_id", "repeat"])["wall_s"].sum()
+    interleaved = [{"protocol": "interleaved", "config_id": cid, "repeat": repeat,
+                    "latency_ms": statistics.median(values), "wall_s": windows_wall[(cid, repeat)]}
+                   for (cid, repeat), values in per_window.items()]
+    return pd.concat([frame[frame["protocol"] != "interleaved_window"], pd.DataFrame(interleaved)],
+                     ignore_index=True)
+
+
+def summary(latencies: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for protocol in PROTOCOLS:
+        g = latencies[latencies["protocol"] == protocol]
+        pairs = g.pivot(index="config_id", columns="repeat", values="latency_ms").dropna()
+        rows.append({"protocol": protocol, "configs": len(pairs),
+                     "noise_floor_mape_pct": mape(pairs[0].to_numpy(), pairs[1].to_numpy()),
+                     "profiling_time_s": g["wall_s"].sum()})
+    return pd.DataFrame(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default=str(ROOT / "config.yaml"))
+    parser.add_argument("--device", default="cpu", help="a cpu device of the config (its threads are used)")
+    parser.add_argument("--configs", type=int, default=0, help="first N configs (0: every 4th of the zoo)")
+    parser.add_argument("--windows", type=int, default=3, help="windows per interleaved repeat")
+    parser.add_argument("--max-time-s", type=float, default=None, help="override profiling.max_time_s")
+    parser.add_argument("--out", help="CSV of every latency")
+    args = parser.parse_args()
+    config = load_config(args.config)
+    threads = int(config["devices"][args.device]["threads"])
+    manifest = manifest_frame(expand_zoo(config))
+    picked = manifest.head(args.configs) if args.configs else manifest.iloc[::4]
+    settings = {**config["profiling"], "threads": threads, "num_classes": config["zoo"]["num_classes"]}
+    if args.max_time_s is not None:
+        settings["max_time_s"] = args.max_time_s
+    started = time.perf_counter()
+    latencies = run(picked.to_dict("records"), settings, args.windows, threads)
+    table = summary(latencies)
+    print(f"{len(picked)} configs, {threads} threads, max_time_s {settings['max_time_s']:g}, "
+          f"{args.windows} windows; {time.perf_counter() - started:.0f} s in all\n")
+    print(table.to_markdown(index=False, floatfmt=".2f"))
+    if args.out:
+        latencies.to_csv(args.out, index=False)
+
+
+if __name__ == "__main__":
+    main()
