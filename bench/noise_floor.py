@@ -43,7 +43,7 @@ from perfzoo.config import load_config  # noqa: E402
 from perfzoo.profiling.interference import probe_baseline  # noqa: E402
 from perfzoo.profiling.worker import run_isolated  # noqa: E402
 from perfzoo.stats import mape  # noqa: E402
-from perfzoo.zoo import expand_zoo, manifest_frame  # noqa: E402
+from perfzoo.models.zoo import expand_zoo, manifest_frame  # noqa: E402
 
 PROTOCOLS = ("current", "probe_normalised", "interleaved", "pinned")
 

@@ -26,7 +26,7 @@ from perfzoo.profiling.interference import (
 )
 from perfzoo.profiling.runner import profile_shard
 from perfzoo.profiling.worker import run_isolated
-from perfzoo.zoo import expand_zoo, manifest_frame
+from perfzoo.models.zoo import expand_zoo, manifest_frame
 
 SETTINGS = {"warmup_iters": 1, "min_iters": 3, "max_iters": 8, "max_time_s": 0.3, "ci_target": 0.02,
             "timeout_s": 60, "max_rss_mb": 8000, "repeat_every": 0, "cooldown_s": 0, "optimizer": "sgd",
