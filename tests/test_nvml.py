@@ -16,7 +16,9 @@ import pytest
 
 from perfzoo.io import InputError
 from perfzoo.profiling import nvml
-from perfzoo.profiling.nvml import GpuHandle, NvmlNoPermission, NvmlNotSupported, PowerLimitSweep
+from perfzoo.profiling import power_limits
+from perfzoo.profiling.nvml import GpuHandle, NvmlNoPermission, NvmlNotSupported
+from perfzoo.profiling.power_limits import PowerLimitSweep
 
 from fakes import ORIGINAL_MW, FakeNvml
 
@@ -141,7 +143,7 @@ def test_sweep_visits_each_limit_once_per_repetition_in_differing_orders_and_res
     assert all(sorted(order) == limits for order in seen)
     assert len({tuple(order) for order in seen}) > 1
     assert fake.limit_mw == ORIGINAL_MW and fake.set_calls[-1] == ORIGINAL_MW
-    assert nvml.sweep_orders(limits, 5, seed=7) == seen  # reproducible from the seed
+    assert power_limits.sweep_orders(limits, 5, seed=7) == seen  # reproducible from the seed
 
 
 def test_sweep_restores_on_exception() -> None:
@@ -165,7 +167,8 @@ def test_sweep_restores_on_sigterm(tmp_path: Path) -> None:
         import sys, time
         sys.path[:0] = [{str(src_dir)!r}, {str(tests_dir)!r}]
         from fakes import FakeNvml
-        from perfzoo.profiling.nvml import GpuHandle, PowerLimitSweep
+        from perfzoo.profiling.nvml import GpuHandle
+        from perfzoo.profiling.power_limits import PowerLimitSweep
         fake = FakeNvml(limit_log={str(log)!r})
         with PowerLimitSweep(GpuHandle(fake, "h0", 0), [150, 200], repetitions=2, device="gpu-a") as sweep:
             for _, limit in sweep:
@@ -237,8 +240,8 @@ def test_out_of_range_limit_names_device_and_range() -> None:
         pass
     assert fake.set_calls == []
     with pytest.raises(InputError, match=r"device 'v100'.*150-300 W"):
-        nvml.validate_power_limits("v100", [100.0], 150.0, 300.0)
-    assert nvml.validate_power_limits("v100", [150, 300], 150.0, 300.0) == [150.0, 300.0]
+        power_limits.validate_power_limits("v100", [100.0], 150.0, 300.0)
+    assert power_limits.validate_power_limits("v100", [150, 300], 150.0, 300.0) == [150.0, 300.0]
 
 
 # -- cool-down -------------------------------------------------------------------------------------

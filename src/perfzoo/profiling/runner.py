@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from perfzoo.profiling import nvml
+from perfzoo.profiling import nvml, power_limits
 from perfzoo.hardware import MeasurementSetting
 from perfzoo.profiling.cuda import DEFAULT_MIN_WINDOW_S, DEFAULT_SAMPLE_HZ, probe_counter_period_s
 from perfzoo.profiling.interference import INTERFERENCE_TRACE_COLUMNS, Assessment, Policy, assess
@@ -262,7 +262,7 @@ def profile_shard(
 
     kind cuda: the device is checked (NVML, CUDA, GPU name) and any power limits validated against the
     GPU's allowed range before anything is measured; a power-limit sweep is run here, in the parent
-    (:class:`~perfzoo.profiling.nvml.PowerLimitSweep`: the original limit is restored on every exit path,
+    (:class:`~perfzoo.profiling.power_limits.PowerLimitSweep`: the original limit is restored on every exit path,
     SIGTERM included), with a fresh seeded order of limits per repetition; between configs the GPU cools
     down (:func:`~perfzoo.profiling.nvml.cooldown`). ``nvml_lib`` and ``cuda_backend`` substitute the NVML
     and CUDA boundaries (tests).
@@ -338,7 +338,7 @@ def _profile_cuda(
     limits = measurement["power_limits_w"]
     low, high = identity.get("power_limit_min_w"), identity.get("power_limit_max_w")
     if limits and low is not None and high is not None:
-        nvml.validate_power_limits(device, limits, float(low), float(high))
+        power_limits.validate_power_limits(device, limits, float(low), float(high))
     gpu = nvml.open_device(int(identity.get("nvml_index", measurement["gpu_index"])), lib=nvml_lib)
     try:
         period, period_reason = probe_counter_period_s(gpu)
@@ -382,7 +382,7 @@ def _sweep(
     measurer: Measurer, journal: Journal, done: dict[str, dict[str, Any]], desc: str, progress: bool,
 ) -> tuple[list[Task], int, list[Task], dict[str, Any]]:
     """Run the power-limit sweep of a shard; fall back to the limit in force if limits cannot be set."""
-    sweep = nvml.PowerLimitSweep(gpu, measurement["power_limits_w"], measurement["sweep_repetitions"],
+    sweep = power_limits.PowerLimitSweep(gpu, measurement["power_limits_w"], measurement["sweep_repetitions"],
                             seed=sweep_seed(device, configs), device=device)
     tasks = plan_sweep_tasks(configs, sweep.orders)
     resumed = sum(1 for t in tasks if t.key in done)
