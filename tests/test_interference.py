@@ -25,6 +25,8 @@ from perfzoo.profiling.interference import (
     probe_baseline,
 )
 from perfzoo.profiling.runner import profile_shard
+from perfzoo.report.page import health_line
+from perfzoo.dataset.build import aggregate_runs, status_counts
 from perfzoo.profiling.worker import run_isolated
 from perfzoo.models.zoo import expand_zoo, manifest_frame
 
@@ -79,6 +81,12 @@ def test_busy_core_during_a_real_run_is_flagged_or_remeasured(config, tmp_path) 
     assert meta["interference"]["flagged"] + meta["interference"]["remeasured"] >= len(disturbed)
     assert rows["probe_ratio"].notna().all() and (rows["probe_message"] == "").all()
     assert meta["measurement_setting"] == {"threads": threads}
+    # the report's first screen says how many configs stayed flagged
+    statuses = status_counts(aggregate_runs(traces.assign(device="cpu")), traces.assign(device="cpu"))
+    kept_flagged = int((rows["interference"].fillna("") != "").sum())
+    assert int(statuses["flagged"].sum()) == kept_flagged
+    line = health_line(statuses, pd.DataFrame(), [], 0)
+    assert f"{kept_flagged} flagged for interference (of {len(rows)} configs;" in line, line
 
 
 def test_other_thread_count_stops_before_measuring(config, tmp_path) -> None:

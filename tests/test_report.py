@@ -19,7 +19,7 @@ from perfzoo.evaluate import best_per_target, error_quantiles, metrics_table, pe
 from perfzoo.io import write_text
 from perfzoo.report.html import build_report, report_tables
 from perfzoo.report.registry import REPORT_OUTPUTS, outputs, snakemake_report_args
-from perfzoo.report.page import NOT_COMPUTED, fmt, render_index
+from perfzoo.report.page import NOT_COMPUTED, fmt, health_line, render_index
 
 FAMILIES = {"resnet": ["resnet18", "resnet50"], "vit": ["vit_a", "vit_b"], "mlp": ["mlp_s", "mlp_b"]}
 PROV = {"code_version": "test", "tables": {}, "figures": {}}
@@ -71,10 +71,12 @@ def record() -> dict:
             "warnings": ["batch 8 is above the largest profiled batch (4)"]}
 
 
-def tables_for(data: pd.DataFrame, predictions: pd.DataFrame, metrics: pd.DataFrame | None = None) -> dict:
+def tables_for(data: pd.DataFrame, predictions: pd.DataFrame, metrics: pd.DataFrame | None = None,
+               flagged: list[int] | None = None) -> dict:
     noise = pd.DataFrame({"target": ["latency_ms", "peak_mem_mb"], "noise_mape": [4.0, 0.5], "pairs": [5, 5]})
     metrics = metrics_table(predictions, noise) if metrics is None else metrics
-    statuses = pd.DataFrame({"device": ["cpu", "cpu"], "status": ["ok", "error"], "configs": [17, 1]})
+    statuses = pd.DataFrame({"device": ["cpu", "cpu"], "status": ["ok", "error"], "configs": [17, 1],
+                             **({"flagged": flagged} if flagged is not None else {})})
     ablation = pd.DataFrame({"target": ["latency_ms"] * 2, "regressor": ["linear"] * 2, "split": ["random"] * 2,
                              "features": ["model only", "model + hardware"], "mape": [30.0, 20.0]})
     importance = pd.DataFrame({"target": ["latency_ms"] * 2, "regressor": ["random_forest"] * 2,
@@ -156,15 +158,15 @@ def test_page_answers_first_with_formatted_numbers_and_intervals(tmp_path) -> No
 
 
 def test_page_shows_baseline_coverage_and_flags_when_other_stages_write_them(tmp_path) -> None:
-    data = dataset().assign(interference=False)
-    data.loc[0, "interference"] = True
+    data = dataset()  # the dataset stage counts flagged configs in its status table (and fits clean rows only)
     predictions = held_out(data)
     noise = pd.DataFrame({"target": ["latency_ms", "peak_mem_mb"], "noise_mape": [4.0, 0.5]})
     metrics = metrics_table(predictions, noise).assign(
         best_baseline="baseline:flops_nearest", best_baseline_mape=1000.0, coverage90=0.9)
     baseline_row = metrics.iloc[:1].assign(regressor="baseline:flops_nearest", mape=0.001)
     metrics = pd.concat([metrics, baseline_row], ignore_index=True)  # never reported as the best regressor
-    top = first_screen(render_index(tmp_path, tables_for(data, predictions, metrics), data, [record()], [], PROV))
+    tables = tables_for(data, predictions, metrics, flagged=[1, 0])
+    top = first_screen(render_index(tmp_path, tables, data, [record()], [], PROV))
     assert "best baseline (baseline:flops_nearest) 1,000%" in top and "(beats it)" in top
     assert "best MAPE 0.001" not in top
     assert "90.0% of held-out values inside the interval" in top
@@ -182,3 +184,17 @@ def test_figures_keep_one_colour_per_regressor_across_panels() -> None:
     assert colours == {"linear": {plotting.regressor_color("linear")},
                        "random_forest": {plotting.regressor_color("random_forest")}}
     assert max(ax.get_subplotspec().colspan.stop for ax in fig.axes if ax.get_visible()) <= 2  # a grid, not a strip
+
+
+def test_first_screen_counts_flagged_configs_and_warns_about_a_high_noise_floor() -> None:
+    statuses = pd.DataFrame({"device": ["cpu", "cpu"], "status": ["error", "ok"], "configs": [1, 20],
+                             "flagged": [0, 3]})
+    noise = pd.DataFrame({"device": ["cpu", "cpu"], "target": ["latency_ms", "peak_mem_mb"], "pairs": [5, 5],
+                          "noise_mape": [12.5, 0.4]})
+    line = health_line(statuses, noise, [], 0)
+    assert "1 of 21 profiled configs failed" in line
+    assert "3 flagged for interference (of 21 configs; measured while the machine was disturbed" in line
+    assert "latency noise floor on cpu is 12.5%, above 10 %" in line
+    assert "peak memory noise floor" not in line
+    quiet = health_line(statuses.drop(columns="flagged"), noise.assign(noise_mape=[4.0, 0.4]), [], 0)
+    assert "interference flags not computed" in quiet and "warning:" not in quiet

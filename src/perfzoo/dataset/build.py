@@ -11,7 +11,7 @@ import pandas as pd
 
 from perfzoo.hardware import hardware_features
 from perfzoo.io import InputError, read_json, read_parquet
-from perfzoo.profiling.interference import drop_flagged_runs
+from perfzoo.profiling.interference import drop_flagged_runs, flagged_runs
 from perfzoo.profiling.runner import STATUSES, TRACE_COLUMNS
 from perfzoo.stats import coefficient_of_variation, mape, median_ci
 
@@ -99,9 +99,18 @@ def noise_floor(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["device", "target", "pairs", "noise_mape"])
 
 
-def status_counts(runs: pd.DataFrame) -> pd.DataFrame:
-    """Configs per device and status of their first measurement."""
-    counts = runs[runs["repeat"] == 0].groupby(["device", "status"]).size().rename("configs").reset_index()
+def status_counts(runs: pd.DataFrame, traces: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Configs per device and status of their first measurement, and how many of them were flagged as
+    disturbed by interference (``flagged``; the column is absent when the traces record no flags)."""
+    first = runs[runs["repeat"] == 0]
+    counts = first.groupby(["device", "status"]).size().rename("configs").reset_index()
+    if traces is not None and "interference" in traces.columns:
+        on = [k for k in ("device", "config_id", "repeat", "power_limit_w") if k in first.columns]
+        flags = flagged_runs(traces)
+        marked = first.merge(flags[[k for k in on if k in flags.columns]].assign(flagged=1), how="left")
+        flagged = marked.groupby(["device", "status"])["flagged"].sum().rename("flagged").reset_index()
+        counts = counts.merge(flagged, on=["device", "status"], how="left")
+        counts["flagged"] = counts["flagged"].fillna(0).astype("int64")
     return counts.sort_values(["device", "status"]).reset_index(drop=True)
 
 
@@ -228,7 +237,7 @@ def build_dataset(
     data = add_roofline_features(data)
     data.insert(0, "row_id", _row_id(data, key) if len(data) else pd.Series(dtype=object))
     data = data.sort_values("row_id").reset_index(drop=True)
-    return data, noise_floor(clean), status_counts(runs)
+    return data, noise_floor(clean), status_counts(runs, traces)
 
 
 def imported_only(external: list[pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:

@@ -31,6 +31,7 @@ BASELINE_PREFIX = "baseline:"  # rows of perfzoo.regressors.baselines in the met
 COVERAGE_COLUMNS = ("coverage90", "interval_coverage", "coverage")
 SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 NEAR_NOISE = 1.5  # best MAPE within 1.5x the noise floor counts as "at the noise floor"
+NOISE_WARNING_PCT = 10.0  # a noise floor above this many percent is warned about on the first screen
 
 
 def fmt(value: Any, unit: str = "") -> str:
@@ -182,19 +183,31 @@ def _target_line(metrics: pd.DataFrame, row: pd.Series, noise: float) -> str:
             f"{_baseline_text(metrics, row)}; {_coverage_text(metrics, row)}{_hardest_text(metrics, row['target'])}.")
 
 
-def health_line(statuses: pd.DataFrame, data: pd.DataFrame, notes: list[str], n_warnings: int) -> str:
-    """Failed configs, interference-flagged configs, notes and prediction warnings, in one sentence."""
+def health_line(statuses: pd.DataFrame, noise: pd.DataFrame, notes: list[str], n_warnings: int) -> str:
+    """Failed and interference-flagged configs, a warning for a noisy measurement, notes and prediction
+    warnings, in one sentence."""
     total = int(statuses["configs"].sum()) if "configs" in statuses else 0
     failed = int(statuses.loc[statuses["status"] != "ok", "configs"].sum()) if total else 0
-    if "interference" in data:
-        flags = data["interference"]
-        flagged = int(flags.fillna(False).astype(bool).sum()) if flags.dtype != object else int(
-            (flags.fillna("").astype(str).str.len() > 0).sum())
-        flag_text = f"{flagged} flagged for interference"
+    if "flagged" in statuses:
+        flag_text = (f"{int(statuses['flagged'].sum())} flagged for interference (of {total} configs; measured "
+                     "while the machine was disturbed, left out of fitting)")
     else:
         flag_text = "interference flags " + NOT_COMPUTED
     return (f"{failed} of {total} profiled configs failed (oom, error or timeout); {flag_text}; "
-            f"{len(notes)} note(s) below; {n_warnings} prediction warning(s).")
+            f"{noise_warning(noise)}{len(notes)} note(s) below; {n_warnings} prediction warning(s).")
+
+
+def noise_warning(noise: pd.DataFrame) -> str:
+    """A warning for every device and target whose noise floor is above :data:`NOISE_WARNING_PCT`."""
+    if not {"device", "target", "noise_mape"} <= set(noise.columns):
+        return ""
+    high = noise[noise["noise_mape"] > NOISE_WARNING_PCT]
+    return "".join(
+        f"warning: the {quantity_label(r.target).split(' (')[0]} noise floor on {r.device} is "
+        f"{fmt(r.noise_mape, '%')}, above {NOISE_WARNING_PCT:g} %: repeats of one config disagree, so its labels "
+        "(and every error measured against them) are unreliable; "
+        for r in high.itertuples()
+    )
 
 
 def table_html(df: pd.DataFrame, max_rows: int = 400) -> str:
@@ -319,6 +332,7 @@ def render_index(workdir: Path, tables: dict[str, pd.DataFrame], data: pd.DataFr
     summaries = prediction_summaries(records)
     return env.from_string(TEMPLATE).render(
         prov=prov, summaries=summaries, shown=SHOWN, trust=trust_lines(tables["metrics"]),
-        health=health_line(tables["status_counts"], data, notes, sum(len(s.warnings) for s in summaries)),
+        health=health_line(tables["status_counts"], tables["noise_floor"], notes,
+                           sum(len(s.warnings) for s in summaries)),
         notes=notes, sections=sections(workdir, tables, prov), anchor=anchor, not_computed=NOT_COMPUTED,
     )
