@@ -82,7 +82,8 @@ def test_busy_core_during_a_real_run_is_flagged_or_remeasured(config, tmp_path) 
     assert rows["probe_ratio"].notna().all() and (rows["probe_message"] == "").all()
     assert meta["measurement_setting"] == {"threads": threads}
     # the report's first screen says how many configs stayed flagged
-    statuses = status_counts(aggregate_runs(traces.assign(device="cpu")), traces.assign(device="cpu"))
+    read = traces.assign(device="cpu", trace_file=str(journal))  # as perfzoo.dataset.build.read_traces gives them
+    statuses = status_counts(aggregate_runs(read), read)
     kept_flagged = int((rows["interference"].fillna("") != "").sum())
     assert int(statuses["flagged"].sum()) == kept_flagged
     line = health_line(statuses, pd.DataFrame(), [], 0)
