@@ -7,7 +7,13 @@ from pathlib import Path
 from typing import Any
 
 
+from snakemake.utils import validate
+
+from perfzoo.hardware.precision import check_supported
+from perfzoo.hardware.specs import lookup_gpu
 from perfzoo.io import InputError, read_yaml
+from perfzoo.models.builders import BUILDER_NAMES, check_factory_reference, check_model_name
+from perfzoo.models.zoo import model_entries
 
 PACKAGE_DATA = ("schemas/config.schema.yaml",)  # read by perfzoo.depends: rules rerun when it changes
 SCHEMA = Path(__file__).parent / PACKAGE_DATA[0]
@@ -22,8 +28,6 @@ def load_config(path: str | Path) -> dict[str, Any]:
 
 def validate_config(config: dict[str, Any], source: str = "config") -> None:
     """Schema validation (defaults filled in place) followed by model-name checks."""
-    from snakemake.utils import validate
-
     try:
         validate(config, str(SCHEMA))
     except Exception as exc:  # WorkflowError carrying jsonschema's message and the key path
@@ -44,8 +48,6 @@ def check_workflow_config(config: dict[str, Any]) -> None:
 
 def check_duplicate_models(config: dict[str, Any]) -> None:
     """A model listed twice in a family (same name, variant and arguments) is an error naming it."""
-    from perfzoo.models.zoo import model_entries
-
     for family, spec in config.get("zoo", {}).get("families", {}).items():
         seen: dict[str, int] = {}
         for i, entry in enumerate(model_entries(spec)):
@@ -61,8 +63,6 @@ def check_duplicate_models(config: dict[str, Any]) -> None:
 
 def check_predict_models(config: dict[str, Any]) -> None:
     """Each ``predict:`` entry names a model that exists (checked without building it)."""
-    from perfzoo.models.builders import BUILDER_NAMES, check_factory_reference, check_model_name
-
     for name, entry in (config.get("predict") or {}).items():
         model, where = str(entry.get("model", "")), f"predict.{name}.model"
         prefix, _, rest = model.partition(":")
@@ -96,9 +96,6 @@ def check_sources(config: dict[str, Any], source: str = "config") -> None:
 
 def check_precisions(config: dict[str, Any], source: str = "config") -> None:
     """A zoo precision that needs tensor cores a configured GPU lacks (bf16 on a V100) names the device."""
-    from perfzoo.hardware.specs import lookup_gpu
-    from perfzoo.hardware.precision import check_supported
-
     wanted = {p for family in config.get("zoo", {}).get("families", {}).values()
               for p in family.get("precisions", ["fp32"])}
     for name, device in config.get("devices", {}).items():
@@ -114,9 +111,6 @@ def check_precisions(config: dict[str, Any], source: str = "config") -> None:
 
 def check_model_names(config: dict[str, Any]) -> None:
     """Every family's builder and model names exist (close names are suggested otherwise)."""
-    from perfzoo.models.builders import check_model_name
-    from perfzoo.models.zoo import model_entries
-
     for family, spec in config["zoo"]["families"].items():
         for i, entry in enumerate(model_entries(spec)):
             check_model_name(spec["builder"], entry["name"], f"zoo.families.{family}.models[{i}]")

@@ -1,6 +1,6 @@
 """CUDA measurement: one config on one GPU, timed with CUDA events, with an NVML energy window.
 
-Protocol (DESIGN.md, "Measurement protocol"), inside one isolated worker:
+Protocol (README, "GPUs: time, memory, power and energy"), inside one isolated worker:
 
 1. free the cache, gc, reset the allocator's peak statistics; build the model and the synthetic batch on
    ``cuda:{gpu_index}``; warm up;

@@ -19,6 +19,7 @@ def add_sensors_parser(sub: Any) -> None:
 
 def sensors_command(args: argparse.Namespace) -> int:
     """Read ``args.log`` and write its samples to ``args.output`` (atomically); 0 on success."""
+    # lazy: pandas and pyarrow (~1 s) are not needed by `perfzoo --help`, which imports this module
     from perfzoo.io import write_parquet
     from perfzoo.sensors.smi import read_sensor_log
 
