@@ -63,7 +63,6 @@ def relative_to_workdir(path):
     return local(os.path.relpath(path, os.getcwd()))
 
 
-
 def pkg(script):
     """The package files ``workflow/scripts/<script>`` imports, transitively, so editing one reruns the rule.
 
