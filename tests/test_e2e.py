@@ -32,7 +32,10 @@ CONFIG = {
                    "models": [f"{FAULTY}:build_broken"]},
     }},
     "shards": {"size": 4},
-    "profiling": {"warmup_iters": 1, "min_iters": 3, "max_iters": 8, "max_time_s": 0.2, "repeat_every": 2},
+    # interference tolerances out of reach: a loaded test machine must not take the six configs out of fitting
+    # (flagging has its own tests in test_interference.py; the noise floor below leaves flagged runs out anyway)
+    "profiling": {"warmup_iters": 1, "min_iters": 3, "max_iters": 8, "max_time_s": 0.2, "repeat_every": 2,
+                  "interference": {"tolerance": 1000.0, "load_tolerance": 1000.0, "steal_tolerance": 1.0}},
     "fit": {"targets": ["latency_ms", "peak_mem_mb"], "regressors": ["linear", "random_forest"]},
 }
 TABLES = ["results/dataset/dataset.parquet", "results/evaluate/metrics.parquet",
@@ -88,7 +91,7 @@ def test_failed_model_is_counted_and_the_rest_measured(run) -> None:
 
 def test_reported_numbers_recomputed_from_raw_traces(run) -> None:
     raw = pd.concat([pd.read_parquet(p) for p in sorted((run / "results/traces/cpu").glob("s*[0-9].parquet"))])
-    ok = raw[raw["status"] == "ok"]
+    ok = raw[(raw["status"] == "ok") & (raw["interference"].fillna("") == "")]  # disturbed runs are not labels
     medians = ok.groupby(["config_id", "repeat"])["time_ms"].median().unstack()
     pairs = medians.dropna()
     expected = mape(pairs[0].to_numpy(), pairs[1].to_numpy())

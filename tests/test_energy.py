@@ -9,6 +9,8 @@ import pandas as pd
 import pytest
 
 from perfzoo import energy
+from perfzoo.plotting import save_figure
+from perfzoo.report import energy as energy_figures
 from perfzoo.io import InputError
 
 
@@ -176,12 +178,12 @@ def test_figures_written_atomically_and_deterministically(tmp_path) -> None:
     samples = pd.concat(frames)
     summary = energy.summarize_vs_limit(energy.run_energy(samples))
 
-    def render(folder):
+    def render(folder):  # each figure as PNG and PDF, written by the one figure saver
         return [
-            energy.plot_power_over_time(samples, folder / "power.png"),
-            energy.plot_cumulative_energy(samples, folder / "cumulative.pdf"),
-            energy.plot_metrics_vs_limit(summary, folder / "vs_limit.svg"),
-            energy.plot_sampling_jitter(samples, folder / "jitter.png"),
+            *save_figure(energy_figures.plot_power_over_time(samples), folder / "power.png"),
+            *save_figure(energy_figures.plot_cumulative_energy(samples), folder / "cumulative.png"),
+            *save_figure(energy_figures.plot_metrics_vs_limit(summary), folder / "vs_limit.png"),
+            *save_figure(energy_figures.plot_sampling_jitter(samples), folder / "jitter.png"),
         ]
 
     first, second = render(tmp_path / "a"), render(tmp_path / "b")
@@ -198,4 +200,4 @@ def test_plot_rejects_several_configurations(tmp_path) -> None:
     a = _samples(t, np.ones_like(t))
     b = _samples(t, np.ones_like(t)).assign(model_id="m2")
     with pytest.raises(InputError, match="several configurations"):
-        energy.plot_power_over_time(pd.concat([a, b]), tmp_path / "x.png")
+        energy_figures.plot_power_over_time(pd.concat([a, b]))
