@@ -63,7 +63,7 @@ class ProbeTimes:
 class Policy:
     """When a measurement counts as disturbed, and what the runner does then (``profiling.interference``)."""
 
-    tolerance: float = 0.3  # probe slower than its baseline by more than this fraction
+    tolerance: float | None = None  # probe slower than its baseline by more than this fraction; None: recorded only
     load_tolerance: float = 0.25  # other processes used this many CPUs more than the worker leaves free
     steal_tolerance: float = 0.05  # steal time above this fraction of the worker's CPU time
     retries: int = 0  # re-measurements of a disturbed config
@@ -203,7 +203,7 @@ def assess(measurement: dict[str, Any] | None, baseline: dict[str, Any] | None, 
         return Assessment(math.nan, "no probe in this measurement", math.nan, math.nan, "; ".join(reasons))
     ratio, missing = probe_ratio(info.get("probes") or [], info.get("probe_error", ""), baseline)
     load, steal = float(info.get("other_cpu_load", math.nan)), float(info.get("steal_frac", math.nan))
-    if ratio > 1 + policy.tolerance:
+    if policy.tolerance is not None and ratio > 1 + policy.tolerance:
         reasons.append(f"probe {ratio:.2f}x its baseline")
     cpus, threads = info.get("cpus"), info.get("threads")
     spare = max(int(cpus) - int(threads), 0) if cpus and threads else 0  # CPUs the worker leaves free
