@@ -25,8 +25,8 @@ SCRIPTS = sorted((ROOT / "workflow" / "scripts").glob("*.py"))
 @cache
 def loaded_modules(script: Path) -> frozenset[Path]:
     """The perfzoo files Python really loads when it runs ``script``'s import statements (all of them)."""
-    tree = ast.parse(script.read_text())
-    imports = [ast.get_source_segment(script.read_text(), node) for node in ast.walk(tree)
+    source = script.read_text()
+    imports = [ast.get_source_segment(source, node) for node in ast.walk(ast.parse(source))
                if isinstance(node, (ast.Import, ast.ImportFrom))]
     code = "\n".join([*imports, "import json, sys",
                       "print(json.dumps(sorted(m.__file__ for n, m in list(sys.modules.items())"

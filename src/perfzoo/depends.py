@@ -54,13 +54,19 @@ def _import_nodes(tree: ast.Module, module_level_only: bool) -> list[ast.stmt]:
     return found
 
 
+@functools.cache
+def _parse(path: Path) -> ast.Module:
+    """A source file's syntax tree, parsed once per process (every rule's script shares most modules)."""
+    return ast.parse(path.read_text(), filename=str(path))
+
+
 def _imported_names(root: Path, path: Path) -> dict[str, bool]:
     """Dotted perfzoo names a file imports, each with whether it must be a module.
 
     ``import x`` and the ``x`` of ``from x import y`` must be modules; the ``x.y`` may be a function.
     """
     names: dict[str, bool] = {}
-    for node in _import_nodes(ast.parse(path.read_text(), filename=str(path)), path.name == "__init__.py"):
+    for node in _import_nodes(_parse(path), path.name == "__init__.py"):
         if isinstance(node, ast.Import):
             names.update({alias.name: True for alias in node.names})
         elif isinstance(node, ast.ImportFrom):
@@ -81,7 +87,7 @@ def _with_parents(module: str) -> list[str]:
 def _declared_data(root: Path, path: Path) -> list[Path]:
     """Files named by a module-level ``PACKAGE_DATA = (...)`` (folders give all their files)."""
     files: list[Path] = []
-    for node in ast.parse(path.read_text()).body:
+    for node in _parse(path).body:
         targets = node.targets if isinstance(node, ast.Assign) else []
         if any(isinstance(t, ast.Name) and t.id == "PACKAGE_DATA" for t in targets):
             for entry in ast.literal_eval(node.value):
