@@ -141,7 +141,7 @@ def first_screen(html: str) -> str:
 def test_page_answers_first_with_formatted_numbers_and_intervals(tmp_path) -> None:
     data = dataset()
     predictions = held_out(data)
-    html = render_index(tmp_path, tables_for(data, predictions), data, [record()],
+    html = render_index(tmp_path, tables_for(data, predictions), [record()],
                         ["1 config(s) on cpu ended with status error"], PROV)
     top = first_screen(html)
     assert top.index("Recommended: cpu") < top.index("Can these numbers be trusted?")
@@ -166,7 +166,7 @@ def test_page_shows_baseline_coverage_and_flags_when_other_stages_write_them(tmp
     baseline_row = metrics.iloc[:1].assign(regressor="baseline:flops_nearest", mape=0.001)
     metrics = pd.concat([metrics, baseline_row], ignore_index=True)  # never reported as the best regressor
     tables = tables_for(data, predictions, metrics, flagged=[1, 0])
-    top = first_screen(render_index(tmp_path, tables, data, [record()], [], PROV))
+    top = first_screen(render_index(tmp_path, tables, [record()], [], PROV))
     assert "best baseline (baseline:flops_nearest) 1,000%" in top and "(beats it)" in top
     assert "best MAPE 0.001" not in top
     assert "90.0% of held-out values inside the interval" in top

@@ -324,7 +324,7 @@ folds</summary><ul>{% for n in notes %}<li>{{ n }}</li>{% endfor %}</ul></detail
 """
 
 
-def render_index(workdir: Path, tables: dict[str, pd.DataFrame], data: pd.DataFrame,
+def render_index(workdir: Path, tables: dict[str, pd.DataFrame],
                  records: list[dict[str, Any]], notes: list[str], prov: dict[str, Any]) -> str:
     """The HTML page (see the module docstring)."""
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
