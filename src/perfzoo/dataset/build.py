@@ -11,7 +11,7 @@ import pandas as pd
 
 from perfzoo.hardware import hardware_features
 from perfzoo.io import InputError, read_json, read_parquet
-from perfzoo.profiling.interference import drop_flagged_runs, flagged_runs
+from perfzoo.profiling.interference import drop_flagged_runs, flagged_mask
 from perfzoo.profiling.runner import STATUSES, TRACE_COLUMNS
 from perfzoo.stats import coefficient_of_variation, mape, median_ci
 
@@ -105,12 +105,8 @@ def status_counts(runs: pd.DataFrame, traces: pd.DataFrame | None = None) -> pd.
     first = runs[runs["repeat"] == 0]
     counts = first.groupby(["device", "status"]).size().rename("configs").reset_index()
     if traces is not None and "interference" in traces.columns:
-        on = [k for k in ("device", "config_id", "repeat", "power_limit_w") if k in first.columns]
-        flags = flagged_runs(traces)
-        marked = first.merge(flags[[k for k in on if k in flags.columns]].assign(flagged=1), how="left")
-        flagged = marked.groupby(["device", "status"])["flagged"].sum().rename("flagged").reset_index()
-        counts = counts.merge(flagged, on=["device", "status"], how="left")
-        counts["flagged"] = counts["flagged"].fillna(0).astype("int64")
+        marked = first.assign(flagged=flagged_mask(first, traces).astype("int64"))
+        counts["flagged"] = marked.groupby(["device", "status"])["flagged"].sum().to_numpy()
     return counts.sort_values(["device", "status"]).reset_index(drop=True)
 
 

@@ -224,14 +224,21 @@ def flagged_runs(traces: pd.DataFrame) -> pd.DataFrame:
     return flagged[present].drop_duplicates().reset_index(drop=True)
 
 
-def drop_flagged_runs(runs: pd.DataFrame, traces: pd.DataFrame) -> pd.DataFrame:
-    """``runs`` (one row per measurement) without the measurements flagged in ``traces``."""
+def flagged_mask(runs: pd.DataFrame, traces: pd.DataFrame) -> pd.Series:
+    """Per row of ``runs`` (one row per measurement): whether ``traces`` flag that measurement."""
     flagged = flagged_runs(traces)
     if not len(flagged):
-        return runs
+        return pd.Series(False, index=runs.index)
     on = [k for k in flagged.columns if k in runs.columns]
-    marked = runs.merge(flagged[on].assign(_flagged=True), on=on, how="left")
-    return runs[~marked["_flagged"].eq(True).to_numpy()]
+    marked = runs[on].merge(flagged[on].assign(_flagged=True), on=on, how="left")
+    return pd.Series(marked["_flagged"].eq(True).to_numpy(), index=runs.index)
+
+
+def drop_flagged_runs(runs: pd.DataFrame, traces: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` (one row per measurement) without the measurements flagged in ``traces``."""
+    if not len(flagged_runs(traces)):
+        return runs
+    return runs[~flagged_mask(runs, traces)]
 
 
 def flagged_per_device(traces: pd.DataFrame) -> pd.DataFrame:
