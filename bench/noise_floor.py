@@ -16,7 +16,10 @@ it); its profiling time is the wall time of its own measurements.
 * ``interleaved``: ``--windows`` shorter measurements (``max_time_s / windows`` each) per repeat, spread
   over the run in rounds, and the median of the per-window medians;
 * ``pinned``: as ``current`` with the worker pinned to the first ``threads`` CPUs (the forkserver's
-  affinity is set before the worker is forked, and restored after).
+  affinity is set before the worker is forked, and restored after);
+* ``one_thread``: as ``current`` with one intra-op thread instead of the device's ``threads`` (a
+  measurement that waits for the slowest of several threads feels any other process on any core);
+  its latencies are those of another device setting, so only its noise floor and time compare.
 
 The table is printed as Markdown; ``--out`` also writes the per-config latencies as CSV.
 """
@@ -45,7 +48,7 @@ from perfzoo.profiling.worker import run_isolated  # noqa: E402
 from perfzoo.stats import mape  # noqa: E402
 from perfzoo.models.zoo import expand_zoo, manifest_frame  # noqa: E402
 
-PROTOCOLS = ("current", "probe_normalised", "interleaved", "pinned")
+PROTOCOLS = ("current", "probe_normalised", "interleaved", "pinned", "one_thread")
 
 
 def pin_workers(cpus: set[int] | None) -> None:
@@ -80,6 +83,7 @@ def run(configs: list[dict[str, Any]], settings: dict[str, Any], windows: int, t
     """Latency per (protocol, config, repeat), and the wall time each measurement took."""
     baseline = probe_baseline("cpu", threads)
     short = {**settings, "max_time_s": settings["max_time_s"] / windows}
+    single = {**settings, "threads": 1}
     pinned = set(sorted(os.sched_getaffinity(0))[:threads])
     run_isolated("cpu", configs[0], settings)  # start the worker server before timing anything
     rows: list[dict[str, Any]] = []
@@ -100,6 +104,9 @@ def run(configs: list[dict[str, Any]], settings: dict[str, Any], windows: int, t
                     finally:
                         pin_workers(None)
                     rows.append({"protocol": "pinned", "config_id": cid, "repeat": repeat,
+                                 "latency_ms": latency, "wall_s": wall})
+                    latency, _, wall = measure(config, single)
+                    rows.append({"protocol": "one_thread", "config_id": cid, "repeat": repeat,
                                  "latency_ms": latency, "wall_s": wall})
                 latency, _, wall = measure(config, short)
                 per_window.setdefault((cid, repeat), []).append(latency)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import stats as sps
 
 Z95 = 1.959963984540054
 
@@ -54,7 +53,9 @@ def r2(y_true: np.ndarray, y_pred: np.ndarray) -> float:
 def kendall_tau(y_true: np.ndarray, y_pred: np.ndarray) -> float:
     if len(y_true) < 2:
         return math.nan
-    return float(sps.kendalltau(y_true, y_pred).statistic)
+    from scipy import stats  # lazy: ~1.5 s to import; the profiling worker and dataset rule never need it
+
+    return float(stats.kendalltau(y_true, y_pred).statistic)
 
 
 def within(y_true: np.ndarray, y_pred: np.ndarray, tolerance: float = 0.10) -> float:
