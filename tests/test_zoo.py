@@ -154,3 +154,17 @@ def test_bad_grid_or_sample_is_a_one_line_error_naming_family_and_key(config, ex
     assert "\n" not in str(caught.value)
     with pytest.raises(InputError, match=error):
         expand_zoo(config)
+
+
+def test_python_factory_arguments_are_read_from_its_source(config, tmp_path) -> None:
+    factory = tmp_path / "nets.py"
+    factory.write_text("def build(width=8, depth=2):\n    pass\n\n\ndef anything(**kwargs):\n    pass\n")
+    family = {"builder": "python", "models": [f"{factory}:build"], "input_shape": [4],
+              "grid": {"width": [8, 16]}, "sample": {"n": 2, "kwargs": {"depht": {"int": [1, 4]}}}}
+    config["zoo"]["families"]["f"] = family
+    with pytest.raises(InputError, match=r"zoo\.families\.f\.sample\.kwargs\.depht: python model .* takes no "
+                                         r"argument 'depht' \(it takes width, depth\)"):
+        validate_config(config)
+    family["models"] = [f"{factory}:anything"]
+    validate_config(config)
+    assert len(expanded_entries("f", family)) == 4

@@ -14,7 +14,7 @@ A family may declare, next to ``models:``::
         width_mult: {float: [0.25, 1.0]}  # real number, rounded to `digits` significant digits (3)
 
 Every model entry of the family is expanded into one variant per grid point (times each sample draw
-when both are given): its kwargs are the entry's own plus the variant's, and its variant name is the
+when both are given; every entry gets the same draws): its kwargs are the entry's own plus the variant's, and its variant name is the
 entry's variant followed by ``key`` + value parts in the order written (``depth6-embed_dim192``).
 Draws use a numpy ``Generator`` (PCG64) seeded with ``seed`` and only its uniform doubles, so the same
 config gives the same variants, and therefore the same model ids, on every machine and Python version.

@@ -41,7 +41,7 @@ class ModelSpec:
     """What to featurise: a library model, a factory in a Python file, or a module instance."""
 
     text: str  # as given: "timm:resnet50", "models.py:build", "<ResNet instance>"
-    builder: str  # timm | torchvision | mlp | transformer | python | instance | callable
+    builder: str  # timm | torchvision | mlp | transformer | language_model | python | instance | callable
     name: str  # library model name, "path:function", or class/function name
     input_shape: tuple[int, ...]
     dtype: str | None = None  # None: float32, or int64 for token models (1-d input into an embedding)
@@ -87,7 +87,7 @@ def _is_module(obj: Any) -> bool:
 
 
 def resolve_model(model: Any, input_shape: Any = None) -> ModelSpec:
-    """Parse ``timm:NAME``, ``torchvision:NAME``, ``mlp:NAME``, ``transformer:NAME``,
+    """Parse ``timm:NAME``, ``torchvision:NAME``, ``mlp:NAME``, ``transformer:NAME``, ``language_model:PRESET``,
     ``path/to/model.py:function``, a bare library name, an ``nn.Module`` or a build callable.
     Unknown names raise InputError with close names."""
 
