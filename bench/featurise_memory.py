@@ -7,6 +7,11 @@ count, FLOPs per step, wall time and the process's peak resident set size (``ru_
 weights alone would need ~26 GB; on the meta device none are allocated.
 
     python bench/featurise_memory.py [--layers 32] [--d-model 4096] [--seq 2048] [--batch 8]
+
+With ``--presets``, the language-model presets of the ``language_model`` builder are featurised instead
+(``language_model:<preset>``, e.g. GPT-3 XL at 1.3 B and the LLaMA-style 7 B preset):
+
+    python bench/featurise_memory.py --presets gpt3-xl llama --seq 2048 --batch 8
 """
 
 from __future__ import annotations
@@ -41,34 +46,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--presets", nargs="+", default=[], help="language_model presets to featurise instead")
     parser.add_argument("--limit-mb", type=float, default=1024.0)
     args = parser.parse_args(argv)
-    folder = Path(tempfile.mkdtemp(prefix="perfzoo-bench-"))
-    factory = folder / "big_transformer.py"
+    models = [f"language_model:{preset}" for preset in args.presets] or [token_classifier_factory(args)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)}
+    worst = 0.0
+    for model in models:
+        for mode in ("inference", "training"):
+            proc = subprocess.run(
+                [sys.executable, "-c", CHILD, model, str(args.seq), str(args.batch), mode],
+                capture_output=True, text=True, env=env, check=False,
+            )
+            if proc.returncode != 0:
+                print(proc.stderr[-2000:], file=sys.stderr)
+                return 2
+            r = json.loads(proc.stdout.strip().splitlines()[-1])
+            worst = max(worst, r["peak_rss_mb"])
+            print(
+                f"{model.rpartition('/')[2]} {mode}: {r['params'] / 1e9:.2f} B parameters "
+                f"({r['params'] * 4 / 1e9:.1f} GB as fp32), {r['flops']:.3g} FLOPs per step at batch {args.batch} "
+                f"x {args.seq} tokens; featurised in {r['seconds']:.1f} s with peak RSS {r['peak_rss_mb']:.0f} MB"
+            )
+    print(f"largest peak RSS {worst:.0f} MB: {'within' if worst <= args.limit_mb else 'ABOVE'} {args.limit_mb:g} MB")
+    return 0 if worst <= args.limit_mb else 1
+
+
+def token_classifier_factory(args: argparse.Namespace) -> str:
+    """A factory file building the token classifier at the requested size; returns its ``file:function``."""
+    factory = Path(tempfile.mkdtemp(prefix="perfzoo-bench-")) / "big_transformer.py"
     factory.write_text(
         "from perfzoo.models.builders import TokenClassifier\n\n\ndef build():\n"
         f"    return TokenClassifier(num_classes=1000, d_model={args.d_model}, heads={args.heads}, "
         f"layers={args.layers}, vocab=32000, max_len={max(args.seq, 4096)}, dropout=0.0)\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)}
-    worst = 0.0
-    for mode in ("inference", "training"):
-        proc = subprocess.run(
-            [sys.executable, "-c", CHILD, f"{factory}:build", str(args.seq), str(args.batch), mode],
-            capture_output=True, text=True, env=env, check=False,
-        )
-        if proc.returncode != 0:
-            print(proc.stderr[-2000:], file=sys.stderr)
-            return 2
-        r = json.loads(proc.stdout.strip().splitlines()[-1])
-        worst = max(worst, r["peak_rss_mb"])
-        print(
-            f"{mode}: {r['params'] / 1e9:.2f} B parameters ({r['params'] * 4 / 1e9:.1f} GB as fp32), "
-            f"{r['flops']:.3g} FLOPs per step at batch {args.batch} x {args.seq} tokens; featurised in "
-            f"{r['seconds']:.1f} s with peak RSS {r['peak_rss_mb']:.0f} MB"
-        )
-    print(f"largest peak RSS {worst:.0f} MB: {'within' if worst <= args.limit_mb else 'ABOVE'} {args.limit_mb:g} MB")
-    return 0 if worst <= args.limit_mb else 1
+    return f"{factory}:build"
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT
 
 PREDICT_EPILOG = """\
-MODEL is timm:NAME, torchvision:NAME, mlp:NAME, transformer:NAME or path/to/model.py:function (a
+MODEL is timm:NAME, torchvision:NAME, mlp:NAME, transformer:NAME, language_model:PRESET (gpt2, gpt3-xl,
+opt-1.3b, bert-large, llama, ...; --input is the sequence length) or path/to/model.py:function (a
 factory returning an nn.Module; --input is then required).
 
 examples:

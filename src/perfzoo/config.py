@@ -12,8 +12,8 @@ from snakemake.utils import validate
 from perfzoo.hardware.precision import check_supported
 from perfzoo.hardware.specs import lookup_gpu
 from perfzoo.io import InputError, read_yaml
-from perfzoo.models.builders import BUILDER_NAMES, check_factory_reference, check_model_name
-from perfzoo.models.zoo import model_entries
+from perfzoo.models.builders import BUILDER_NAMES, check_factory_reference, check_model_kwargs, check_model_name
+from perfzoo.models.zoo import expanded_entries, model_entries
 
 PACKAGE_DATA = ("schemas/config.schema.yaml",)  # read by perfzoo.depends: rules rerun when it changes
 SCHEMA = Path(__file__).parent / PACKAGE_DATA[0]
@@ -39,8 +39,9 @@ def validate_config(config: dict[str, Any], source: str = "config") -> None:
 
 def check_workflow_config(config: dict[str, Any]) -> None:
     """Every check that can fail before profiling starts: model names of the zoo and of ``predict:``,
-    duplicate model entries, split fractions."""
+    generated variants and model arguments, duplicate model entries, split fractions."""
     check_model_names(config)
+    check_model_arguments(config)
     check_duplicate_models(config)
     check_predict_models(config)
     check_split_fractions(config)
@@ -114,6 +115,15 @@ def check_model_names(config: dict[str, Any]) -> None:
     for family, spec in config["zoo"]["families"].items():
         for i, entry in enumerate(model_entries(spec)):
             check_model_name(spec["builder"], entry["name"], f"zoo.families.{family}.models[{i}]")
+
+
+def check_model_arguments(config: dict[str, Any]) -> None:
+    """Each family's ``grid:`` / ``sample:`` expands, and every model takes the arguments it is given
+    (where that can be told without building it)."""
+    for family, spec in config["zoo"]["families"].items():
+        for entry in expanded_entries(family, spec):
+            label = f"{entry['name']}-{entry['variant']}" if entry["variant"] else entry["name"]
+            check_model_kwargs(spec["builder"], entry["name"], entry["kwargs"], f"zoo.families.{family}[{label}]")
 
 
 def _schema_error_line(exc: BaseException) -> str:

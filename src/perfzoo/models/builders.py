@@ -1,7 +1,8 @@
-"""Model builders: torchvision, timm, plain MLPs, transformer encoders and user factories.
+"""Model builders: torchvision, timm, plain MLPs, transformer encoders, language models and user factories.
 
-Every builder returns a classifier ``nn.Module`` mapping a batch of inputs to logits of shape
-``(batch, num_classes)``, built with random weights (nothing is ever downloaded).
+Every builder returns an ``nn.Module`` built with random weights (nothing is ever downloaded). Classifiers
+map a batch of inputs to logits of shape ``(batch, num_classes)``; language models
+(:mod:`perfzoo.models.language`) map token ids ``(batch, seq)`` to logits ``(batch, seq, vocab)``.
 """
 
 from __future__ import annotations
@@ -20,11 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from perfzoo.io import InputError, suggest, write_text
+from perfzoo.models.language import FIELDS as LANGUAGE_MODEL_ARGS
+from perfzoo.models.language import PRESETS as LANGUAGE_MODEL_PRESETS
+from perfzoo.models.language import build_language_model, lm_config
 
-BUILDER_NAMES = ("torchvision", "timm", "mlp", "transformer", "python")
+BUILDER_NAMES = ("torchvision", "timm", "mlp", "transformer", "language_model", "python")
+TOKEN_BUILDERS = ("transformer", "language_model")  # inputs are token ids of one sequence length
 MLP_NAMES = ("mlp_small", "mlp_big", "mlp")
+MLP_ARGS = ("in_features", "hidden")  # what _build_mlp takes
 TRANSFORMER_NAMES = ("encoder",)
-VOCAB_SIZE = 1000
+VOCAB_SIZE = 1000  # synthetic token ids are drawn below this
 
 
 def _name_cache() -> Path:
@@ -69,11 +75,54 @@ def check_model_name(builder: str, name: str, where: str) -> None:
         names = list(MLP_NAMES)
     elif builder == "transformer":
         names = list(TRANSFORMER_NAMES)
+    elif builder == "language_model":
+        names = list(LANGUAGE_MODEL_PRESETS)
     else:
         check_factory_reference(name, where)
         return
     if name not in names:
         raise InputError(f"{where}: unknown {builder} model {name!r}{suggest(name, names)}")
+
+
+def accepted_kwargs(builder: str, name: str) -> tuple[str, ...] | None:
+    """The keyword arguments a builder's model takes, or None where that is not known without importing
+    the library (timm, torchvision, the transformer classifier) or where it takes any (``**kwargs``)."""
+    if builder == "mlp":
+        return MLP_ARGS
+    if builder == "language_model":
+        return LANGUAGE_MODEL_ARGS
+    if builder == "python":
+        return _factory_parameters(name)
+    return None
+
+
+def check_model_kwargs(builder: str, name: str, kwargs: dict[str, Any], where: str) -> None:
+    """Raise InputError naming ``where`` and the key if the model does not take one of ``kwargs`` (where
+    that can be told without building it), or if a language model's dimensions do not fit together."""
+    accepted = accepted_kwargs(builder, name)
+    if accepted is not None:
+        for key in kwargs:
+            if key not in accepted:
+                raise InputError(f"{where}: {builder} model {name!r} takes no argument {key!r}"
+                                 f"{suggest(key, list(accepted)) or ' (it takes ' + ', '.join(accepted) + ')'}")
+    if builder == "language_model":
+        config = lm_config(name, kwargs, where)
+        if config.vocab < VOCAB_SIZE:
+            raise InputError(f"{where}: vocab {config.vocab} is below the {VOCAB_SIZE} token ids the profiler draws")
+
+
+def _factory_parameters(ref: str) -> tuple[str, ...] | None:
+    """Parameter names of a ``file.py:function`` factory read from its source (None: takes ``**kwargs``,
+    or is not a plain function)."""
+    path, _, func = ref.rpartition(":")
+    try:
+        tree = ast.parse(Path(path).read_text(), filename=path)
+    except (OSError, SyntaxError, UnicodeDecodeError):  # reported by check_factory_reference
+        return None
+    node = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == func), None)
+    if node is None or node.args.kwarg is not None:
+        return None
+    return tuple(a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs))
 
 
 def check_factory_reference(ref: str, where: str) -> None:
@@ -159,6 +208,11 @@ def _build_transformer(name: str, kwargs: dict[str, Any], num_classes: int) -> A
     return TokenClassifier(num_classes=num_classes, **kwargs)
 
 
+def _build_language_model(name: str, kwargs: dict[str, Any], num_classes: int) -> Any:
+    """A language model from a preset and overrides; its output width is the vocabulary, not ``num_classes``."""
+    return build_language_model(lm_config(name, kwargs, f"language_model {name}"))
+
+
 def _build_python(ref: str, kwargs: dict[str, Any], num_classes: int) -> Any:
     path, _, func = ref.rpartition(":")
     spec = importlib.util.spec_from_file_location(f"perfzoo_user_{Path(path).stem}", path)
@@ -215,5 +269,6 @@ _BUILDERS: dict[str, Callable[[str, dict[str, Any], int], Any]] = {
     "timm": _build_timm,
     "mlp": _build_mlp,
     "transformer": _build_transformer,
+    "language_model": _build_language_model,
     "python": _build_python,
 }

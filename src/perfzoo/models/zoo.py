@@ -12,6 +12,10 @@ from typing import Any
 
 import pandas as pd
 
+from perfzoo.io import InputError
+from perfzoo.models.builders import TOKEN_BUILDERS, accepted_kwargs
+from perfzoo.models.variants import expand_entry, family_variants, has_variants
+
 MANIFEST_COLUMNS = [
     "config_id", "model_id", "family", "builder", "name", "variant", "label", "builder_kwargs",
     "input_shape", "dtype", "batch", "mode", "shard", "precision",
@@ -53,13 +57,34 @@ def model_entries(family: dict[str, Any]) -> list[dict[str, Any]]:
     return entries
 
 
+def expanded_entries(family_name: str, family: dict[str, Any]) -> list[dict[str, Any]]:
+    """The family's model entries, each expanded into its ``grid:`` / ``sample:`` variants (if any);
+    see :mod:`perfzoo.models.variants`. A bad grid or sample raises InputError naming family and key."""
+    entries = model_entries(family)
+    if not has_variants(family):
+        return entries
+    where = f"zoo.families.{family_name}"
+    variants = family_variants(family, where)
+    generated = {**dict.fromkeys(family.get("grid", {}), "grid"),
+                 **dict.fromkeys(family.get("sample", {}).get("kwargs", {}), "sample.kwargs")}
+    expanded = []
+    for i, entry in enumerate(entries):
+        accepted = accepted_kwargs(family["builder"], entry["name"])
+        for key, section in generated.items():
+            if accepted is not None and key not in accepted:
+                raise InputError(f"{where}.{section}.{key}: {family['builder']} model {entry['name']!r} "
+                                 f"takes no argument {key!r} (it takes {', '.join(accepted) or 'none'})")
+        expanded += expand_entry(entry, variants, f"{where}.models[{i}]")
+    return expanded
+
+
 def _inputs(family: dict[str, Any]) -> Iterator[tuple[list[int], str, str]]:
     """(per-sample input shape, dtype, label suffix) for each input size of the family."""
     builder = family["builder"]
     if builder in ("torchvision", "timm"):
         for side in family.get("resolutions", [224]):
             yield [3, side, side], "float32", f"{side}px"
-    elif builder == "transformer":
+    elif builder in TOKEN_BUILDERS:
         for length in family.get("sequence_lengths", [128]):
             yield [length], "int64", f"seq{length}"
     else:
@@ -76,7 +101,7 @@ def iter_configs(config: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """All (model, input, batch, mode) configs in config order (before sharding)."""
     num_classes = config["zoo"].get("num_classes", 100)
     for family_name, family in config["zoo"]["families"].items():
-        for entry in model_entries(family):
+        for entry in expanded_entries(family_name, family):
             kwargs = json.dumps(entry["kwargs"], sort_keys=True)
             for (shape, dtype, suffix), precision in itertools.product(_inputs(family), _precisions(family)):
                 model = {

@@ -320,7 +320,7 @@ def predict(
     MIG profiles and power caps, extrapolation warnings and provenance. See the module docstring.
 
     ``model_or_name``: ``timm:NAME``, ``torchvision:NAME``, ``mlp:NAME``, ``transformer:NAME``,
-    ``path/to/model.py:function``, an ``nn.Module`` instance or a function building one.
+    ``language_model:PRESET``, ``path/to/model.py:function``, an ``nn.Module`` instance or a function building one.
     ``input_shape``: per sample, e.g. ``(3, 224, 224)``, ``"3,224,224"`` or a sequence length.
     ``results``/``config``: the workflow's results folder and config (path or dict).
     ``use_server``: featurise through the warm featuriser server of this environment, and start one

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from perfzoo.models.builders import check_factory_reference, check_model_name, library_model_names
+from perfzoo.models.builders import TOKEN_BUILDERS, check_factory_reference, check_model_name, library_model_names
 from perfzoo.io import InputError, suggest
 
 SPEC_KEYS = ("name", "batch", "input", "mode", "devices", "objective", "latency_target_ms", "num_classes")
@@ -21,7 +21,7 @@ SPEC_KEYS = ("name", "batch", "input", "mode", "devices", "objective", "latency_
 MODES = ("inference", "training")
 
 
-LIBRARY_BUILDERS = ("timm", "torchvision", "mlp", "transformer")
+LIBRARY_BUILDERS = ("timm", "torchvision", "mlp", "transformer", "language_model")
 
 
 DEFAULT_INPUT: dict[str, tuple[int, ...]] = {
@@ -29,6 +29,7 @@ DEFAULT_INPUT: dict[str, tuple[int, ...]] = {
     "torchvision": (3, 224, 224),
     "mlp": (784,),
     "transformer": (128,),
+    "language_model": (128,),
 }
 
 
@@ -40,7 +41,7 @@ class ModelSpec:
     """What to featurise: a library model, a factory in a Python file, or a module instance."""
 
     text: str  # as given: "timm:resnet50", "models.py:build", "<ResNet instance>"
-    builder: str  # timm | torchvision | mlp | transformer | python | instance | callable
+    builder: str  # timm | torchvision | mlp | transformer | language_model | python | instance | callable
     name: str  # library model name, "path:function", or class/function name
     input_shape: tuple[int, ...]
     dtype: str | None = None  # None: float32, or int64 for token models (1-d input into an embedding)
@@ -86,7 +87,7 @@ def _is_module(obj: Any) -> bool:
 
 
 def resolve_model(model: Any, input_shape: Any = None) -> ModelSpec:
-    """Parse ``timm:NAME``, ``torchvision:NAME``, ``mlp:NAME``, ``transformer:NAME``,
+    """Parse ``timm:NAME``, ``torchvision:NAME``, ``mlp:NAME``, ``transformer:NAME``, ``language_model:PRESET``,
     ``path/to/model.py:function``, a bare library name, an ``nn.Module`` or a build callable.
     Unknown names raise InputError with close names."""
 
@@ -128,7 +129,7 @@ def resolve_model(model: Any, input_shape: Any = None) -> ModelSpec:
             )
         name = text
         text = f"{builder}:{name}"
-    dtype = "int64" if builder == "transformer" else "float32"
+    dtype = "int64" if builder in TOKEN_BUILDERS else "float32"
     shape = shape or DEFAULT_INPUT[builder]
     kwargs = {"in_features": math.prod(shape)} if builder == "mlp" else {}
     return ModelSpec(text, builder, name, shape, dtype, kwargs)
