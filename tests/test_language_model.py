@@ -14,6 +14,7 @@ from perfzoo.models.builders import build_model
 from perfzoo.models.language import PRESETS, lm_config
 from perfzoo.models.zoo import expand_zoo, manifest_frame
 from perfzoo.prediction.spec import resolve_model
+from perfzoo.profiling.core import make_step
 
 TINY = {"d_model": 32, "layers": 2, "heads": 4, "ffn": 64, "vocab": 1000, "max_positions": 32}
 LAYOUTS = {
@@ -114,3 +115,13 @@ def test_presets_can_be_named_for_prediction() -> None:
     spec = resolve_model("language_model:gpt3-xl")
     assert (spec.builder, spec.name, spec.input_shape, spec.dtype) == ("language_model", "gpt3-xl", (128,), "int64")
     assert set(PRESETS) >= {"gpt2", "gpt3-xl", "opt-1.3b", "bert-large", "llama"}
+
+
+def test_training_step_of_a_language_model_updates_every_weight() -> None:
+    """The profiled training step scores (batch, tokens, vocab) logits token by token."""
+    model = build_model("language_model", "decoder", {"layers": 1, "d_model": 32, "heads": 2, "ffn": 64}, 10)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    x, y = torch.randint(0, 1000, (2, 8)), torch.randint(0, 10, (2,))
+    make_step(model, x, y, "training", "sgd")()
+    unchanged = [name for name, p in model.named_parameters() if torch.equal(p, before[name])]
+    assert unchanged == []

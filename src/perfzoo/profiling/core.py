@@ -110,6 +110,24 @@ def set_precision(model: Any, x: Any, precision: str, device_type: str) -> tuple
     return model, x, contextlib.nullcontext
 
 
+def make_optimizer(model: Any, optimizer: str) -> Any:
+    """The profiled training step's optimizer: SGD with momentum (``sgd``) or Adam."""
+    import torch  # lazy: ~3 s import; the parent process never measures
+
+    if optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    return torch.optim.Adam(model.parameters(), lr=1e-4)
+
+
+def step_loss(loss_fn: Any, logits: Any, y: Any) -> Any:
+    """Cross-entropy of class logits ``(batch, classes)``; per-token logits ``(batch, tokens, vocab)`` (a
+    language model) are scored token by token against the sample's class repeated over its tokens, which
+    costs what a next-token loss costs."""
+    if logits.dim() == 3:
+        return loss_fn(logits.flatten(0, 1), y.repeat_interleave(logits.shape[1]))
+    return loss_fn(logits, y)
+
+
 def make_step(model: Any, x: Any, y: Any, mode: str, optimizer: str,
               forward_context: Callable[[], Any] | None = None) -> Callable[[], None]:
     """One inference forward (no_grad) or one training step (forward, loss, backward, optimizer);
@@ -127,13 +145,12 @@ def make_step(model: Any, x: Any, y: Any, mode: str, optimizer: str,
         return infer
     model.train()
     loss_fn = torch.nn.CrossEntropyLoss()
-    opt = (torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9) if optimizer == "sgd"
-           else torch.optim.Adam(model.parameters(), lr=1e-4))
+    opt = make_optimizer(model, optimizer)
 
     def train() -> None:
         opt.zero_grad(set_to_none=True)
         with context():
-            loss = loss_fn(model(x), y)
+            loss = step_loss(loss_fn, model(x), y)
         loss.backward()
         opt.step()
 

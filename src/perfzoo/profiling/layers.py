@@ -60,7 +60,14 @@ import pandas as pd
 
 from perfzoo.models.builders import build_model
 from perfzoo.io import InputError
-from perfzoo.profiling.core import Measurement, peak_rss_mb, reset_peak_rss, synthetic_batch
+from perfzoo.profiling.core import (
+    Measurement,
+    make_optimizer,
+    peak_rss_mb,
+    reset_peak_rss,
+    step_loss,
+    synthetic_batch,
+)
 
 LAYER_ITERS = 10
 LOSS_NAME = "loss"
@@ -280,15 +287,14 @@ def _timed_step(model: Any, x: Any, y: Any, loss_fn: Any, timer: _LayerTimer, tr
 
     if training:
         model.train()
-        opt = (torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9) if optimizer == "sgd"
-               else torch.optim.Adam(model.parameters(), lr=1e-4))
+        opt = make_optimizer(model, optimizer)
 
     def step(phase: str) -> float:
         t0 = time.perf_counter_ns()
         timer.begin_step(phase)
         if training:
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
+            loss = step_loss(loss_fn, model(x), y)
             timer.end_forward()
             loss.backward()
             if phase == "forward":
