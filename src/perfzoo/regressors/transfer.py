@@ -16,6 +16,19 @@ The model (fitted jointly, by ridge least squares, on the logarithm of the targe
   ridge-shrunk towards zero (``shot_alpha``), so a device with k = 5 or 20 measured configs gets a
   correction fitted on exactly those rows, and a device without rows (k = 0) gets none.
 
+A few-shot device (at most ``few_shot_max_rows`` rows) is also predicted by *reference regression*, a
+low-rank completion of the (workload x device) matrix of log times::
+
+    log t(w, d) = log t(w, b) + c + sum_{e != b} beta_e (log t(w, e) - log t(w, b)) + gamma . z(w)
+
+over the fully profiled devices ``e`` that ran ``w``, with ``b`` the reference device whose constant
+offset fits the k shots best (leave-one-out), and ``beta, gamma`` ridge-shrunk towards zero, i.e. towards
+"one constant factor on the best reference device"; the ridge strength is chosen from
+``reference_alphas`` by the closed-form leave-one-out error on the k shots alone. One such model is
+fitted per set of reference devices that ran a workload (a workload missing on one device uses the
+others). The prediction is ``reference_weight`` times that plus ``1 - reference_weight`` times the
+model above (geometric blend); a workload run on no fully profiled device gets the model above alone.
+
 ``u`` is removed by the within-workload transformation (each column and the target minus its mean over
 the workload's rows), so ``B`` and ``c`` come from how times *differ between devices* for the same
 workload: the fixed-effects estimator of a two-way panel model.
@@ -25,7 +38,8 @@ Lei et al., "Distribution-Free Predictive Inference for Regression") on log resi
 device is held out in turn (with the same number of its rows kept in training as the smallest
 training device has, to mimic a few-shot device), the model is refitted on the rest, and the
 ``ceil((n+1)·level)/n`` quantile of the absolute held-out log residuals is the half-width of the
-interval ``[ŷ·exp(-q), ŷ·exp(q)]``.
+interval ``[ŷ·exp(-q), ŷ·exp(q)]``. The held-out device is predicted exactly as a new device with k
+shots would be (reference regression included), so the residuals mimic the test situation.
 """
 
 from __future__ import annotations
@@ -56,6 +70,20 @@ def _group_means(values: np.ndarray, codes: np.ndarray, n_groups: int) -> np.nda
     return sums / counts[:, None]
 
 
+def _loo_ridge(A: np.ndarray, y: np.ndarray, penalty: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ridge coefficients and the closed-form leave-one-out residuals ``e_i / (1 - H_ii)``."""
+    inverse = np.linalg.pinv(A.T @ A + np.diag(penalty))
+    coef = inverse @ A.T @ y
+    leverage = np.einsum("ij,jk,ik->i", A, inverse, A)
+    return coef, (y - A @ coef) / np.maximum(1.0 - leverage, 1e-9)
+
+
+def _reference_design(T: np.ndarray, refs: Sequence[int], base: int, Z: np.ndarray) -> np.ndarray:
+    """``[1, log t(e) - log t(base) for e in refs other than base, z]`` (``T``: reference x rows)."""
+    diffs = [T[e] - T[base] for e in refs if e != base]
+    return np.column_stack([np.ones(len(Z)), *diffs, Z])
+
+
 def _poly2(Z: np.ndarray) -> np.ndarray:
     """``[1, z, z_i z_j (i <= j)]`` for standardised workload features."""
     n, q = Z.shape
@@ -72,7 +100,7 @@ class DeviceTransferRegressor(Regressor):
     _required_state: ClassVar[tuple[str, ...]] = (
         "feature_names_", "coef_", "z_mean_", "z_scale_", "h_mean_", "workload_ids_", "workload_effects_",
         "effect_coef_", "shot_devices_", "shot_coef_", "shot_refs_", "ref_devices_", "ref_residuals_",
-        "interval_halfwidth_",
+        "interval_halfwidth_", "ref_log_times_", "reference_models_",
     )
 
     def __init__(
@@ -88,6 +116,9 @@ class DeviceTransferRegressor(Regressor):
         interaction_degree: int = 1,
         alpha: float = 1.0,
         shot_alpha: float = 5.0,
+        reference_weight: float = 0.5,
+        reference_alphas: Sequence[float] = (1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e5),
+        min_reference_shots: int = 3,
         interval_level: float = 0.9,
         log_target: bool = True,
     ) -> None:
@@ -102,6 +133,9 @@ class DeviceTransferRegressor(Regressor):
         self.interaction_degree = interaction_degree
         self.alpha = alpha
         self.shot_alpha = shot_alpha
+        self.reference_weight = reference_weight
+        self.reference_alphas = reference_alphas
+        self.min_reference_shots = min_reference_shots
         self.interval_level = interval_level
         self.log_target = log_target
 
@@ -178,18 +212,84 @@ class DeviceTransferRegressor(Regressor):
         self.effect_coef_ = _ridge(P, self.workload_effects_, penalty)
         self.shot_devices_, self.shot_refs_ = [], np.zeros(0, int)
         self.shot_coef_ = np.zeros((0, Z.shape[1] + 2))
+        self.reference_models_ = []
         residual = t - self._predict_log(X)
         self._store_reference_residuals(X[full], residual[full])
+        self.ref_log_times_ = self._reference_table(X[full], tf)
         self._fit_shots(X, residual)
+        self._fit_reference_models(X[~full], t[~full])
 
     def _store_reference_residuals(self, X: pd.DataFrame, residual: np.ndarray) -> None:
         """In-sample log residual of each (fully profiled device, workload): what hardware leaves out."""
         self.ref_devices_ = sorted(set(X[self.device_col].astype(str)))
+        self.ref_residuals_ = self._reference_table(X, residual)
+
+    def _reference_table(self, X: pd.DataFrame, values: np.ndarray) -> np.ndarray:
+        """``values`` of the fully profiled rows as a (reference device x workload) table, NaN where unrun."""
         lookup = {w: i for i, w in enumerate(self.workload_ids_)}
         table = np.full((len(self.ref_devices_), len(self.workload_ids_)), np.nan)
         rows = X[self.device_col].astype(str).map({d: i for i, d in enumerate(self.ref_devices_)}).to_numpy()
-        table[rows, X[self.workload_col].astype(str).map(lookup).to_numpy()] = residual
-        self.ref_residuals_ = table
+        table[rows, X[self.workload_col].astype(str).map(lookup).to_numpy()] = values
+        return table
+
+    def _workload_index(self, X: pd.DataFrame) -> np.ndarray:
+        """Column of each row's workload in the reference tables (-1: run on no fully profiled device)."""
+        lookup = {w: i for i, w in enumerate(self.workload_ids_)}
+        return np.array([lookup.get(w, -1) for w in X[self.workload_col].astype(str)], dtype=np.int64)
+
+    def _reference_times(self, X: pd.DataFrame) -> np.ndarray:
+        """Log times of each row's workload on every reference device (reference x rows; NaN where unrun)."""
+        idx = self._workload_index(X)
+        T = self.ref_log_times_[:, np.maximum(idx, 0)]
+        T[:, idx < 0] = np.nan
+        return T
+
+    def _fit_reference_models(self, X: pd.DataFrame, t: np.ndarray) -> None:
+        """Reference regression of every few-shot device, one model per set of reference devices."""
+        if not len(X) or self.reference_weight == 0:
+            return
+        available = ~np.isnan(self.ref_log_times_)
+        patterns = {tuple(np.flatnonzero(col)) for col in available.T} - {()}
+        devices = X[self.device_col].astype(str).to_numpy()
+        T, Z = self._reference_times(X), self._parts(X)[0]
+        for d in sorted(set(devices)):
+            rows = devices == d
+            for refs in sorted(patterns):
+                usable = rows & ~np.isnan(T[list(refs)]).any(axis=0)
+                if usable.sum() >= max(self.min_reference_shots, 2):
+                    model = self._fit_reference_model(T[:, usable], Z[usable], t[usable], refs)
+                    self.reference_models_.append({"device": d, **model})
+
+    def _fit_reference_model(self, T: np.ndarray, Z: np.ndarray, y: np.ndarray, refs: Sequence[int]) -> dict:
+        """Best base device by leave-one-out constant offset, then the ridge strength by leave-one-out."""
+        n = len(y)
+        def loo_offset_error(e: int) -> float:
+            gap = y - T[e]
+            return float(np.mean(np.abs(gap - (gap.sum() - gap) / (n - 1))))
+        base = min(refs, key=loo_offset_error)
+        A = _reference_design(T, refs, base, Z)
+        best = None
+        for alpha in self.reference_alphas:
+            coef, loo = _loo_ridge(A, y - T[base], np.r_[0.0, np.full(A.shape[1] - 1, float(alpha))])
+            error = float(np.mean(np.abs(loo)))
+            if best is None or error < best[0]:
+                best = (error, coef)
+        return {"refs": [int(e) for e in refs], "base": int(base), "coef": best[1]}
+
+    def _reference_predictions(self, X: pd.DataFrame, device: str) -> np.ndarray:
+        """Reference-regression log times of ``device``'s rows (NaN where no model applies)."""
+        T, Z = self._reference_times(X), self._parts(X)[0]
+        out = np.full(len(X), np.nan)
+        have = ~np.isnan(T)
+        for model in self.reference_models_:
+            if model["device"] != device:
+                continue
+            refs = list(model["refs"])
+            rows = have[refs].all(axis=0) & (have.sum(axis=0) == len(refs))
+            if rows.any():
+                A = _reference_design(T[:, rows], refs, int(model["base"]), Z[rows])
+                out[rows] = T[int(model["base"]), rows] + A @ np.asarray(model["coef"])
+        return out
 
     def _reference_column(self, X: pd.DataFrame, ref: int) -> np.ndarray:
         """Residual of each row's workload on reference device ``ref`` (0 where it never ran there)."""
@@ -278,6 +378,12 @@ class DeviceTransferRegressor(Regressor):
             i = shot_rows[d]
             A = np.hstack([Z1[rows], self._reference_column(X[rows], int(self.shot_refs_[i]))[:, None]])
             out[rows] += A @ self.shot_coef_[i]
+        for d in set(devices) & {m["device"] for m in self.reference_models_}:
+            rows = np.flatnonzero(devices == d)
+            ref = self._reference_predictions(X.iloc[rows], d)
+            ok = ~np.isnan(ref)
+            w = float(self.reference_weight)
+            out[rows[ok]] = (1 - w) * out[rows[ok]] + w * ref[ok]
         return out
 
     def predict(self, X: pd.DataFrame) -> np.ndarray:
