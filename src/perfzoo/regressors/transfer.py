@@ -79,9 +79,10 @@ def _loo_ridge(A: np.ndarray, y: np.ndarray, penalty: np.ndarray) -> tuple[np.nd
 
 
 def _reference_design(T: np.ndarray, refs: Sequence[int], base: int, Z: np.ndarray) -> np.ndarray:
-    """``[1, log t(e) - log t(base) for e in refs other than base, z]`` (``T``: reference x rows)."""
+    """``[1, log t(base), log t(e) - log t(base) for e in refs other than base, z]`` (``T``: reference x
+    rows); the coefficient of ``log t(base)`` is the slope's deviation from 1."""
     diffs = [T[e] - T[base] for e in refs if e != base]
-    return np.column_stack([np.ones(len(Z)), *diffs, Z])
+    return np.column_stack([np.ones(len(Z)), T[base], *diffs, Z])
 
 
 def _poly2(Z: np.ndarray) -> np.ndarray:
