@@ -204,3 +204,17 @@ def test_few_shot_reference_models_survive_save_and_load(tmp_path: Path) -> None
     path = tmp_path / "transfer.json"
     save_regressor(reg, path)
     np.testing.assert_array_equal(load_regressor(path).predict(test), reg.predict(test))
+
+
+def test_a_device_the_other_devices_explain_badly_gets_wider_intervals_from_its_shots() -> None:
+    data = mixed_device_panel(n_workloads=200)
+    noisy = data.copy()
+    e = noisy["device"] == "E"
+    noisy.loc[e, "latency_ms"] *= np.exp(np.random.default_rng(3).normal(0, 0.2, int(e.sum())))
+    widths = {}
+    for name, panel in (("clean", data), ("noisy", noisy)):
+        train, test = few_shot_split(panel, "E", 20)
+        reg = DeviceTransferRegressor(alpha=1e-6).fit(train, train["latency_ms"])
+        lo, hi = reg.predict_interval(test)
+        widths[name] = float(np.median(np.log(hi / lo)))
+    assert widths["noisy"] > 3 * widths["clean"]

@@ -39,7 +39,11 @@ device is held out in turn (with the same number of its rows kept in training as
 training device has, to mimic a few-shot device), the model is refitted on the rest, and the
 ``ceil((n+1)·level)/n`` quantile of the absolute held-out log residuals is the half-width of the
 interval ``[ŷ·exp(-q), ŷ·exp(q)]``. The held-out device is predicted exactly as a new device with k
-shots would be (reference regression included), so the residuals mimic the test situation.
+shots would be (reference regression included), so the residuals mimic the test situation. With at
+least ``min_scaled_shots`` shots, each residual is divided by its device's error scale (the
+leave-one-out error of the reference regression on its shots) and the new device's half-width is that
+quantile times its own scale (normalised conformal scores), so a device whose shots the other devices
+explain badly gets a wider interval.
 """
 
 from __future__ import annotations
@@ -101,7 +105,7 @@ class DeviceTransferRegressor(Regressor):
     _required_state: ClassVar[tuple[str, ...]] = (
         "feature_names_", "coef_", "z_mean_", "z_scale_", "h_mean_", "workload_ids_", "workload_effects_",
         "effect_coef_", "shot_devices_", "shot_coef_", "shot_refs_", "ref_devices_", "ref_residuals_",
-        "interval_halfwidth_", "ref_log_times_", "reference_models_",
+        "interval_halfwidth_", "ref_log_times_", "reference_models_", "scaled_halfwidth_",
     )
 
     def __init__(
@@ -120,6 +124,7 @@ class DeviceTransferRegressor(Regressor):
         reference_weight: float = 0.5,
         reference_alphas: Sequence[float] = (1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e5),
         min_reference_shots: int = 3,
+        min_scaled_shots: int = 10,
         interval_level: float = 0.9,
         log_target: bool = True,
     ) -> None:
@@ -137,6 +142,7 @@ class DeviceTransferRegressor(Regressor):
         self.reference_weight = reference_weight
         self.reference_alphas = reference_alphas
         self.min_reference_shots = min_reference_shots
+        self.min_scaled_shots = min_scaled_shots
         self.interval_level = interval_level
         self.log_target = log_target
 
@@ -275,7 +281,21 @@ class DeviceTransferRegressor(Regressor):
             error = float(np.mean(np.abs(loo)))
             if best is None or error < best[0]:
                 best = (error, coef)
-        return {"refs": [int(e) for e in refs], "base": int(base), "coef": best[1]}
+        return {"refs": [int(e) for e in refs], "base": int(base), "coef": best[1], "n_shots": n,
+                "loo_abs_error": best[0]}
+
+    def _device_scales(self) -> dict[str, float]:
+        """Leave-one-out mean absolute log error on its shots of each few-shot device's reference model
+        (the one with the most reference devices, then the most shots): the device's error scale. Only
+        models fitted on at least ``min_scaled_shots`` shots count (fewer give too noisy a scale)."""
+        scales: dict[str, tuple[int, int, float]] = {}
+        for m in self.reference_models_:
+            if int(m["n_shots"]) < self.min_scaled_shots:
+                continue
+            key = (len(m["refs"]), int(m["n_shots"]), float(m["loo_abs_error"]))
+            if m["device"] not in scales or key[:2] > scales[m["device"]][:2]:
+                scales[m["device"]] = key
+        return {d: key[2] for d, key in scales.items() if key[2] > 0}
 
     def _reference_predictions(self, X: pd.DataFrame, device: str) -> np.ndarray:
         """Reference-regression log times of ``device``'s rows (NaN where no model applies)."""
@@ -330,26 +350,31 @@ class DeviceTransferRegressor(Regressor):
         t = self._encode_target(y, len(X))
         self.feature_names_ = [*self.workload_features, *self.device_features, *self.row_features]
         self.n_features_in_ = len(self.feature_names_)
-        self.interval_halfwidth_ = self._conformal(X, t)
+        self.interval_halfwidth_, self.scaled_halfwidth_ = self._conformal(X, t)
         self._fit_core(X, t)
         return self
 
-    def _conformal(self, X: pd.DataFrame, t: np.ndarray) -> float:
-        """Inner leave-one-group-out absolute log residuals -> conformal half-width (inf if < 2 groups).
+    def _conformal(self, X: pd.DataFrame, t: np.ndarray) -> tuple[float, float]:
+        """Inner leave-one-group-out absolute log residuals -> conformal half-width (inf if < 2 groups),
+        and the half-width of the residuals divided by their device's error scale (NaN without shots).
 
         Groups are the fully profiled devices (or their ``group_col`` value, e.g. the GPU model when one
         GPU appears under two software versions). When the training data hold a few-shot device with k
-        rows, each inner held-out group keeps k random rows of each of its devices in training.
+        rows, each inner held-out group keeps k random rows of each of its devices in training, and each
+        residual is also divided by the leave-one-out error of its device's reference model on those k
+        rows (normalised conformal scores; Papadopoulos et al., "Normalized nonconformity measures for
+        regression conformal prediction"), so that a device whose shots are fitted badly gets a wider
+        interval (only with at least ``min_scaled_shots`` shots).
         """
         few = self._few_shot_mask(X)
         devices = X[self.device_col].astype(str).to_numpy()
         groups = X[self.group_col or self.device_col].astype(str).to_numpy()
         names = np.unique(groups[~few])
         if len(names) < 2:
-            return math.inf
+            return math.inf, math.nan
         shots = int(pd.Series(devices[few]).value_counts().max()) if few.any() else 0
         rng = np.random.default_rng(0)
-        residuals = []
+        residuals, scaled = [], []
         for name in names:
             held = np.flatnonzero((groups == name) & ~few)
             kept = [rng.choice(rows, size=min(shots, len(rows) - 1), replace=False)
@@ -358,8 +383,13 @@ class DeviceTransferRegressor(Regressor):
             train = np.setdiff1d(np.flatnonzero(~few), test)
             inner = DeviceTransferRegressor(**self.get_params())
             inner._fit_core(X.iloc[train], t[train])
-            residuals.append(t[test] - inner._predict_log(X.iloc[test]))
-        return conformal_halfwidth(np.abs(np.concatenate(residuals)), float(self.interval_level))
+            residuals.append(np.abs(t[test] - inner._predict_log(X.iloc[test])))
+            scale = pd.Series(devices[test]).map(inner._device_scales()).to_numpy(dtype=np.float64)
+            scaled.append((residuals[-1] / scale)[np.isfinite(scale)])
+        level = float(self.interval_level)
+        scaled_all = np.concatenate(scaled)
+        return (conformal_halfwidth(np.concatenate(residuals), level),
+                conformal_halfwidth(scaled_all, level) if len(scaled_all) else math.nan)
 
     # -- predict
 
@@ -397,5 +427,9 @@ class DeviceTransferRegressor(Regressor):
             raise InputError("device_transfer: intervals need log_target=True")
         self._check(X)
         z = self._predict_log(X)
-        q = float(self.interval_halfwidth_)
+        q = np.full(len(X), float(self.interval_halfwidth_))
+        if not math.isnan(self.scaled_halfwidth_):
+            scale = X[self.device_col].astype(str).map(self._device_scales()).to_numpy(dtype=np.float64)
+            known = np.isfinite(scale)
+            q[known] = float(self.scaled_halfwidth_) * scale[known]
         return np.exp(z - q), np.exp(z + q)
