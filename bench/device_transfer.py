@@ -4,9 +4,10 @@ Reads timm's published benchmark CSVs (``benchmark-infer-amp-*.csv``) from a dir
 default ``../shared/data/timm-benchmark``) and scores, per held-out GPU:
 
 - ``device_transfer`` (perfzoo.regressors.transfer.DeviceTransferRegressor, class defaults: roofline model
-  blended with reference regression for a few-shot device), leave-one-GPU-out (k = 0) and few-shot (k
-  configs of each held-out file in training, several random draws; ``--k``), and two ablations:
-  ``roofline_only`` (``reference_weight=0``) and ``reference_only`` (``reference_weight=1``);
+  blended with reference regression for a few-shot device, blend weight chosen by the inner
+  leave-one-GPU-out on the training GPUs), leave-one-GPU-out (k = 0) and few-shot (k configs of each
+  held-out file in training, several random draws; ``--k``), and three ablations with a fixed weight:
+  ``roofline_only`` (``reference_weight=0``), ``blend_half`` (0.5) and ``reference_only`` (1);
 - baselines: nearest profiled config scaled by FLOPs; same workload on the nearest device scaled by
   peak FLOP/s, and by memory bandwidth; for few-shot also one constant device factor fitted on the same
   k configs, on the nearest device by specs and on the reference device whose factor fits the k shots
@@ -67,7 +68,7 @@ HARDWARE = ["hw_peak_gflops", "hw_mem_bw_gbs"]
 DEGREE = [1]  # interaction degree, set from --degree
 #: method name -> DeviceTransferRegressor parameters besides the shared ones
 METHODS = {"device_transfer": {}, "roofline_only": {"reference_weight": 0.0},
-           "reference_only": {"reference_weight": 1.0}}
+           "blend_half": {"reference_weight": 0.5}, "reference_only": {"reference_weight": 1.0}}
 
 
 def load(directory: Path) -> pd.DataFrame:
@@ -202,6 +203,7 @@ def evaluate_fold(data: pd.DataFrame, gpu: str, k: int, seed: int) -> dict[str, 
         row[method] = finite_mape(y, reg.predict(test))
         lo, hi = reg.predict_interval(test)
         row[f"{method}_coverage90"] = float(np.mean((y >= lo) & (y <= hi)) * 100)
+        row[f"{method}_weight"] = reg.reference_weight_
     base_train = train[~train.index.isin(shots)]
     base = device_baselines(base_train, test)
     row.update({"baseline_flops_nearest_config": finite_mape(y, flops_baseline(base_train, test)),

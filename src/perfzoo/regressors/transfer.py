@@ -26,8 +26,10 @@ offset fits the k shots best (leave-one-out), and ``beta, gamma`` ridge-shrunk t
 "one constant factor on the best reference device"; the ridge strength is chosen from
 ``reference_alphas`` by the closed-form leave-one-out error on the k shots alone. One such model is
 fitted per set of reference devices that ran a workload (a workload missing on one device uses the
-others). The prediction is ``reference_weight`` times that plus ``1 - reference_weight`` times the
-model above (geometric blend); a workload run on no fully profiled device gets the model above alone.
+others). The prediction is ``w`` times that plus ``1 - w`` times the model above (geometric blend); a
+workload run on no fully profiled device gets the model above alone. ``w = reference_weight`` when
+given; by default it is chosen from ``reference_weights`` by the inner leave-one-device-out below (the
+training devices, each reduced to k shots, predicted by each blend): no row of the new device is used.
 
 ``u`` is removed by the within-workload transformation (each column and the target minus its mean over
 the workload's rows), so ``B`` and ``c`` come from how times *differ between devices* for the same
@@ -89,6 +91,13 @@ def _reference_design(T: np.ndarray, refs: Sequence[int], base: int, Z: np.ndarr
     return np.column_stack([np.ones(len(Z)), T[base], *diffs, Z])
 
 
+def _blends(roofline: np.ndarray, reference: np.ndarray, weights: Sequence[float]) -> np.ndarray:
+    """``(1 - w) roofline + w reference`` per weight (columns); the roofline value where reference is NaN."""
+    w = np.asarray(weights, dtype=np.float64)[None, :]
+    blend = (1 - w) * roofline[:, None] + w * reference[:, None]
+    return np.where(np.isnan(reference)[:, None], roofline[:, None], blend)
+
+
 def _poly2(Z: np.ndarray) -> np.ndarray:
     """``[1, z, z_i z_j (i <= j)]`` for standardised workload features."""
     n, q = Z.shape
@@ -105,7 +114,7 @@ class DeviceTransferRegressor(Regressor):
     _required_state: ClassVar[tuple[str, ...]] = (
         "feature_names_", "coef_", "z_mean_", "z_scale_", "h_mean_", "workload_ids_", "workload_effects_",
         "effect_coef_", "shot_devices_", "shot_coef_", "shot_refs_", "ref_devices_", "ref_residuals_",
-        "interval_halfwidth_", "ref_log_times_", "reference_models_", "scaled_halfwidth_",
+        "interval_halfwidth_", "ref_log_times_", "reference_models_", "scaled_halfwidth_", "reference_weight_",
     )
 
     def __init__(
@@ -121,7 +130,8 @@ class DeviceTransferRegressor(Regressor):
         interaction_degree: int = 1,
         alpha: float = 1.0,
         shot_alpha: float = 5.0,
-        reference_weight: float = 0.5,
+        reference_weight: float | None = None,
+        reference_weights: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
         reference_alphas: Sequence[float] = (1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e5),
         min_reference_shots: int = 3,
         min_scaled_shots: int = 10,
@@ -140,6 +150,7 @@ class DeviceTransferRegressor(Regressor):
         self.alpha = alpha
         self.shot_alpha = shot_alpha
         self.reference_weight = reference_weight
+        self.reference_weights = reference_weights
         self.reference_alphas = reference_alphas
         self.min_reference_shots = min_reference_shots
         self.min_scaled_shots = min_scaled_shots
@@ -220,7 +231,7 @@ class DeviceTransferRegressor(Regressor):
         self.shot_devices_, self.shot_refs_ = [], np.zeros(0, int)
         self.shot_coef_ = np.zeros((0, Z.shape[1] + 2))
         self.reference_models_ = []
-        residual = t - self._predict_log(X)
+        residual = t - self._predict_components(X)[0]
         self._store_reference_residuals(X[full], residual[full])
         self.ref_log_times_ = self._reference_table(X[full], tf)
         self._fit_shots(X, residual)
@@ -350,13 +361,18 @@ class DeviceTransferRegressor(Regressor):
         t = self._encode_target(y, len(X))
         self.feature_names_ = [*self.workload_features, *self.device_features, *self.row_features]
         self.n_features_in_ = len(self.feature_names_)
-        self.interval_halfwidth_, self.scaled_halfwidth_ = self._conformal(X, t)
+        self.interval_halfwidth_, self.scaled_halfwidth_, self.reference_weight_ = self._conformal(X, t)
         self._fit_core(X, t)
         return self
 
-    def _conformal(self, X: pd.DataFrame, t: np.ndarray) -> tuple[float, float]:
+    def _candidate_weights(self) -> list[float]:
+        return [float(self.reference_weight)] if self.reference_weight is not None else \
+            [float(w) for w in self.reference_weights]
+
+    def _conformal(self, X: pd.DataFrame, t: np.ndarray) -> tuple[float, float, float]:
         """Inner leave-one-group-out absolute log residuals -> conformal half-width (inf if < 2 groups),
-        and the half-width of the residuals divided by their device's error scale (NaN without shots).
+        the half-width of the residuals divided by their device's error scale (NaN without shots), and
+        the blend weight (of :meth:`_candidate_weights`) with the lowest mean absolute inner residual.
 
         Groups are the fully profiled devices (or their ``group_col`` value, e.g. the GPU model when one
         GPU appears under two software versions). When the training data hold a few-shot device with k
@@ -370,11 +386,12 @@ class DeviceTransferRegressor(Regressor):
         devices = X[self.device_col].astype(str).to_numpy()
         groups = X[self.group_col or self.device_col].astype(str).to_numpy()
         names = np.unique(groups[~few])
+        weights = self._candidate_weights()
         if len(names) < 2:
-            return math.inf, math.nan
+            return math.inf, math.nan, weights[len(weights) // 2]
         shots = int(pd.Series(devices[few]).value_counts().max()) if few.any() else 0
         rng = np.random.default_rng(0)
-        residuals, scaled = [], []
+        residuals, scales = [], []
         for name in names:
             held = np.flatnonzero((groups == name) & ~few)
             kept = [rng.choice(rows, size=min(shots, len(rows) - 1), replace=False)
@@ -383,17 +400,21 @@ class DeviceTransferRegressor(Regressor):
             train = np.setdiff1d(np.flatnonzero(~few), test)
             inner = DeviceTransferRegressor(**self.get_params())
             inner._fit_core(X.iloc[train], t[train])
-            residuals.append(np.abs(t[test] - inner._predict_log(X.iloc[test])))
-            scale = pd.Series(devices[test]).map(inner._device_scales()).to_numpy(dtype=np.float64)
-            scaled.append((residuals[-1] / scale)[np.isfinite(scale)])
-        level = float(self.interval_level)
-        scaled_all = np.concatenate(scaled)
-        return (conformal_halfwidth(np.concatenate(residuals), level),
-                conformal_halfwidth(scaled_all, level) if len(scaled_all) else math.nan)
+            roofline, reference = inner._predict_components(X.iloc[test])
+            residuals.append(np.abs(t[test, None] - _blends(roofline, reference, weights)))
+            scales.append(pd.Series(devices[test]).map(inner._device_scales()).to_numpy(dtype=np.float64))
+        residual, scale = np.concatenate(residuals), np.concatenate(scales)
+        best = int(np.argmin(residual.mean(axis=0)))
+        level, known = float(self.interval_level), np.isfinite(scale)
+        return (conformal_halfwidth(residual[:, best], level),
+                conformal_halfwidth(residual[known, best] / scale[known], level) if known.any() else math.nan,
+                weights[best])
 
     # -- predict
 
-    def _predict_log(self, X: pd.DataFrame) -> np.ndarray:
+    def _predict_components(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        """Log times by the roofline model (with few-shot corrections) and by reference regression (NaN
+        where it does not apply)."""
         Z, H, R = self._parts(X)
         lookup = {w: i for i, w in enumerate(self.workload_ids_)}
         idx = np.array([lookup.get(w, -1) for w in X[self.workload_col].astype(str)], dtype=np.int64)
@@ -409,13 +430,15 @@ class DeviceTransferRegressor(Regressor):
             i = shot_rows[d]
             A = np.hstack([Z1[rows], self._reference_column(X[rows], int(self.shot_refs_[i]))[:, None]])
             out[rows] += A @ self.shot_coef_[i]
+        reference = np.full(len(X), np.nan)
         for d in set(devices) & {m["device"] for m in self.reference_models_}:
             rows = np.flatnonzero(devices == d)
-            ref = self._reference_predictions(X.iloc[rows], d)
-            ok = ~np.isnan(ref)
-            w = float(self.reference_weight)
-            out[rows[ok]] = (1 - w) * out[rows[ok]] + w * ref[ok]
-        return out
+            reference[rows] = self._reference_predictions(X.iloc[rows], d)
+        return out, reference
+
+    def _predict_log(self, X: pd.DataFrame) -> np.ndarray:
+        roofline, reference = self._predict_components(X)
+        return _blends(roofline, reference, [float(self.reference_weight_)])[:, 0]
 
     def predict(self, X: pd.DataFrame) -> np.ndarray:
         self._check(X)
