@@ -7,17 +7,17 @@ out each architecture family in turn (family = the timm module that defines the 
 ones in the CSVs: FLOPs (2 × ``infer_gmacs``), activation bytes (2 × ``infer_macts``), weight bytes
 (2 × ``param_count``), batch size and image size.
 
-Regressors (perfzoo, log target): ``linear`` (ridge on standardised log features), ``xgboost``,
-``extra_trees``. Baselines: the nearest training config (standardised log features) scaled by the FLOPs
+Regressors (perfzoo, log target, fixed parameters): ``linear`` (ridge on standardised log features) and
+``extra_trees`` by default; ``xgboost`` and ``poly_lasso`` (degree 2) on request. Baselines: the nearest training config (standardised log features) scaled by the FLOPs
 ratio (``perfzoo.regressors.baselines.flops_nearest``), one constant time per FLOP (geometric mean over
 the training families), and the roofline time (max of compute and memory time from the GPU's spec sheet)
 times one constant factor (``roofline``). The per-device baselines of the project (same workload on
 another device) do not apply: a held-out family has no row on this file.
 
 MAPE in % pooled over every row of the file (each row predicted once, when its family is held out);
-also the median over families of the per-family MAPE.
+also the median over families of the per-family MAPE. The per-file summary is written to ``--out``.
 
-Usage: ``PYTHONPATH=src python bench/timm_family.py [DIR] [--regressors linear xgboost extra_trees]``
+Usage: ``PYTHONPATH=src python bench/timm_family.py [DIR] [--regressors linear extra_trees [xgboost poly_lasso]]``
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ FEATURES = ["flops", "activation_bytes", "weight_bytes", "batch", "resolution"]
 REGRESSORS = {
     "linear": {"alpha": 1.0},
     "xgboost": {"n_estimators": 300, "learning_rate": 0.05, "max_depth": 6},
-    "extra_trees": {"n_estimators": 100, "min_samples_leaf": 2},
+    "extra_trees": {"n_estimators": 50, "min_samples_leaf": 2},
+    "poly_lasso": {"degree": 2, "alpha": 1e-3},
 }
 
 
@@ -97,17 +98,14 @@ def summarise(rows: pd.DataFrame, pred: pd.DataFrame) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory", nargs="?", default="../shared/data/timm-benchmark", type=Path)
-    parser.add_argument("--regressors", nargs="+", default=list(REGRESSORS), choices=list(REGRESSORS))
+    parser.add_argument("--regressors", nargs="+", default=["linear", "extra_trees"], choices=list(REGRESSORS))
     parser.add_argument("--out", type=Path, default=Path("bench/timm_family.csv"))
     args = parser.parse_args(argv)
     start = time.perf_counter()
     data = with_families(load(args.directory))
     print(f"{len(data)} rows, {data['family'].nunique()} families, {data['device'].nunique()} files")
-    summaries, frames = [], []
-    for device, rows in data.groupby("device", sort=True):
-        pred = predict_file(rows, args.regressors)
-        summaries.append(summarise(rows, pred))
-        frames.append(pd.concat([rows[["device", "model_id", "family", "latency_ms"]], pred], axis=1))
+    summaries = [summarise(rows, predict_file(rows, args.regressors))
+                 for _, rows in data.groupby("device", sort=True)]
     table = pd.DataFrame(summaries)
     methods = [*args.regressors, "baseline_flops_nearest_config", "baseline_time_per_flop", "baseline_roofline"]
     table["best_baseline"] = table[[m for m in methods if m.startswith("baseline_")]].min(axis=1)
@@ -115,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     for kind, ratio in zip(args.regressors, ratios):
         table[ratio] = table["best_baseline"] / table[kind]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    pd.concat(frames).to_csv(args.out, index=False)
+    table.to_csv(args.out, index=False)
     print(table[["device", "rows", "families", *methods, *ratios]].round(2).to_markdown(index=False))
     print("\nmedian over families of the per-family MAPE:")
     print(table[["device", *[f"{m}_family_median" for m in methods]]].round(2).to_markdown(index=False))
