@@ -218,3 +218,24 @@ def test_a_device_the_other_devices_explain_badly_gets_wider_intervals_from_its_
         lo, hi = reg.predict_interval(test)
         widths[name] = float(np.median(np.log(hi / lo)))
     assert widths["noisy"] > 3 * widths["clean"]
+
+
+def test_the_blend_weight_follows_what_predicts_the_training_devices_best() -> None:
+    """Exact roofline devices: the roofline model alone (w = 0). Devices that share a workload factor
+    the features miss (time x exp(v_d g(w))): reference regression alone (w = 1), for the new device too."""
+    exact = roofline_panel(n_workloads=150)
+    shared = exact.copy()
+    rng = np.random.default_rng(5)
+    factor = dict(zip([f"w{i}" for i in range(150)], rng.normal(0, 0.3, 150)))
+    loading = {"A": -1.0, "B": 0.3, "C": 1.0, "D": -0.5}
+    shared["latency_ms"] *= np.exp(shared["device"].map(loading) * shared["model_id"].map(factor))
+    chosen = {}
+    for name, panel in (("exact", exact), ("shared", shared)):
+        train, test = few_shot_split(panel, "D", 20)
+        reg = DeviceTransferRegressor(alpha=1e-6).fit(train, train["latency_ms"])
+        chosen[name] = reg.reference_weight_
+        if name == "shared":
+            assert np.mean(np.abs(reg.predict(test) / test["latency_ms"].to_numpy() - 1)) < 0.01
+    assert chosen == {"exact": 0.0, "shared": 1.0}
+    fixed = DeviceTransferRegressor(reference_weight=0.3).fit(train, train["latency_ms"])
+    assert fixed.reference_weight_ == 0.3
