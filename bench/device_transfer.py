@@ -3,18 +3,26 @@
 Reads timm's published benchmark CSVs (``benchmark-infer-amp-*.csv``) from a directory (argument,
 default ``../shared/data/timm-benchmark``) and scores, per held-out GPU:
 
-- ``device_transfer`` (perfzoo.regressors.transfer.DeviceTransferRegressor), leave-one-GPU-out (k = 0) and
-  few-shot (k = 5, 20 configs of the held-out GPU in training, several random draws);
+- ``device_transfer`` (perfzoo.regressors.transfer.DeviceTransferRegressor, class defaults: roofline model
+  blended with reference regression for a few-shot device, blend weight chosen by the inner
+  leave-one-GPU-out on the training GPUs), leave-one-GPU-out (k = 0) and few-shot (k configs of each
+  held-out file in training, several random draws; ``--k``), and three ablations with a fixed weight:
+  ``roofline_only`` (``reference_weight=0``), ``blend_half`` (0.5) and ``reference_only`` (1);
 - baselines: nearest profiled config scaled by FLOPs; same workload on the nearest device scaled by
   peak FLOP/s, and by memory bandwidth; for few-shot also one constant device factor fitted on the same
-  k configs (times on the nearest device);
+  k configs, on the nearest device by specs and on the reference device whose factor fits the k shots
+  best (leave-one-out on the shots);
 - the coverage of the 90 % conformal intervals, and the floor set by software versions (RTX 4090 under
-  torch 2.4 vs 2.9, one constant factor).
+  torch 2.4 vs 2.9, one constant factor);
+- an upper bound per held-out file (``--upper``): reference regression fitted on half of the file's
+  configs and scored on the other half (2-fold), beside one constant factor on the best other device
+  fitted on all of them.
 
 The target is latency per sample (``infer_step_time / infer_batch_size``): the batch a GPU ran differs
 between files, and per-sample MAPE equals per-step MAPE at the file's batch.
 
-Usage: ``PYTHONPATH=src python bench/device_transfer.py [DIR] [--draws 5] [--degree 1|2] [--out FILE.csv]``
+Usage: ``PYTHONPATH=src python bench/device_transfer.py [DIR] [--draws 5] [--k 0 5 20] [--degree 1|2] [--upper]
+[--out FILE.csv]``
 """
 
 from __future__ import annotations
@@ -58,6 +66,9 @@ GPUS = {
 WORKLOAD = ["flops", "activation_bytes", "weight_bytes"]
 HARDWARE = ["hw_peak_gflops", "hw_mem_bw_gbs"]
 DEGREE = [1]  # interaction degree, set from --degree
+#: method name -> DeviceTransferRegressor parameters besides the shared ones
+METHODS = {"device_transfer": {}, "roofline_only": {"reference_weight": 0.0},
+           "blend_half": {"reference_weight": 0.5}, "reference_only": {"reference_weight": 1.0}}
 
 
 def load(directory: Path) -> pd.DataFrame:
@@ -148,26 +159,81 @@ def constant_factor(train: pd.DataFrame, shots: pd.DataFrame, test: pd.DataFrame
     return pred
 
 
+def log_time_table(train: pd.DataFrame) -> pd.DataFrame:
+    """Log latency per (workload, training device)."""
+    return np.log(train.pivot_table(index="model_id", columns="device", values="latency_ms", aggfunc="first"))
+
+
+def best_reference_factor(train: pd.DataFrame, shots: pd.DataFrame, test: pd.DataFrame) -> np.ndarray:
+    """Per held-out device: the training device whose one constant factor has the lowest leave-one-out
+    error on the k shots, times that factor (fitted on the shots); NaN where it did not run the workload."""
+    table = log_time_table(train)
+    pred = np.full(len(test), np.nan)
+    for device, s in shots.groupby("device"):
+        y = np.log(s.set_index("model_id")["latency_ms"])
+        best = None
+        for ref in table.columns:
+            gap = (y - table[ref].reindex(y.index)).dropna()
+            if len(gap) < 2:
+                continue
+            loo = gap - (gap.sum() - gap) / (len(gap) - 1)
+            if best is None or loo.abs().mean() < best[0]:
+                best = (loo.abs().mean(), ref, gap.mean())
+        m = (test["device"] == device).to_numpy()
+        if best is not None:
+            pred[m] = np.exp(table[best[1]].reindex(test.loc[m, "model_id"]).to_numpy() + best[2])
+    return pred
+
+
+def fit_method(train: pd.DataFrame, method: str, **extra: object) -> DeviceTransferRegressor:
+    reg = DeviceTransferRegressor(workload_features=WORKLOAD, group_col="gpu", interaction_degree=DEGREE[0],
+                                  **METHODS[method], **extra)
+    return reg.fit(train, train["latency_ms"])
+
+
 def evaluate_fold(data: pd.DataFrame, gpu: str, k: int, seed: int) -> dict[str, float]:
     held = data["gpu"] == gpu
     shots = shot_rows(data, held, k, np.random.default_rng(seed)) if k else np.array([], dtype=int)
     train = data[~held | data.index.isin(shots)]
     test = data[held & ~data.index.isin(shots)]
-    reg = DeviceTransferRegressor(workload_features=WORKLOAD, group_col="gpu", interaction_degree=DEGREE[0]).fit(train, train["latency_ms"])
     y = test["latency_ms"].to_numpy()
-    pred = reg.predict(test)
-    lo, hi = reg.predict_interval(test)
+    row: dict[str, float] = {"gpu": gpu, "k": k, "seed": seed, "n_test": len(test)}
+    for method in METHODS if k else ["device_transfer"]:
+        reg = fit_method(train, method)
+        row[method] = finite_mape(y, reg.predict(test))
+        lo, hi = reg.predict_interval(test)
+        row[f"{method}_coverage90"] = float(np.mean((y >= lo) & (y <= hi)) * 100)
+        row[f"{method}_weight"] = reg.reference_weight_
     base_train = train[~train.index.isin(shots)]
     base = device_baselines(base_train, test)
-    row = {"gpu": gpu, "k": k, "seed": seed, "n_test": len(test), "device_transfer": finite_mape(y, pred),
-           "coverage90": float(np.mean((y >= lo) & (y <= hi)) * 100),
-           "baseline_flops_nearest_config": finite_mape(y, flops_baseline(base_train, test)),
-           "baseline_peak_flops": finite_mape(y, base["peak"].to_numpy()),
-           "baseline_bandwidth": finite_mape(y, base["bandwidth"].to_numpy()),
-           "baseline_coverage": float(base["peak"].notna().mean() * 100)}
+    row.update({"baseline_flops_nearest_config": finite_mape(y, flops_baseline(base_train, test)),
+                "baseline_peak_flops": finite_mape(y, base["peak"].to_numpy()),
+                "baseline_bandwidth": finite_mape(y, base["bandwidth"].to_numpy()),
+                "baseline_coverage": float(base["peak"].notna().mean() * 100)})
     if k:
-        row["constant_factor_k"] = finite_mape(y, constant_factor(base_train, data.loc[shots], test, base))
+        row["constant_factor_nearest_k"] = finite_mape(y, constant_factor(base_train, data.loc[shots], test, base))
+        row["constant_factor_best_k"] = finite_mape(y, best_reference_factor(base_train, data.loc[shots], test))
     return row
+
+
+def upper_bound(data: pd.DataFrame, device: str) -> dict[str, float]:
+    """Reference regression with half of ``device``'s configs in training (2-fold, scored on the other
+    half) and one constant factor on the best other GPU's file fitted on all of them (in-sample)."""
+    gpu = data.loc[data["device"] == device, "gpu"].iloc[0]
+    rows = data.index[data["device"] == device].to_numpy()
+    halves = np.array_split(np.random.default_rng(0).permutation(rows), 2)
+    others = data[data["gpu"] != gpu]
+    y_all, pred = data.loc[rows, "latency_ms"], pd.Series(np.nan, index=rows)
+    for shots, test in (halves, halves[::-1]):
+        train = pd.concat([others, data.loc[shots]])
+        reg = fit_method(train, "reference_only", few_shot_max_rows=len(shots))
+        pred[test] = reg.predict(data.loc[test])
+    table = log_time_table(others)
+    y = np.log(data.loc[rows].set_index("model_id")["latency_ms"])
+    factor = min(finite_mape(np.exp(y.to_numpy()), np.exp((table[ref].reindex(y.index) + g.mean()).to_numpy()))
+                 for ref in table.columns for g in [(y - table[ref].reindex(y.index)).dropna()])
+    return {"device": device, "n": len(rows), "reference_regression_half": finite_mape(y_all.to_numpy(), pred.to_numpy()),
+            "constant_factor_best_all": factor}
 
 
 def software_floor(data: pd.DataFrame) -> float:
@@ -183,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory", nargs="?", default="../shared/data/timm-benchmark", type=Path)
     parser.add_argument("--draws", type=int, default=5)
+    parser.add_argument("--k", type=int, nargs="+", default=[0, 5, 20], help="configs of the held-out GPU in training")
     parser.add_argument("--degree", type=int, choices=(1, 2), default=1, help="interaction degree of device_transfer")
+    parser.add_argument("--upper", action="store_true", help="also the upper bound with half of each file in training")
     parser.add_argument("--out", type=Path, default=Path("bench/device_transfer.csv"))
     args = parser.parse_args(argv)
     DEGREE[0] = args.degree
@@ -191,18 +259,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(data)} rows, {data['model_id'].nunique()} workloads, devices: {sorted(data['device'].unique())}")
     rows = []
     for gpu in sorted(data["gpu"].unique()):
-        rows.append(evaluate_fold(data, gpu, 0, 0))
-        for k in (5, 20):
-            rows += [evaluate_fold(data, gpu, k, seed) for seed in range(args.draws)]
+        for k in args.k:
+            rows += [evaluate_fold(data, gpu, k, seed) for seed in range(args.draws if k else 1)]
     table = pd.DataFrame(rows)
     summary = table.drop(columns="seed").groupby(["gpu", "k"], sort=True).mean().reset_index()
     baselines = [c for c in summary.columns if c.startswith("baseline_") and c != "baseline_coverage"]
-    summary["best_baseline"] = summary[baselines + (["constant_factor_k"] if "constant_factor_k" in summary else [])].min(axis=1)
-    summary["improvement_x"] = summary["best_baseline"] / summary["device_transfer"]
+    summary["best_baseline"] = summary[baselines].min(axis=1)
+    summary["best_baseline_x"] = summary["best_baseline"] / summary["device_transfer"]
+    if "constant_factor_best_k" in summary:
+        factors = summary[["constant_factor_nearest_k", "constant_factor_best_k"]].min(axis=1)
+        summary["best_factor_x"] = factors / summary["device_transfer"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out, index=False)
     pd.set_option("display.width", 250)
     print(summary.round(2).to_markdown(index=False))
+    if args.upper:
+        upper = pd.DataFrame([upper_bound(data, device) for device in sorted(data["device"].unique())])
+        print("\nupper bound (half of the held-out file in training):")
+        print(upper.round(2).to_markdown(index=False))
     print(f"\nsoftware-version floor (RTX 4090 torch 2.4 -> 2.9, one factor): {software_floor(data):.2f} % MAPE")
     return 0
 

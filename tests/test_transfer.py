@@ -156,3 +156,86 @@ def test_predict_prints_the_conformal_interval_of_a_device_transfer_predictor() 
     np.testing.assert_allclose(lo, expected_lo)
     np.testing.assert_allclose(hi, expected_hi)
     assert "conformal" in method
+
+
+def mixed_device_panel(n_workloads: int = 120) -> pd.DataFrame:
+    """Roofline devices A-D plus E, whose time is 1.2 x the geometric mean of A's and C's times x
+    (FLOPs / mean FLOPs)^0.05: a device its spec sheet does not describe, but the other devices do."""
+    data = roofline_panel(n_workloads=n_workloads)
+    a = data[data["device"] == "A"].reset_index(drop=True)
+    c = data[data["device"] == "C"].reset_index(drop=True)
+    e = a.assign(device="E", hw_peak_gflops=500e3, hw_mem_bw_gbs=800.0)
+    log_flops = np.log(a["flops"])
+    e["latency_ms"] = 1.2 * np.sqrt(a["latency_ms"] * c["latency_ms"]) * np.exp(0.05 * (log_flops - log_flops.mean()))
+    return pd.concat([data, e], ignore_index=True)
+
+
+def few_shot_split(data: pd.DataFrame, device: str, k: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    train, test = held_out(data, device)
+    shots = test.sample(k, random_state=0)
+    return pd.concat([train, shots]), test.drop(shots.index)
+
+
+def test_reference_regression_recovers_a_device_the_other_devices_span_from_twenty_shots() -> None:
+    train, test = few_shot_split(mixed_device_panel(), "E", 20)
+    y = test["latency_ms"].to_numpy()
+    err = {}
+    for name, weight in (("roofline", 0.0), ("reference", 1.0)):
+        reg = DeviceTransferRegressor(alpha=1e-6, reference_weight=weight).fit(train, train["latency_ms"])
+        err[name] = np.mean(np.abs(reg.predict(test) / y - 1))
+    assert err["reference"] < 0.005
+    assert err["roofline"] > 5 * err["reference"]
+
+
+def test_a_workload_missing_on_one_reference_device_is_predicted_from_the_others() -> None:
+    train, test = few_shot_split(mixed_device_panel(), "E", 20)
+    missing = test["model_id"].iloc[0]
+    train = train[~((train["device"] == "B") & (train["model_id"] == missing))]
+    reg = DeviceTransferRegressor(alpha=1e-6, reference_weight=1.0).fit(train, train["latency_ms"])
+    assert any(len(m["refs"]) == 3 for m in reg.reference_models_)  # the model without device B
+    row = test.iloc[:1]
+    assert abs(reg.predict(row)[0] / row["latency_ms"].iloc[0] - 1) < 0.01
+
+
+def test_few_shot_reference_models_survive_save_and_load(tmp_path: Path) -> None:
+    train, test = few_shot_split(mixed_device_panel(), "E", 20)
+    reg = DeviceTransferRegressor(alpha=1e-6).fit(train, train["latency_ms"])
+    assert reg.reference_models_
+    path = tmp_path / "transfer.json"
+    save_regressor(reg, path)
+    np.testing.assert_array_equal(load_regressor(path).predict(test), reg.predict(test))
+
+
+def test_a_device_the_other_devices_explain_badly_gets_wider_intervals_from_its_shots() -> None:
+    data = mixed_device_panel(n_workloads=200)
+    noisy = data.copy()
+    e = noisy["device"] == "E"
+    noisy.loc[e, "latency_ms"] *= np.exp(np.random.default_rng(3).normal(0, 0.2, int(e.sum())))
+    widths = {}
+    for name, panel in (("clean", data), ("noisy", noisy)):
+        train, test = few_shot_split(panel, "E", 20)
+        reg = DeviceTransferRegressor(alpha=1e-6).fit(train, train["latency_ms"])
+        lo, hi = reg.predict_interval(test)
+        widths[name] = float(np.median(np.log(hi / lo)))
+    assert widths["noisy"] > 3 * widths["clean"]
+
+
+def test_the_blend_weight_follows_what_predicts_the_training_devices_best() -> None:
+    """Exact roofline devices: the roofline model alone (w = 0). Devices that share a workload factor
+    the features miss (time x exp(v_d g(w))): reference regression alone (w = 1), for the new device too."""
+    exact = roofline_panel(n_workloads=150)
+    shared = exact.copy()
+    rng = np.random.default_rng(5)
+    factor = dict(zip([f"w{i}" for i in range(150)], rng.normal(0, 0.3, 150)))
+    loading = {"A": -1.0, "B": 0.3, "C": 1.0, "D": -0.5}
+    shared["latency_ms"] *= np.exp(shared["device"].map(loading) * shared["model_id"].map(factor))
+    chosen = {}
+    for name, panel in (("exact", exact), ("shared", shared)):
+        train, test = few_shot_split(panel, "D", 20)
+        reg = DeviceTransferRegressor(alpha=1e-6).fit(train, train["latency_ms"])
+        chosen[name] = reg.reference_weight_
+        if name == "shared":
+            assert np.mean(np.abs(reg.predict(test) / test["latency_ms"].to_numpy() - 1)) < 0.01
+    assert chosen == {"exact": 0.0, "shared": 1.0}
+    fixed = DeviceTransferRegressor(reference_weight=0.3).fit(train, train["latency_ms"])
+    assert fixed.reference_weight_ == 0.3

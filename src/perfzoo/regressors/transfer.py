@@ -16,6 +16,21 @@ The model (fitted jointly, by ridge least squares, on the logarithm of the targe
   ridge-shrunk towards zero (``shot_alpha``), so a device with k = 5 or 20 measured configs gets a
   correction fitted on exactly those rows, and a device without rows (k = 0) gets none.
 
+A few-shot device (at most ``few_shot_max_rows`` rows) is also predicted by *reference regression*, a
+low-rank completion of the (workload x device) matrix of log times::
+
+    log t(w, d) = log t(w, b) + c + sum_{e != b} beta_e (log t(w, e) - log t(w, b)) + gamma . z(w)
+
+over the fully profiled devices ``e`` that ran ``w``, with ``b`` the reference device whose constant
+offset fits the k shots best (leave-one-out), and ``beta, gamma`` ridge-shrunk towards zero, i.e. towards
+"one constant factor on the best reference device"; the ridge strength is chosen from
+``reference_alphas`` by the closed-form leave-one-out error on the k shots alone. One such model is
+fitted per set of reference devices that ran a workload (a workload missing on one device uses the
+others). The prediction is ``w`` times that plus ``1 - w`` times the model above (geometric blend); a
+workload run on no fully profiled device gets the model above alone. ``w = reference_weight`` when
+given; by default it is chosen from ``reference_weights`` by the inner leave-one-device-out below (the
+training devices, each reduced to k shots, predicted by each blend): no row of the new device is used.
+
 ``u`` is removed by the within-workload transformation (each column and the target minus its mean over
 the workload's rows), so ``B`` and ``c`` come from how times *differ between devices* for the same
 workload: the fixed-effects estimator of a two-way panel model.
@@ -25,7 +40,12 @@ Lei et al., "Distribution-Free Predictive Inference for Regression") on log resi
 device is held out in turn (with the same number of its rows kept in training as the smallest
 training device has, to mimic a few-shot device), the model is refitted on the rest, and the
 ``ceil((n+1)·level)/n`` quantile of the absolute held-out log residuals is the half-width of the
-interval ``[ŷ·exp(-q), ŷ·exp(q)]``.
+interval ``[ŷ·exp(-q), ŷ·exp(q)]``. The held-out device is predicted exactly as a new device with k
+shots would be (reference regression included), so the residuals mimic the test situation. With at
+least ``min_scaled_shots`` shots, each residual is divided by its device's error scale (the
+leave-one-out error of the reference regression on its shots) and the new device's half-width is that
+quantile times its own scale (normalised conformal scores), so a device whose shots the other devices
+explain badly gets a wider interval.
 """
 
 from __future__ import annotations
@@ -56,6 +76,28 @@ def _group_means(values: np.ndarray, codes: np.ndarray, n_groups: int) -> np.nda
     return sums / counts[:, None]
 
 
+def _loo_ridge(A: np.ndarray, y: np.ndarray, penalty: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ridge coefficients and the closed-form leave-one-out residuals ``e_i / (1 - H_ii)``."""
+    inverse = np.linalg.pinv(A.T @ A + np.diag(penalty))
+    coef = inverse @ A.T @ y
+    leverage = np.einsum("ij,jk,ik->i", A, inverse, A)
+    return coef, (y - A @ coef) / np.maximum(1.0 - leverage, 1e-9)
+
+
+def _reference_design(T: np.ndarray, refs: Sequence[int], base: int, Z: np.ndarray) -> np.ndarray:
+    """``[1, log t(base), log t(e) - log t(base) for e in refs other than base, z]`` (``T``: reference x
+    rows); the coefficient of ``log t(base)`` is the slope's deviation from 1."""
+    diffs = [T[e] - T[base] for e in refs if e != base]
+    return np.column_stack([np.ones(len(Z)), T[base], *diffs, Z])
+
+
+def _blends(roofline: np.ndarray, reference: np.ndarray, weights: Sequence[float]) -> np.ndarray:
+    """``(1 - w) roofline + w reference`` per weight (columns); the roofline value where reference is NaN."""
+    w = np.asarray(weights, dtype=np.float64)[None, :]
+    blend = (1 - w) * roofline[:, None] + w * reference[:, None]
+    return np.where(np.isnan(reference)[:, None], roofline[:, None], blend)
+
+
 def _poly2(Z: np.ndarray) -> np.ndarray:
     """``[1, z, z_i z_j (i <= j)]`` for standardised workload features."""
     n, q = Z.shape
@@ -72,7 +114,7 @@ class DeviceTransferRegressor(Regressor):
     _required_state: ClassVar[tuple[str, ...]] = (
         "feature_names_", "coef_", "z_mean_", "z_scale_", "h_mean_", "workload_ids_", "workload_effects_",
         "effect_coef_", "shot_devices_", "shot_coef_", "shot_refs_", "ref_devices_", "ref_residuals_",
-        "interval_halfwidth_",
+        "interval_halfwidth_", "ref_log_times_", "reference_models_", "scaled_halfwidth_", "reference_weight_",
     )
 
     def __init__(
@@ -88,6 +130,11 @@ class DeviceTransferRegressor(Regressor):
         interaction_degree: int = 1,
         alpha: float = 1.0,
         shot_alpha: float = 5.0,
+        reference_weight: float | None = None,
+        reference_weights: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
+        reference_alphas: Sequence[float] = (1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e5),
+        min_reference_shots: int = 3,
+        min_scaled_shots: int = 10,
         interval_level: float = 0.9,
         log_target: bool = True,
     ) -> None:
@@ -102,6 +149,11 @@ class DeviceTransferRegressor(Regressor):
         self.interaction_degree = interaction_degree
         self.alpha = alpha
         self.shot_alpha = shot_alpha
+        self.reference_weight = reference_weight
+        self.reference_weights = reference_weights
+        self.reference_alphas = reference_alphas
+        self.min_reference_shots = min_reference_shots
+        self.min_scaled_shots = min_scaled_shots
         self.interval_level = interval_level
         self.log_target = log_target
 
@@ -178,18 +230,98 @@ class DeviceTransferRegressor(Regressor):
         self.effect_coef_ = _ridge(P, self.workload_effects_, penalty)
         self.shot_devices_, self.shot_refs_ = [], np.zeros(0, int)
         self.shot_coef_ = np.zeros((0, Z.shape[1] + 2))
-        residual = t - self._predict_log(X)
+        self.reference_models_ = []
+        residual = t - self._predict_components(X)[0]
         self._store_reference_residuals(X[full], residual[full])
+        self.ref_log_times_ = self._reference_table(X[full], tf)
         self._fit_shots(X, residual)
+        self._fit_reference_models(X[~full], t[~full])
 
     def _store_reference_residuals(self, X: pd.DataFrame, residual: np.ndarray) -> None:
         """In-sample log residual of each (fully profiled device, workload): what hardware leaves out."""
         self.ref_devices_ = sorted(set(X[self.device_col].astype(str)))
+        self.ref_residuals_ = self._reference_table(X, residual)
+
+    def _reference_table(self, X: pd.DataFrame, values: np.ndarray) -> np.ndarray:
+        """``values`` of the fully profiled rows as a (reference device x workload) table, NaN where unrun."""
         lookup = {w: i for i, w in enumerate(self.workload_ids_)}
         table = np.full((len(self.ref_devices_), len(self.workload_ids_)), np.nan)
         rows = X[self.device_col].astype(str).map({d: i for i, d in enumerate(self.ref_devices_)}).to_numpy()
-        table[rows, X[self.workload_col].astype(str).map(lookup).to_numpy()] = residual
-        self.ref_residuals_ = table
+        table[rows, X[self.workload_col].astype(str).map(lookup).to_numpy()] = values
+        return table
+
+    def _workload_index(self, X: pd.DataFrame) -> np.ndarray:
+        """Column of each row's workload in the reference tables (-1: run on no fully profiled device)."""
+        lookup = {w: i for i, w in enumerate(self.workload_ids_)}
+        return np.array([lookup.get(w, -1) for w in X[self.workload_col].astype(str)], dtype=np.int64)
+
+    def _reference_times(self, X: pd.DataFrame) -> np.ndarray:
+        """Log times of each row's workload on every reference device (reference x rows; NaN where unrun)."""
+        idx = self._workload_index(X)
+        T = self.ref_log_times_[:, np.maximum(idx, 0)]
+        T[:, idx < 0] = np.nan
+        return T
+
+    def _fit_reference_models(self, X: pd.DataFrame, t: np.ndarray) -> None:
+        """Reference regression of every few-shot device, one model per set of reference devices."""
+        if not len(X) or self.reference_weight == 0:
+            return
+        available = ~np.isnan(self.ref_log_times_)
+        patterns = {tuple(np.flatnonzero(col)) for col in available.T} - {()}
+        devices = X[self.device_col].astype(str).to_numpy()
+        T, Z = self._reference_times(X), self._parts(X)[0]
+        for d in sorted(set(devices)):
+            rows = devices == d
+            for refs in sorted(patterns):
+                usable = rows & ~np.isnan(T[list(refs)]).any(axis=0)
+                if usable.sum() >= max(self.min_reference_shots, 2):
+                    model = self._fit_reference_model(T[:, usable], Z[usable], t[usable], refs)
+                    self.reference_models_.append({"device": d, **model})
+
+    def _fit_reference_model(self, T: np.ndarray, Z: np.ndarray, y: np.ndarray, refs: Sequence[int]) -> dict:
+        """Best base device by leave-one-out constant offset, then the ridge strength by leave-one-out."""
+        n = len(y)
+        def loo_offset_error(e: int) -> float:
+            gap = y - T[e]
+            return float(np.mean(np.abs(gap - (gap.sum() - gap) / (n - 1))))
+        base = min(refs, key=loo_offset_error)
+        A = _reference_design(T, refs, base, Z)
+        best = None
+        for alpha in self.reference_alphas:
+            coef, loo = _loo_ridge(A, y - T[base], np.r_[0.0, np.full(A.shape[1] - 1, float(alpha))])
+            error = float(np.mean(np.abs(loo)))
+            if best is None or error < best[0]:
+                best = (error, coef)
+        return {"refs": [int(e) for e in refs], "base": int(base), "coef": best[1], "n_shots": n,
+                "loo_abs_error": best[0]}
+
+    def _device_scales(self) -> dict[str, float]:
+        """Leave-one-out mean absolute log error on its shots of each few-shot device's reference model
+        (the one with the most reference devices, then the most shots): the device's error scale. Only
+        models fitted on at least ``min_scaled_shots`` shots count (fewer give too noisy a scale)."""
+        scales: dict[str, tuple[int, int, float]] = {}
+        for m in self.reference_models_:
+            if int(m["n_shots"]) < self.min_scaled_shots:
+                continue
+            key = (len(m["refs"]), int(m["n_shots"]), float(m["loo_abs_error"]))
+            if m["device"] not in scales or key[:2] > scales[m["device"]][:2]:
+                scales[m["device"]] = key
+        return {d: key[2] for d, key in scales.items() if key[2] > 0}
+
+    def _reference_predictions(self, X: pd.DataFrame, device: str) -> np.ndarray:
+        """Reference-regression log times of ``device``'s rows (NaN where no model applies)."""
+        T, Z = self._reference_times(X), self._parts(X)[0]
+        out = np.full(len(X), np.nan)
+        have = ~np.isnan(T)
+        for model in self.reference_models_:
+            if model["device"] != device:
+                continue
+            refs = list(model["refs"])
+            rows = have[refs].all(axis=0) & (have.sum(axis=0) == len(refs))
+            if rows.any():
+                A = _reference_design(T[:, rows], refs, int(model["base"]), Z[rows])
+                out[rows] = T[int(model["base"]), rows] + A @ np.asarray(model["coef"])
+        return out
 
     def _reference_column(self, X: pd.DataFrame, ref: int) -> np.ndarray:
         """Residual of each row's workload on reference device ``ref`` (0 where it never ran there)."""
@@ -229,26 +361,37 @@ class DeviceTransferRegressor(Regressor):
         t = self._encode_target(y, len(X))
         self.feature_names_ = [*self.workload_features, *self.device_features, *self.row_features]
         self.n_features_in_ = len(self.feature_names_)
-        self.interval_halfwidth_ = self._conformal(X, t)
+        self.interval_halfwidth_, self.scaled_halfwidth_, self.reference_weight_ = self._conformal(X, t)
         self._fit_core(X, t)
         return self
 
-    def _conformal(self, X: pd.DataFrame, t: np.ndarray) -> float:
-        """Inner leave-one-group-out absolute log residuals -> conformal half-width (inf if < 2 groups).
+    def _candidate_weights(self) -> list[float]:
+        return [float(self.reference_weight)] if self.reference_weight is not None else \
+            [float(w) for w in self.reference_weights]
+
+    def _conformal(self, X: pd.DataFrame, t: np.ndarray) -> tuple[float, float, float]:
+        """Inner leave-one-group-out absolute log residuals -> conformal half-width (inf if < 2 groups),
+        the half-width of the residuals divided by their device's error scale (NaN without shots), and
+        the blend weight (of :meth:`_candidate_weights`) with the lowest mean absolute inner residual.
 
         Groups are the fully profiled devices (or their ``group_col`` value, e.g. the GPU model when one
         GPU appears under two software versions). When the training data hold a few-shot device with k
-        rows, each inner held-out group keeps k random rows of each of its devices in training.
+        rows, each inner held-out group keeps k random rows of each of its devices in training, and each
+        residual is also divided by the leave-one-out error of its device's reference model on those k
+        rows (normalised conformal scores; Papadopoulos et al., "Normalized nonconformity measures for
+        regression conformal prediction"), so that a device whose shots are fitted badly gets a wider
+        interval (only with at least ``min_scaled_shots`` shots).
         """
         few = self._few_shot_mask(X)
         devices = X[self.device_col].astype(str).to_numpy()
         groups = X[self.group_col or self.device_col].astype(str).to_numpy()
         names = np.unique(groups[~few])
+        weights = self._candidate_weights()
         if len(names) < 2:
-            return math.inf
+            return math.inf, math.nan, weights[len(weights) // 2]
         shots = int(pd.Series(devices[few]).value_counts().max()) if few.any() else 0
         rng = np.random.default_rng(0)
-        residuals = []
+        residuals, scales = [], []
         for name in names:
             held = np.flatnonzero((groups == name) & ~few)
             kept = [rng.choice(rows, size=min(shots, len(rows) - 1), replace=False)
@@ -257,12 +400,21 @@ class DeviceTransferRegressor(Regressor):
             train = np.setdiff1d(np.flatnonzero(~few), test)
             inner = DeviceTransferRegressor(**self.get_params())
             inner._fit_core(X.iloc[train], t[train])
-            residuals.append(t[test] - inner._predict_log(X.iloc[test]))
-        return conformal_halfwidth(np.abs(np.concatenate(residuals)), float(self.interval_level))
+            roofline, reference = inner._predict_components(X.iloc[test])
+            residuals.append(np.abs(t[test, None] - _blends(roofline, reference, weights)))
+            scales.append(pd.Series(devices[test]).map(inner._device_scales()).to_numpy(dtype=np.float64))
+        residual, scale = np.concatenate(residuals), np.concatenate(scales)
+        best = int(np.argmin(residual.mean(axis=0)))
+        level, known = float(self.interval_level), np.isfinite(scale)
+        return (conformal_halfwidth(residual[:, best], level),
+                conformal_halfwidth(residual[known, best] / scale[known], level) if known.any() else math.nan,
+                weights[best])
 
     # -- predict
 
-    def _predict_log(self, X: pd.DataFrame) -> np.ndarray:
+    def _predict_components(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        """Log times by the roofline model (with few-shot corrections) and by reference regression (NaN
+        where it does not apply)."""
         Z, H, R = self._parts(X)
         lookup = {w: i for i, w in enumerate(self.workload_ids_)}
         idx = np.array([lookup.get(w, -1) for w in X[self.workload_col].astype(str)], dtype=np.int64)
@@ -278,7 +430,15 @@ class DeviceTransferRegressor(Regressor):
             i = shot_rows[d]
             A = np.hstack([Z1[rows], self._reference_column(X[rows], int(self.shot_refs_[i]))[:, None]])
             out[rows] += A @ self.shot_coef_[i]
-        return out
+        reference = np.full(len(X), np.nan)
+        for d in set(devices) & {m["device"] for m in self.reference_models_}:
+            rows = np.flatnonzero(devices == d)
+            reference[rows] = self._reference_predictions(X.iloc[rows], d)
+        return out, reference
+
+    def _predict_log(self, X: pd.DataFrame) -> np.ndarray:
+        roofline, reference = self._predict_components(X)
+        return _blends(roofline, reference, [float(self.reference_weight_)])[:, 0]
 
     def predict(self, X: pd.DataFrame) -> np.ndarray:
         self._check(X)
@@ -290,5 +450,9 @@ class DeviceTransferRegressor(Regressor):
             raise InputError("device_transfer: intervals need log_target=True")
         self._check(X)
         z = self._predict_log(X)
-        q = float(self.interval_halfwidth_)
+        q = np.full(len(X), float(self.interval_halfwidth_))
+        if not math.isnan(self.scaled_halfwidth_):
+            scale = X[self.device_col].astype(str).map(self._device_scales()).to_numpy(dtype=np.float64)
+            known = np.isfinite(scale)
+            q[known] = float(self.scaled_halfwidth_) * scale[known]
         return np.exp(z - q), np.exp(z + q)

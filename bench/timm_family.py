@@ -1,0 +1,125 @@
+"""Benchmark: predict AMP inference latency of an unseen timm architecture family on a profiled GPU.
+
+Reads timm's published AMP inference benchmark CSVs (as ``bench/device_transfer.py`` does: one row per
+file, model and image size, latency per sample) and, per file (one GPU under one torch version), holds
+out each architecture family in turn (family = the timm module that defines the model,
+``perfzoo.dataset.timm.timm_family``) and fits on the other families of the same file. Features are the
+ones in the CSVs: FLOPs (2 × ``infer_gmacs``), activation bytes (2 × ``infer_macts``), weight bytes
+(2 × ``param_count``), batch size and image size.
+
+Regressors (perfzoo, log target, fixed parameters): ``linear`` (ridge on standardised log features) and
+``extra_trees`` by default; ``xgboost`` and ``poly_lasso`` (degree 2) on request. Baselines: the nearest training config (standardised log features) scaled by the FLOPs
+ratio (``perfzoo.regressors.baselines.flops_nearest``), one constant time per FLOP (geometric mean over
+the training families), and the roofline time (max of compute and memory time from the GPU's spec sheet)
+times one constant factor (``roofline``). The per-device baselines of the project (same workload on
+another device) do not apply: a held-out family has no row on this file.
+
+MAPE in % pooled over every row of the file (each row predicted once, when its family is held out);
+also the median over families of the per-family MAPE. The per-file summary is written to ``--out``.
+
+Usage: ``PYTHONPATH=src python bench/timm_family.py [DIR] [--regressors linear extra_trees [xgboost poly_lasso]]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from perfzoo.dataset.timm import timm_family
+from perfzoo.regressors import make_regressor
+from perfzoo.regressors.baselines import flops_nearest
+from perfzoo.stats import mape
+
+sys.path.insert(0, str(Path(__file__).parent))
+from device_transfer import load  # noqa: E402  (the bench scripts share the CSV reader)
+
+FEATURES = ["flops", "activation_bytes", "weight_bytes", "batch", "resolution"]
+#: regressor kind -> parameters (fixed, not tuned on the held-out families)
+REGRESSORS = {
+    "linear": {"alpha": 1.0},
+    "xgboost": {"n_estimators": 300, "learning_rate": 0.05, "max_depth": 6},
+    "extra_trees": {"n_estimators": 50, "min_samples_leaf": 2},
+    "poly_lasso": {"degree": 2, "alpha": 1e-3},
+}
+
+
+def with_families(data: pd.DataFrame) -> pd.DataFrame:
+    """Add ``family`` (timm module of the model) and ``resolution`` (image size) to the rows."""
+    parts = data["model_id"].str.rsplit("@", n=1, expand=True)
+    name, size = parts[0], parts[1]
+    families = {n: timm_family(n) for n in name.unique()}
+    unknown = sorted(n for n, f in families.items() if not f)
+    if unknown:
+        print(f"{len(unknown)} model names unknown to the installed timm, left out: {', '.join(unknown[:5])} ...")
+    return data.assign(family=name.map(families), resolution=size.astype(float)).query("family != ''")
+
+
+def time_per_flop(train: pd.DataFrame, test: pd.DataFrame) -> np.ndarray:
+    """One constant time per FLOP (geometric mean over the training rows) times the test FLOPs."""
+    per_flop = np.exp(np.mean(np.log(train["latency_ms"] / train["flops"])))
+    return per_flop * test["flops"].to_numpy()
+
+
+def predict_file(rows: pd.DataFrame, regressors: list[str]) -> pd.DataFrame:
+    """Leave-one-family-out predictions of every row of one file, one column per method."""
+    out = pd.DataFrame(index=rows.index, dtype=float)
+    for family in sorted(rows["family"].unique()):
+        test_mask = (rows["family"] == family).to_numpy()
+        train, test = rows[~test_mask], rows[test_mask]
+        y = train["latency_ms"]
+        for kind in regressors:
+            reg = make_regressor(kind, features=FEATURES, **REGRESSORS[kind]).fit(train[FEATURES], y)
+            out.loc[test.index, kind] = reg.predict(test[FEATURES])
+        out.loc[test.index, "baseline_flops_nearest_config"] = flops_nearest(train, test, "latency_ms")
+        out.loc[test.index, "baseline_time_per_flop"] = time_per_flop(train, test)
+        roof = make_regressor("roofline", group_col=None, log_target=True).fit(train, y)
+        out.loc[test.index, "baseline_roofline"] = roof.predict(test)
+    return out
+
+
+def summarise(rows: pd.DataFrame, pred: pd.DataFrame) -> dict[str, float]:
+    y = rows["latency_ms"].to_numpy()
+    summary: dict[str, float] = {"device": rows["device"].iloc[0], "rows": len(rows),
+                                 "families": rows["family"].nunique()}
+    for method in pred.columns:
+        p = pred[method].to_numpy()
+        ok = np.isfinite(p)
+        summary[method] = mape(y[ok], p[ok])
+        per_family = pd.Series(np.abs(p / y - 1) * 100, index=rows.index).groupby(rows["family"]).mean()
+        summary[f"{method}_family_median"] = float(per_family.median())
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directory", nargs="?", default="../shared/data/timm-benchmark", type=Path)
+    parser.add_argument("--regressors", nargs="+", default=["linear", "extra_trees"], choices=list(REGRESSORS))
+    parser.add_argument("--out", type=Path, default=Path("bench/timm_family.csv"))
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    data = with_families(load(args.directory))
+    print(f"{len(data)} rows, {data['family'].nunique()} families, {data['device'].nunique()} files")
+    summaries = [summarise(rows, predict_file(rows, args.regressors))
+                 for _, rows in data.groupby("device", sort=True)]
+    table = pd.DataFrame(summaries)
+    methods = [*args.regressors, "baseline_flops_nearest_config", "baseline_time_per_flop", "baseline_roofline"]
+    table["best_baseline"] = table[[m for m in methods if m.startswith("baseline_")]].min(axis=1)
+    ratios = [f"best_baseline / {kind}" for kind in args.regressors]
+    for kind, ratio in zip(args.regressors, ratios):
+        table[ratio] = table["best_baseline"] / table[kind]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.out, index=False)
+    print(table[["device", "rows", "families", *methods, *ratios]].round(2).to_markdown(index=False))
+    print("\nmedian over families of the per-family MAPE:")
+    print(table[["device", *[f"{m}_family_median" for m in methods]]].round(2).to_markdown(index=False))
+    print(f"\n{time.perf_counter() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
