@@ -41,6 +41,12 @@ train_mem_estimate_bytes
     ``weight_bytes * k + activation_bytes`` with ``k = 4`` for training (weights, gradients,
     two Adam moments) and ``k = 1`` for inference: a simple static memory feature, not a
     prediction.
+sim_peak_bytes, sim_start_bytes, sim_weight_bytes, sim_grad_bytes, sim_optimizer_bytes, sim_activation_bytes,
+sim_op_kinds, sim_uses_conv
+    The profiled step (``perfzoo.profiling.core.make_step``: cross-entropy loss and an optimizer step in
+    training) replayed twice on the meta device by :func:`perfzoo.features.memory.simulate_peak_memory`: the
+    peak of live tensor bytes, the bytes before the first step, the split of the peak by category, the
+    number of distinct operators and whether a convolution ran.
 depth
     Deepest nesting level in the module tree (the root is 0; ``Sequential(conv, ...)`` has 1).
 graph_nodes, graph_edges
