@@ -30,16 +30,14 @@ import contextlib
 import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Any
-
-import torch
-from torch import nn
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from typing import TYPE_CHECKING, Any
 
 from perfzoo.io import InputError, one_line
 from perfzoo.profiling.core import make_step
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 SIM_STEPS = 2
 """Steps replayed: the first creates the optimizer state, the second runs with it (as every timed step)."""
@@ -88,14 +86,13 @@ class SimulatedMemory:
         return {column: values[column.removeprefix("sim_")] for column in SIM_COLUMNS}
 
 
-class _LiveBytes(TorchDispatchMode):
+class _LiveBytes:
     """Live tensor storage bytes per category over time, their peak and the split at the peak.
 
     Every storage an operator returns is registered once (views and in-place results share a registered
     storage) with a finaliser that counts its release; a new peak copies the per-category totals."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.live: dict[int, tuple[int, str]] = {}
         self.totals: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
         self.current = 0
@@ -130,13 +127,23 @@ class _LiveBytes(TorchDispatchMode):
             self.totals[old] -= nbytes
             self.totals[category] += nbytes
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        self.operators.add(str(func.overloadpacket))
-        out = func(*args, **(kwargs or {}))
-        for leaf in tree_leaves(out):
-            if isinstance(leaf, torch.Tensor):
-                self.add(leaf, self.phase)
-        return out
+
+def _dispatch_mode(tracker: _LiveBytes) -> Any:
+    """A ``TorchDispatchMode`` that registers every operator and every tensor it returns with ``tracker``."""
+    import torch  # lazy: the column names are imported by stages that never run a model
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class Recording(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            tracker.operators.add(str(func.overloadpacket))
+            out = func(*args, **(kwargs or {}))
+            for leaf in tree_leaves(out):
+                if isinstance(leaf, torch.Tensor):
+                    tracker.add(leaf, tracker.phase)
+            return out
+
+    return Recording()
 
 
 @contextlib.contextmanager
@@ -152,11 +159,13 @@ def _categorised(tracker: _LiveBytes, model: nn.Module) -> Iterator[None]:
     def gradient(parameter: torch.Tensor) -> None:
         tracker.reclassify(parameter.grad, "grad")
 
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
     handles = [register_optimizer_step_pre_hook(enter_optimizer),
                register_optimizer_step_post_hook(leave_optimizer),
                *(p.register_post_accumulate_grad_hook(gradient) for p in model.parameters() if p.requires_grad)]
     try:
-        with tracker:
+        with _dispatch_mode(tracker):
             yield
     finally:
         for handle in handles:
@@ -179,6 +188,8 @@ def simulate_peak_memory(model: nn.Module, x: torch.Tensor, mode: str, optimizer
     inference. Gradients already held by the model are dropped first. A model whose step fails on the meta
     device (an operator without a meta kernel, a shape error) raises :class:`InputError` naming ``model_id``.
     """
+    import torch  # lazy: the column names are imported by stages that never run a model
+
     if optimizer not in OPTIMIZERS:
         raise InputError(f"model {model_id}: unknown optimizer {optimizer!r} (expected one of "
                          f"{', '.join(OPTIMIZERS)})")
