@@ -163,8 +163,20 @@ def test_regressor_gives_no_prediction_without_simulated_features() -> None:
         reg.predict(X.drop(columns="sim_op_kinds"))
     with pytest.raises(InputError, match="training rows with simulated features"):
         MemorySimRegressor().fit(X.iloc[:3], y[:3])
+    with pytest.raises(InputError, match="log_target must be false"):
+        MemorySimRegressor(log_target=True).fit(X, y)
 
 
 def test_memory_sim_predicts_peak_memory_only() -> None:
     assert unsupported_reason("memory_sim", "peak_mem_mb") is None
     assert "peak memory" in unsupported_reason("memory_sim", "latency_ms")
+
+
+def test_a_step_the_profiled_loss_cannot_take_leaves_the_columns_missing_with_the_reason() -> None:
+    def backbone() -> nn.Module:  # no classifier head: cross-entropy against class targets does not apply
+        return nn.Conv2d(3, 4, 3)
+
+    feats, _ = featurise(backbone, (3, 8, 8), 2, "training", model_id="headless")
+    assert all(math.isnan(feats[k]) for k in SIM_COLUMNS)
+    assert feats["sim_error"].startswith("model headless: training step failed in the memory simulation")
+    assert math.isfinite(feats["flops"])  # the other features are unaffected

@@ -27,8 +27,9 @@ input carry; AMP's float16 activations under autocast are not modelled (meta ten
 from __future__ import annotations
 
 import contextlib
+import math
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +44,8 @@ SIM_STEPS = 2
 """Steps replayed: the first creates the optimizer state, the second runs with it (as every timed step)."""
 SIM_COLUMNS = ("sim_peak_bytes", "sim_start_bytes", "sim_weight_bytes", "sim_grad_bytes", "sim_optimizer_bytes",
                "sim_activation_bytes", "sim_op_kinds", "sim_uses_conv")
-"""Feature columns of :meth:`SimulatedMemory.features`, in order."""
+"""Feature columns of :meth:`SimulatedMemory.features`, in order (numeric; ``sim_error`` says why they are
+missing in a feature table)."""
 OPTIMIZERS = ("sgd", "adam")
 CATEGORIES = ("weight", "input", "activation", "grad", "optimizer")
 
@@ -221,7 +223,17 @@ def simulate_peak_memory(model: nn.Module, x: torch.Tensor, mode: str, optimizer
                            uses_conv=int(any("convolution" in name for name in tracker.operators)))
 
 
+def feature_row(simulate: Callable[[], SimulatedMemory]) -> dict[str, Any]:
+    """:data:`SIM_COLUMNS` and ``sim_error`` of one simulation, the feature-table form: a step the simulation
+    cannot run (an output the profiled cross-entropy loss does not accept, an operator without a meta
+    kernel) gives missing values and the one-line reason, as the fx graph columns do, never zeros."""
+    try:
+        return {**simulate().features(), "sim_error": ""}
+    except InputError as exc:
+        return {**dict.fromkeys(SIM_COLUMNS, math.nan), "sim_error": str(exc)}
+
+
 def simulated_memory_features(model: nn.Module, x: torch.Tensor, mode: str, optimizer: str = "sgd",
-                              model_id: str = "") -> dict[str, int]:
-    """:data:`SIM_COLUMNS` of :func:`simulate_peak_memory` (the feature-table form)."""
-    return simulate_peak_memory(model, x, mode, optimizer, model_id).features()
+                              model_id: str = "") -> dict[str, Any]:
+    """:func:`feature_row` of :func:`simulate_peak_memory`."""
+    return feature_row(lambda: simulate_peak_memory(model, x, mode, optimizer, model_id))

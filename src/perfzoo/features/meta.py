@@ -42,11 +42,13 @@ train_mem_estimate_bytes
     two Adam moments) and ``k = 1`` for inference: a simple static memory feature, not a
     prediction.
 sim_peak_bytes, sim_start_bytes, sim_weight_bytes, sim_grad_bytes, sim_optimizer_bytes, sim_activation_bytes,
-sim_op_kinds, sim_uses_conv
+sim_op_kinds, sim_uses_conv, sim_error
     The profiled step (``perfzoo.profiling.core.make_step``: cross-entropy loss and an optimizer step in
     training) replayed twice on the meta device by :func:`perfzoo.features.memory.simulate_peak_memory`: the
     peak of live tensor bytes, the bytes before the first step, the split of the peak by category, the
-    number of distinct operators and whether a convolution ran.
+    number of distinct operators and whether a convolution ran. When that step cannot run (an output the
+    profiled cross-entropy loss does not take, as a backbone without a classifier head) they are NaN and
+    ``sim_error`` holds the one-line reason (else "").
 depth
     Deepest nesting level in the module tree (the root is 0; ``Sequential(conv, ...)`` has 1).
 graph_nodes, graph_edges
@@ -89,7 +91,7 @@ MODEL_COLUMNS = [
     "weight_bytes", "activation_bytes", "input_bytes", "train_mem_estimate_bytes",
     "n_layers", "n_conv", "n_linear", "n_norm", "n_act", "n_pool", "n_attention", "n_dropout",
     "n_embedding", "graph_nodes", "graph_edges", "graph_error", "complexity_fw", "complexity_bw",
-    "depth", *SIM_COLUMNS,
+    "depth", *SIM_COLUMNS, "sim_error",
 ]  # fmt: skip
 
 _NORM_TYPES: tuple[type[nn.Module], ...] = (

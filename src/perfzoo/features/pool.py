@@ -127,10 +127,7 @@ def _from_cache(job: FeatureJob) -> FeatureResult | None:
     scaled = _scaled(cached.probes, job.batches)
     if scaled is None:
         return None
-    try:
-        return FeatureResult(job, _simulate_batches(job, scaled), method="scaled", probes=cached.probes)
-    except InputError as exc:
-        return FeatureResult(job, reason=str(exc))
+    return FeatureResult(job, _simulate_batches(job, scaled), method="scaled", probes=cached.probes)
 
 
 def job_builder(job: FeatureJob) -> Callable[[], Any]:
@@ -181,7 +178,7 @@ def scale_features(probes: tuple[dict[str, Any], ...], batch: int) -> dict[str, 
             return None
         out[key] = line[0] + line[1] * batch
     for key, value in probes[0].items():
-        if key in (*PROPORTIONAL, *DERIVED, *PER_CALL, *SIM_COLUMNS):  # SIM_COLUMNS: simulated per batch
+        if key in (*PROPORTIONAL, *DERIVED, *PER_CALL, *SIM_COLUMNS, "sim_error"):  # simulated per batch
             continue
         if not all(value == p[key] or (value != value and p[key] != p[key]) for p in probes[1:]):  # NaN==NaN
             return None
@@ -203,11 +200,13 @@ def _job_label(job: FeatureJob) -> str:
 def _simulate_batches(job: FeatureJob, scaled: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """Batch-scaled features with the simulated memory (``sim_*``) of each batch: a peak is a maximum over
     the step, not a line in the batch, so it is simulated rather than scaled."""
-    from perfzoo.features.meta import simulated_memory  # lazy: torch takes seconds to import
+    from perfzoo.features.memory import feature_row  # lazy: torch takes seconds to import
+    from perfzoo.features.meta import simulated_memory
 
     build, shape, dtype = job_builder(job), (3, job.resolution, job.resolution), BUILD_DTYPES[job.precision]
     for batch, features in scaled.items():
-        features.update(simulated_memory(build, shape, batch, job.mode, dtype, model_id=_job_label(job)).features())
+        simulate = functools.partial(simulated_memory, build, shape, batch, job.mode, dtype, model_id=_job_label(job))
+        features.update(feature_row(simulate))
     return scaled
 
 

@@ -38,7 +38,8 @@ class MemorySimRegressor(Regressor):
     gradients and optimizer state are allocated as simulated). On CUDA, whose label is
     ``max_memory_allocated``, the same terms absorb the caching allocator's rounding and cuBLAS/cuDNN
     workspaces. A row without simulated features (a model the simulation failed on) gets no prediction
-    (NaN), never an imputed one. Only the ``peak_mem_mb`` target is meaningful.
+    (NaN), never an imputed one. Only the ``peak_mem_mb`` target is meaningful. The model is additive in
+    bytes, so ``log_target`` (a parameter of every regressor) must stay false.
     """
 
     kind = "memory_sim"
@@ -47,9 +48,10 @@ class MemorySimRegressor(Regressor):
                                         "uses_conv")
     _required_state: ClassVar[tuple[str, ...]] = ("feature_names_", "global_coef_", "group_coefs_")
 
-    def __init__(self, group_col: str | None = "device", min_group_rows: int = 24) -> None:
+    def __init__(self, group_col: str | None = "device", min_group_rows: int = 24, log_target: bool = False) -> None:
         self.group_col = group_col
         self.min_group_rows = min_group_rows
+        self.log_target = log_target
 
     def _design(self, X: pd.DataFrame) -> np.ndarray:
         """One row of :data:`TERMS` per row of ``X`` (NaN where a simulated feature is missing)."""
@@ -72,6 +74,9 @@ class MemorySimRegressor(Regressor):
         return solver.fit(D, y, sample_weight=1.0 / y).coef_.astype(np.float64)
 
     def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> MemorySimRegressor:
+        if self.log_target:
+            raise InputError("memory_sim adds bytes (its fit already minimises the relative error); "
+                             "log_target must be false")
         D, groups = self._design(X), self._groups(X)
         target = np.asarray(y, dtype=np.float64).ravel()
         if target.shape[0] != len(D):
