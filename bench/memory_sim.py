@@ -41,10 +41,11 @@ def run_settings(results: Path, config_path: Path) -> tuple[int, str]:
     """(num_classes, optimizer) of the run, from the config, checked against the run's feature provenance."""
     config = load_config(config_path)
     recorded = read_provenance(results / "features" / "models.parquet").get("inputs", {})
-    key = "config.yaml#zoo.num_classes"
-    if key in recorded and recorded[key] != config_subset_sha(config, ["zoo.num_classes"]):
-        raise InputError(f"{config_path}: zoo.num_classes differs from the one {results}/features was made with")
-    return int(config["zoo"]["num_classes"]), str(config.get("profiling", {}).get("optimizer", "sgd"))
+    for sections in (["zoo.num_classes"], ["zoo.num_classes", "profiling.optimizer"]):
+        key = f"config.yaml#{','.join(sections)}"
+        if key in recorded and recorded[key] != config_subset_sha(config, sections):
+            raise InputError(f"{config_path}: {', '.join(sections)} differ from those {results}/features was made with")
+    return int(config["zoo"]["num_classes"]), str(config["profiling"]["optimizer"])
 
 
 def dataset_with_simulation(results: Path, num_classes: int, optimizer: str) -> tuple[pd.DataFrame, float, int]:

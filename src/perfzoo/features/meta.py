@@ -573,16 +573,18 @@ def manifest_builder(row: dict[str, Any], num_classes: int) -> tuple[Callable[[]
     return _at_precision(build, row["dtype"], row.get("precision", "fp32"))
 
 
-def featurise_manifest(manifest: pd.DataFrame, num_classes: int, progress: bool = True) -> tuple[
-        pd.DataFrame, pd.DataFrame]:
-    """Features of every (model, mode, batch) config of the zoo manifest: (model table, layer table)."""
+def featurise_manifest(manifest: pd.DataFrame, num_classes: int, progress: bool = True, optimizer: str = "sgd"
+                       ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Features of every (model, mode, batch) config of the zoo manifest: (model table, layer table);
+    ``optimizer`` is the profiled training step's (config ``profiling.optimizer``), for the ``sim_*`` columns."""
     models, layers = [], []
     rows = manifest.drop_duplicates(["model_id", "mode", "batch"]).to_dict("records")
     for row in tqdm(rows, desc="features", file=sys.stderr, disable=not progress, mininterval=1):
         shape = tuple(json.loads(row["input_shape"]))
         build, input_dtype = manifest_builder(row, num_classes)
         try:
-            feats, table = featurise(build, shape, int(row["batch"]), row["mode"], input_dtype, row["model_id"])
+            feats, table = featurise(build, shape, int(row["batch"]), row["mode"], input_dtype, row["model_id"],
+                                     optimizer=optimizer)
         except InputError as exc:  # a model that cannot be built keeps a row, its features missing
             print(f"features: {exc}", file=sys.stderr)
             feats, table = {"model_id": row["model_id"], "mode": row["mode"], "batch": int(row["batch"]),
