@@ -132,7 +132,8 @@ def sim_frame(n: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
         "sim_op_kinds": rng.integers(3, 40, n).astype(float), "sim_uses_conv": rng.integers(0, 2, n).astype(float),
         "flops": rng.uniform(1, 2, n)})
     terms = np.column_stack([np.ones(n), frame["mode"] == "training", frame["sim_peak_bytes"] / 2**20,
-                             frame["sim_activation_bytes"] / 2**20, frame["sim_op_kinds"], frame["sim_uses_conv"]])
+                             frame["sim_activation_bytes"] / 2**20, np.sqrt(frame["sim_op_kinds"]),
+                             frame["sim_uses_conv"]])
     coef = np.array([COEF[d] for d in frame["device"]])
     return frame, (terms * coef).sum(axis=1)
 
