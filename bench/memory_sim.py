@@ -44,11 +44,13 @@ def run_settings(results: Path, config_path: Path) -> tuple[int, str]:
     for sections in (["zoo.num_classes"], ["zoo.num_classes", "profiling.optimizer"]):
         key = f"config.yaml#{','.join(sections)}"
         if key in recorded and recorded[key] != config_subset_sha(config, sections):
-            raise InputError(f"{config_path}: {', '.join(sections)} differ from those {results}/features was made with")
+            raise InputError(f"{config_path}: {', '.join(sections)} differ from those {results}/features "
+                             "was made with")
     return int(config["zoo"]["num_classes"]), str(config["profiling"]["optimizer"])
 
 
-def dataset_with_simulation(results: Path, num_classes: int, optimizer: str) -> tuple[pd.DataFrame, float, int]:
+def dataset_with_simulation(results: Path, num_classes: int, optimizer: str
+                            ) -> tuple[pd.DataFrame, float, int]:
     """(the run's dataset with fresh sim_* columns, seconds the simulation took, configs it failed on)."""
     manifest = pd.read_parquet(results / "zoo" / "manifest.parquet")
     started = time.perf_counter()
@@ -59,8 +61,8 @@ def dataset_with_simulation(results: Path, num_classes: int, optimizer: str) -> 
         print(f"simulation failed: {error}", file=sys.stderr)
     data = pd.read_parquet(results / "dataset" / "dataset.parquet")
     data = data.drop(columns=[c for c in SIM_COLUMNS if c in data.columns])
-    data = data.merge(simulated[["model_id", "mode", "batch", *SIM_COLUMNS]], on=["model_id", "mode", "batch"],
-                      how="left")
+    key = ["model_id", "mode", "batch"]
+    data = data.merge(simulated[[*key, *SIM_COLUMNS]], on=key, how="left")
     return data, seconds, len(failed)
 
 
@@ -76,7 +78,7 @@ def score_split(data: pd.DataFrame, split: pd.DataFrame) -> pd.DataFrame:
 
 
 def existing_results(results: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(best regressor and best baseline per split, per-family MAPE) of the run's evaluation, for the target."""
+    """(best regressor and best baseline per split, per-family MAPE) of the run's evaluation of the target."""
     metrics = pd.read_parquet(results / "evaluate" / "metrics.parquet")
     metrics = metrics[(metrics["target"] == TARGET) & metrics["mape"].notna()]
     learned = metrics[~metrics["regressor"].isin(BASELINES)]
@@ -97,7 +99,8 @@ def main() -> None:
     num_classes, optimizer = run_settings(args.results, args.config)
     data, seconds, n_failed = dataset_with_simulation(args.results, num_classes, optimizer)
     existing, families = existing_results(args.results)
-    print(f"simulated {data[['model_id', 'mode', 'batch']].drop_duplicates().shape[0]} configs in {seconds:.1f} s "
+    n_configs = data[["model_id", "mode", "batch"]].drop_duplicates().shape[0]
+    print(f"simulated {n_configs} configs in {seconds:.1f} s "
           f"({n_failed} failed); optimizer {optimizer}; {len(data)} dataset rows\n")
     print("| split | n | memory_sim | raw simulator | best existing | best baseline | noise floor |")
     print("|---|---|---|---|---|---|---|")
@@ -116,7 +119,8 @@ def main() -> None:
               f"{mape(test['y_true'], test['y_raw']):.1f} % | {best} | {base} | {floor} |")
     if lofo is not None:
         best_name = existing.loc["leave_one_family_out", "regressor_best"]
-        theirs = families[(families["split"] == "leave_one_family_out") & (families["regressor"] == best_name)]
+        lofo_rows = (families["split"] == "leave_one_family_out") & (families["regressor"] == best_name)
+        theirs = families[lofo_rows]
         theirs = theirs.set_index("family")["mape"]
         print(f"\nleave_one_family_out per held-out family (MAPE %; best existing = {best_name}):\n")
         print(f"| family | n | memory_sim | raw simulator | {best_name} |")
@@ -126,7 +130,8 @@ def main() -> None:
                   f"{mape(rows['y_true'], rows['y_raw']):.1f} | {theirs.get(family, np.nan):.1f} |")
     everything = data[np.isfinite(data[TARGET])]
     fitted = MemorySimRegressor().fit(regressor_inputs(everything), everything[TARGET])
-    print("\ncoefficients fitted on all rows, per device (MiB, MiB per MiB, MiB per square root of the operator kinds):\n")
+    print("\ncoefficients fitted on all rows, per device (MiB, MiB per MiB, MiB per square root of the "
+          "operator kinds):\n")
     for device in sorted(fitted.group_coefs_):
         print(f"- {device}: " + ", ".join(f"{k} {v:.3g}" for k, v in fitted.coefficients(device).items()))
 

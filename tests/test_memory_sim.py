@@ -49,7 +49,8 @@ def test_inference_peak_is_weights_inputs_and_two_hidden_tensors(batch: int) -> 
     assert result.grad_bytes == result.optimizer_bytes == 0
 
 
-@pytest.mark.parametrize("optimizer, state_bytes", [("sgd", WEIGHT_BYTES), ("adam", 2 * WEIGHT_BYTES + 4 * 4)])
+@pytest.mark.parametrize("optimizer, state_bytes",
+                         [("sgd", WEIGHT_BYTES), ("adam", 2 * WEIGHT_BYTES + 4 * 4)])
 def test_training_peak_holds_weights_optimizer_state_gradients_and_saved_activations(
         optimizer: str, state_bytes: int) -> None:
     # at a large batch the peak is in the second step's backward through the ReLU: the saved ReLU output,
@@ -128,8 +129,10 @@ def sim_frame(n: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
     rng = np.random.default_rng(seed)
     frame = pd.DataFrame({
         "device": np.where(np.arange(n) % 2, "cpu", "gpu"), "mode": rng.choice(["inference", "training"], n),
-        "sim_peak_bytes": rng.uniform(1, 3000, n) * 2**20, "sim_activation_bytes": rng.uniform(0, 200, n) * 2**20,
-        "sim_op_kinds": rng.integers(3, 40, n).astype(float), "sim_uses_conv": rng.integers(0, 2, n).astype(float),
+        "sim_peak_bytes": rng.uniform(1, 3000, n) * 2**20,
+        "sim_activation_bytes": rng.uniform(0, 200, n) * 2**20,
+        "sim_op_kinds": rng.integers(3, 40, n).astype(float),
+        "sim_uses_conv": rng.integers(0, 2, n).astype(float),
         "flops": rng.uniform(1, 2, n)})
     terms = np.column_stack([np.ones(n), frame["mode"] == "training", frame["sim_peak_bytes"] / 2**20,
                              frame["sim_activation_bytes"] / 2**20, np.sqrt(frame["sim_op_kinds"]),

@@ -22,7 +22,8 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 FEATURE_SETS = ("all", "model")
 # Methods that model one quantity only: execution time (roofline bound, sum of per-layer times) or peak
 # memory (the simulated live tensor bytes of the step).
-ONLY_TARGETS = {"roofline": ("latency_ms",), "gianniti_layer": ("latency_ms",), "memory_sim": ("peak_mem_mb",)}
+ONLY_TARGETS = {"roofline": ("latency_ms",), "gianniti_layer": ("latency_ms",),
+                "memory_sim": ("peak_mem_mb",)}
 WHAT_IT_MODELS = {"latency_ms": "execution time", "peak_mem_mb": "peak memory"}
 
 

@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 
 SIM_STEPS = 2
 """Steps replayed: the first creates the optimizer state, the second runs with it (as every timed step)."""
-SIM_COLUMNS = ("sim_peak_bytes", "sim_start_bytes", "sim_weight_bytes", "sim_grad_bytes", "sim_optimizer_bytes",
-               "sim_activation_bytes", "sim_op_kinds", "sim_uses_conv")
+SIM_COLUMNS = ("sim_peak_bytes", "sim_start_bytes", "sim_weight_bytes", "sim_grad_bytes",
+               "sim_optimizer_bytes", "sim_activation_bytes", "sim_op_kinds", "sim_uses_conv")
 """Feature columns of :meth:`SimulatedMemory.features`, in order (numeric; ``sim_error`` says why they are
 missing in a feature table)."""
 OPTIMIZERS = ("sgd", "adam")
@@ -165,7 +165,8 @@ def _categorised(tracker: _LiveBytes, model: nn.Module) -> Iterator[None]:
 
     handles = [register_optimizer_step_pre_hook(enter_optimizer),
                register_optimizer_step_post_hook(leave_optimizer),
-               *(p.register_post_accumulate_grad_hook(gradient) for p in model.parameters() if p.requires_grad)]
+               *(p.register_post_accumulate_grad_hook(gradient) for p in model.parameters()
+                 if p.requires_grad)]
     try:
         with _dispatch_mode(tracker):
             yield
@@ -184,7 +185,7 @@ def _check_on_meta(model: nn.Module, x: torch.Tensor, model_id: str) -> None:
 
 def simulate_peak_memory(model: nn.Module, x: torch.Tensor, mode: str, optimizer: str = "sgd",
                          model_id: str = "") -> SimulatedMemory:
-    """Replay the profiled step of ``mode`` on the meta-device ``model`` and input ``x``; see the module docstring.
+    """Replay the profiled step of ``mode`` on the meta-device ``model`` and input ``x`` (module docstring).
 
     ``optimizer`` is the profiled training step's ("sgd": SGD with momentum, "adam"); it does not matter for
     inference. Gradients already held by the model are dropped first. A model whose step fails on the meta

@@ -75,7 +75,12 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 from tqdm import tqdm
 
-from perfzoo.features.memory import SIM_COLUMNS, SimulatedMemory, simulate_peak_memory, simulated_memory_features
+from perfzoo.features.memory import (
+    SIM_COLUMNS,
+    SimulatedMemory,
+    simulate_peak_memory,
+    simulated_memory_features,
+)
 from perfzoo.io import InputError, one_line
 from perfzoo.models.builders import build_model
 from perfzoo.hardware.precision import BUILD_DTYPES, normalise_precision
@@ -569,22 +574,24 @@ def _at_precision(build: Callable[[], nn.Module], input_dtype: str, precision: s
 def manifest_builder(row: dict[str, Any], num_classes: int) -> tuple[Callable[[], nn.Module], str]:
     """(builder, input dtype) of one zoo-manifest row at its precision."""
     shape = tuple(json.loads(row["input_shape"]))
-    build = partial(build_model, row["builder"], row["name"], json.loads(row["builder_kwargs"]), num_classes, shape)
+    kwargs = json.loads(row["builder_kwargs"])
+    build = partial(build_model, row["builder"], row["name"], kwargs, num_classes, shape)
     return _at_precision(build, row["dtype"], row.get("precision", "fp32"))
 
 
 def featurise_manifest(manifest: pd.DataFrame, num_classes: int, progress: bool = True, optimizer: str = "sgd"
                        ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Features of every (model, mode, batch) config of the zoo manifest: (model table, layer table);
-    ``optimizer`` is the profiled training step's (config ``profiling.optimizer``), for the ``sim_*`` columns."""
+    ``optimizer`` is the profiled training step's (config ``profiling.optimizer``), for the ``sim_*``
+    columns."""
     models, layers = [], []
     rows = manifest.drop_duplicates(["model_id", "mode", "batch"]).to_dict("records")
     for row in tqdm(rows, desc="features", file=sys.stderr, disable=not progress, mininterval=1):
         shape = tuple(json.loads(row["input_shape"]))
         build, input_dtype = manifest_builder(row, num_classes)
         try:
-            feats, table = featurise(build, shape, int(row["batch"]), row["mode"], input_dtype, row["model_id"],
-                                     optimizer=optimizer)
+            feats, table = featurise(build, shape, int(row["batch"]), row["mode"], input_dtype,
+                                     row["model_id"], optimizer=optimizer)
         except InputError as exc:  # a model that cannot be built keeps a row, its features missing
             print(f"features: {exc}", file=sys.stderr)
             feats, table = {"model_id": row["model_id"], "mode": row["mode"], "batch": int(row["batch"]),
@@ -600,8 +607,10 @@ def featurise_manifest(manifest: pd.DataFrame, num_classes: int, progress: bool 
 
 
 def simulated_memory(build: Callable[[], nn.Module], input_shape: tuple[int, ...], batch: int, mode: str,
-                     input_dtype: str = "float32", optimizer: str = "sgd", model_id: str = "") -> SimulatedMemory:
-    """The memory simulation alone (:func:`perfzoo.features.memory.simulate_peak_memory`) of a fresh meta build."""
+                     input_dtype: str = "float32", optimizer: str = "sgd", model_id: str = ""
+                     ) -> SimulatedMemory:
+    """The memory simulation alone (:func:`perfzoo.features.memory.simulate_peak_memory`) of a fresh meta
+    build."""
     with torch.device("meta"):
         try:
             model = _build_on_meta(build)
@@ -619,8 +628,9 @@ def simulate_manifest(manifest: pd.DataFrame, num_classes: int, optimizer: str =
         build, input_dtype = manifest_builder(row, num_classes)
         key = {"model_id": row["model_id"], "mode": row["mode"], "batch": int(row["batch"])}
         try:
-            memory = simulated_memory(build, tuple(json.loads(row["input_shape"])), int(row["batch"]), row["mode"],
-                                      input_dtype, optimizer, row.get("label", row["model_id"]))
+            shape = tuple(json.loads(row["input_shape"]))
+            memory = simulated_memory(build, shape, int(row["batch"]), row["mode"], input_dtype, optimizer,
+                                      row.get("label", row["model_id"]))
             records.append({**key, **memory.features(), "sim_error": ""})
         except InputError as exc:
             records.append({**key, "sim_error": str(exc)})

@@ -205,7 +205,8 @@ def _simulate_batches(job: FeatureJob, scaled: dict[int, dict[str, Any]]) -> dic
 
     build, shape, dtype = job_builder(job), (3, job.resolution, job.resolution), BUILD_DTYPES[job.precision]
     for batch, features in scaled.items():
-        simulate = functools.partial(simulated_memory, build, shape, batch, job.mode, dtype, model_id=_job_label(job))
+        simulate = functools.partial(simulated_memory, build, shape, batch, job.mode, dtype,
+                                     model_id=_job_label(job))
         features.update(feature_row(simulate))
     return scaled
 

@@ -10,24 +10,31 @@ from sklearn.linear_model import QuantileRegressor
 from sklearn.utils.validation import check_is_fitted
 
 from perfzoo.io import InputError
-from perfzoo.regressors.base import Regressor, check_frame, numeric_matrix, register_regressor, require_columns
+from perfzoo.regressors.base import (
+    Regressor,
+    check_frame,
+    numeric_matrix,
+    register_regressor,
+    require_columns,
+)
 
 MIB = 2.0**20
 
 
 @register_regressor
 class MemorySimRegressor(Regressor):
-    """``peak_mem_mb ≈ a + a_train·[training] + b·sim_peak + c·sim_activation + d·√sim_op_kinds + e·sim_uses_conv``.
+    """``peak_mem_mb ≈ a + a_t·[training] + b·peak + c·activation + d·√op_kinds + e·uses_conv`` (sim_*).
 
     The ``sim_*`` features come from :func:`perfzoo.features.memory.simulate_peak_memory` (bytes, used in
     MiB): the peak of live tensor bytes of the profiled step replayed on the meta device, the activation
     and temporary bytes live at that peak, the number of distinct operators the step ran and whether a
-    convolution ran. The square root of the operator count was chosen over the count itself, after comparing
-    both on the splits of the default CPU zoo (bench/memory_sim.py): kernels share library code, so the code a
-    step touches grows less than in proportion to its distinct operators. The coefficients are fitted per device (``group_col``) by median regression with
-    weights ``1 / y``, which minimises the mean absolute percentage error on the training rows and is robust
-    to outliers; a device with fewer than ``min_group_rows`` training rows (or not seen in training) uses the
-    coefficients fitted on all rows.
+    convolution ran. The square root of the operator count was chosen over the count itself after
+    comparing both on the splits of the default CPU zoo (bench/memory_sim.py): kernels share library
+    code, so the code a step touches grows less than in proportion to its distinct operators. The
+    coefficients are fitted per device (``group_col``) by median regression with weights ``1 / y``, which
+    minimises the mean absolute percentage error on the training rows and is robust to outliers; a device
+    with fewer than ``min_group_rows`` training rows (or not seen in training) uses the coefficients
+    fitted on all rows.
 
     What the calibration absorbs, on the CPU, whose label is the profiling worker's peak resident set size
     above its baseline taken after ``gc`` and before the model is built (``perfzoo.profiling.core``): the
@@ -45,12 +52,14 @@ class MemorySimRegressor(Regressor):
     """
 
     kind = "memory_sim"
-    FEATURES: ClassVar[tuple[str, ...]] = ("sim_peak_bytes", "sim_activation_bytes", "sim_op_kinds", "sim_uses_conv")
-    TERMS: ClassVar[tuple[str, ...]] = ("intercept", "training", "peak_mib", "activation_mib", "sqrt_op_kinds",
-                                        "uses_conv")
+    FEATURES: ClassVar[tuple[str, ...]] = ("sim_peak_bytes", "sim_activation_bytes", "sim_op_kinds",
+                                           "sim_uses_conv")
+    TERMS: ClassVar[tuple[str, ...]] = ("intercept", "training", "peak_mib", "activation_mib",
+                                        "sqrt_op_kinds", "uses_conv")
     _required_state: ClassVar[tuple[str, ...]] = ("feature_names_", "global_coef_", "group_coefs_")
 
-    def __init__(self, group_col: str | None = "device", min_group_rows: int = 24, log_target: bool = False) -> None:
+    def __init__(self, group_col: str | None = "device", min_group_rows: int = 24,
+                 log_target: bool = False) -> None:
         self.group_col = group_col
         self.min_group_rows = min_group_rows
         self.log_target = log_target
@@ -107,4 +116,4 @@ class MemorySimRegressor(Regressor):
         check_is_fitted(self, "global_coef_")
         D, groups = self._design(X), self._groups(X)
         coef = np.array([self.group_coefs_.get(g, self.global_coef_) for g in groups], dtype=np.float64)
-        return (D * coef.reshape(len(D), len(self.TERMS))).sum(axis=1)  # NaN where a simulated feature is missing
+        return (D * coef.reshape(len(D), len(self.TERMS))).sum(axis=1)  # NaN where a feature is missing
