@@ -78,6 +78,7 @@ from tqdm import tqdm
 from perfzoo.features.memory import (
     SIM_COLUMNS,
     SimulatedMemory,
+    feature_row,
     simulate_peak_memory,
     simulated_memory_features,
 )
@@ -627,11 +628,8 @@ def simulate_manifest(manifest: pd.DataFrame, num_classes: int, optimizer: str =
     for row in manifest.drop_duplicates(["model_id", "mode", "batch"]).to_dict("records"):
         build, input_dtype = manifest_builder(row, num_classes)
         key = {"model_id": row["model_id"], "mode": row["mode"], "batch": int(row["batch"])}
-        try:
-            shape = tuple(json.loads(row["input_shape"]))
-            memory = simulated_memory(build, shape, int(row["batch"]), row["mode"], input_dtype, optimizer,
-                                      row.get("label", row["model_id"]))
-            records.append({**key, **memory.features(), "sim_error": ""})
-        except InputError as exc:
-            records.append({**key, "sim_error": str(exc)})
+        shape = tuple(json.loads(row["input_shape"]))
+        simulate = partial(simulated_memory, build, shape, key["batch"], key["mode"], input_dtype, optimizer,
+                           row.get("label", row["model_id"]))
+        records.append({**key, **feature_row(simulate)})
     return pd.DataFrame(records, columns=["model_id", "mode", "batch", *SIM_COLUMNS, "sim_error"])
