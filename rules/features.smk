@@ -16,5 +16,6 @@ rule features:
         "../envs/perfzoo.yaml"
     params:
         num_classes=config["zoo"]["num_classes"],
+        optimizer=config["profiling"]["optimizer"],
     script:
         "../workflow/scripts/features.py"

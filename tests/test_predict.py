@@ -265,8 +265,10 @@ def test_predict_module_instance_per_device_with_intervals(run_dir: Path) -> Non
     assert table.loc["a100", "latency_ms"] < table.loc["cpu", "latency_ms"]
     assert _assert_intervals_bracket(result.table) >= 10
     lat = result.record["devices"]["cpu"]["quantities"]["latency_ms"]
-    # an anonymous nn.Sequential matches no profiled family: leave-one-family-out predictors and residuals
-    assert lat["lo"] < lat["hi"] and "split leave_one_family_out" in lat["interval"]
+    # an anonymous nn.Sequential matches no profiled family: leave-one-family-out predictors, and intervals
+    # from their residuals on that split (split-conformal) or from the trees of the winning forest
+    assert lat["lo"] < lat["hi"] and lat["source"].endswith("/leave_one_family_out")
+    assert "split leave_one_family_out" in lat["interval"] or "tree predictions" in lat["interval"]
     named = perfzoo.predict("mlp:mlp_small", batch=4, input_shape=(64,))
     lat = named.record["devices"]["cpu"]["quantities"]["latency_ms"]
     assert lat["lo"] < lat["hi"] and "tree predictions" in lat["interval"]  # random forest wins on this data
@@ -367,7 +369,7 @@ def test_unprofiled_family_warns(run_dir: Path) -> None:
     assert {p["split"] for p in result.record["predictors"].values()} == {"leave_one_family_out"}
     assert "leave_one_family_out" in result.record["predictor_choice"]
     latency = result.record["devices"]["cpu"]["quantities"]["latency_ms"]
-    assert latency["source"] == "linear/leave_one_family_out" or "leave_one_family_out" in latency["interval"]
+    assert latency["source"].endswith("/leave_one_family_out")  # whichever regressor wins on that split
     seen = predict("mlp:mlp_small", input_shape=64)
     assert not any("never profiled" in w for w in seen.warnings)
     assert {p["split"] for p in seen.record["predictors"].values()} == {"random"}

@@ -20,15 +20,18 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "xgboost_grid": ("xgboost", {"search": True, "search_cv": 3}),
 }
 FEATURE_SETS = ("all", "model")
-# Methods that model execution time only (roofline bound, sum of per-layer times).
-TIME_ONLY = {"roofline": ("latency_ms",), "gianniti_layer": ("latency_ms",)}
+# Methods that model one quantity only: execution time (roofline bound, sum of per-layer times) or peak
+# memory (the simulated live tensor bytes of the step).
+ONLY_TARGETS = {"roofline": ("latency_ms",), "gianniti_layer": ("latency_ms",),
+                "memory_sim": ("peak_mem_mb",)}
+WHAT_IT_MODELS = {"latency_ms": "execution time", "peak_mem_mb": "peak memory"}
 
 
 def unsupported_reason(regressor: str, target: str) -> str | None:
     """Why ``regressor`` does not apply to ``target`` (None when it does)."""
-    targets = TIME_ONLY.get(regressor)
+    targets = ONLY_TARGETS.get(regressor)
     if targets is not None and target not in targets:
-        return f"{regressor} models execution time; it does not predict {target}"
+        return f"{regressor} models {WHAT_IT_MODELS[targets[0]]}; it does not predict {target}"
     return None
 ID_COLUMNS = ["row_id", "model_id", "device", "mode", "batch", "family", "label"]
 PREDICTION_COLUMNS = ["split", "fold", "set", *ID_COLUMNS, "target", "regressor", "y_true", "y_pred",

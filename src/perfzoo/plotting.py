@@ -38,7 +38,7 @@ matplotlib.rcParams.update(STYLE)
 REGRESSOR_COLORS = {
     "roofline": "#000000", "linear": "#E69F00", "gianniti_e2e": "#56B4E9", "gianniti_layer": "#009E73",
     "poly_lasso": "#F0E442", "random_forest": "#0072B2", "extra_trees": "#D55E00", "xgboost": "#CC79A7",
-    "xgboost_grid": "#882255", "mlp": "#999999",
+    "xgboost_grid": "#882255", "mlp": "#999999", "memory_sim": "#44AA99",
 }  # fmt: skip
 FAMILY_COLORS = {
     "resnet": "#1f77b4", "vgg": "#ff7f0e", "mobilenet": "#2ca02c", "efficientnet": "#d62728",

@@ -7,9 +7,10 @@ from perfzoo.workflow import run_step
 
 def main() -> None:
     manifest = read_parquet(snakemake.input.manifest)
-    models, layers = featurise_manifest(manifest, snakemake.params.num_classes)
+    models, layers = featurise_manifest(manifest, snakemake.params.num_classes,
+                                        optimizer=snakemake.params.optimizer)
     prov = provenance([snakemake.input.manifest, *snakemake.input.model_files],
-                      links=config_link(snakemake.config, ["zoo.num_classes"]))
+                      links=config_link(snakemake.config, ["zoo.num_classes", "profiling.optimizer"]))
     write_table(snakemake.output.models, models, prov)
     write_table(snakemake.output.layers, layers, prov)
 

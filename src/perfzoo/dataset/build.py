@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfzoo.features.memory import SIM_COLUMNS
 from perfzoo.hardware import hardware_features
 from perfzoo.io import InputError, read_json, read_parquet
 from perfzoo.profiling.interference import drop_flagged_runs, flagged_mask
@@ -22,7 +23,7 @@ MODEL_FEATURES = (
     "flops", "flops_fw", "macs", "params", "trainable_params", "weight_bytes", "activation_bytes",
     "input_bytes", "n_layers", "n_conv", "n_linear", "n_norm", "n_act", "n_pool", "n_attention",
     "n_dropout", "n_embedding", "graph_nodes", "graph_edges", "complexity_fw", "complexity_bw", "depth",
-    "train_mem_estimate_bytes",
+    "train_mem_estimate_bytes", *SIM_COLUMNS,
 )
 
 

@@ -41,6 +41,14 @@ train_mem_estimate_bytes
     ``weight_bytes * k + activation_bytes`` with ``k = 4`` for training (weights, gradients,
     two Adam moments) and ``k = 1`` for inference: a simple static memory feature, not a
     prediction.
+sim_peak_bytes, sim_start_bytes, sim_weight_bytes, sim_grad_bytes, sim_optimizer_bytes, sim_activation_bytes,
+sim_op_kinds, sim_uses_conv, sim_error
+    The profiled step (``perfzoo.profiling.core.make_step``: cross-entropy loss and an optimizer step in
+    training) replayed twice on the meta device by :func:`perfzoo.features.memory.simulate_peak_memory`: the
+    peak of live tensor bytes, the bytes before the first step, the split of the peak by category, the
+    number of distinct operators and whether a convolution ran. When that step cannot run (an output the
+    profiled cross-entropy loss does not take, as a backbone without a classifier head) they are NaN and
+    ``sim_error`` holds the one-line reason (else "").
 depth
     Deepest nesting level in the module tree (the root is 0; ``Sequential(conv, ...)`` has 1).
 graph_nodes, graph_edges
@@ -67,6 +75,13 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 from tqdm import tqdm
 
+from perfzoo.features.memory import (
+    SIM_COLUMNS,
+    SimulatedMemory,
+    feature_row,
+    simulate_peak_memory,
+    simulated_memory_features,
+)
 from perfzoo.io import InputError, one_line
 from perfzoo.models.builders import build_model
 from perfzoo.hardware.precision import BUILD_DTYPES, normalise_precision
@@ -82,7 +97,7 @@ MODEL_COLUMNS = [
     "weight_bytes", "activation_bytes", "input_bytes", "train_mem_estimate_bytes",
     "n_layers", "n_conv", "n_linear", "n_norm", "n_act", "n_pool", "n_attention", "n_dropout",
     "n_embedding", "graph_nodes", "graph_edges", "graph_error", "complexity_fw", "complexity_bw",
-    "depth",
+    "depth", *SIM_COLUMNS, "sim_error",
 ]  # fmt: skip
 
 _NORM_TYPES: tuple[type[nn.Module], ...] = (
@@ -473,13 +488,16 @@ def featurise(
     input_dtype: str = "float32",
     model_id: str = "",
     trace_graph: bool = True,
+    optimizer: str = "sgd",
 ) -> tuple[dict, pd.DataFrame]:
     """Build the model on the meta device and return (model-level features, per-layer table).
 
     ``input_shape`` excludes the batch dim; ``input_dtype`` is a torch dtype name ("float32" for
     images/MLPs, "int64" for token ids). ``mode`` is "inference" or "training". A model that
     fails to build or run raises ``InputError`` naming ``model_id``. See the module docstring
-    for the definition of every feature. ``trace_graph=False`` skips the fx trace (graph features NaN,
+    for the definition of every feature; the ``sim_*`` columns come from
+    :func:`perfzoo.features.memory.simulate_peak_memory` with ``optimizer`` (the profiled training step's,
+    config ``profiling.optimizer``). ``trace_graph=False`` skips the fx trace (graph features NaN,
     ``graph_error`` "not traced"), for callers that already traced the same model.
     """
     if mode not in MODES:
@@ -511,7 +529,8 @@ def featurise(
                                                  else (math.nan, math.nan, "not traced"))
 
     table = _layer_table(recorder.rows, output, mode, batch, model_id)
-    counted = {"model_id": model_id, "mode": mode, "batch": batch, "flops": flops, "flops_fw": flops_fw}
+    counted = {"model_id": model_id, "mode": mode, "batch": batch, "flops": flops, "flops_fw": flops_fw,
+               **simulated_memory_features(model, x, mode, optimizer, model_id)}
     graph = {"graph_nodes": graph_nodes, "graph_edges": graph_edges, "graph_error": graph_error}
     return _model_features(model, x, recorder, table, counted, graph), table
 
@@ -553,18 +572,27 @@ def _at_precision(build: Callable[[], nn.Module], input_dtype: str, precision: s
     return (lambda: build().to(getattr(torch, dtype))), (dtype if floating else input_dtype)
 
 
-def featurise_manifest(manifest: pd.DataFrame, num_classes: int, progress: bool = True) -> tuple[
-        pd.DataFrame, pd.DataFrame]:
-    """Features of every (model, mode, batch) config of the zoo manifest: (model table, layer table)."""
+def manifest_builder(row: dict[str, Any], num_classes: int) -> tuple[Callable[[], nn.Module], str]:
+    """(builder, input dtype) of one zoo-manifest row at its precision."""
+    shape = tuple(json.loads(row["input_shape"]))
+    kwargs = json.loads(row["builder_kwargs"])
+    build = partial(build_model, row["builder"], row["name"], kwargs, num_classes, shape)
+    return _at_precision(build, row["dtype"], row.get("precision", "fp32"))
+
+
+def featurise_manifest(manifest: pd.DataFrame, num_classes: int, progress: bool = True, optimizer: str = "sgd"
+                       ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Features of every (model, mode, batch) config of the zoo manifest: (model table, layer table);
+    ``optimizer`` is the profiled training step's (config ``profiling.optimizer``), for the ``sim_*``
+    columns."""
     models, layers = [], []
     rows = manifest.drop_duplicates(["model_id", "mode", "batch"]).to_dict("records")
     for row in tqdm(rows, desc="features", file=sys.stderr, disable=not progress, mininterval=1):
         shape = tuple(json.loads(row["input_shape"]))
-        build = partial(build_model, row["builder"], row["name"], json.loads(row["builder_kwargs"]), num_classes,
-                        shape)
-        build, input_dtype = _at_precision(build, row["dtype"], row.get("precision", "fp32"))
+        build, input_dtype = manifest_builder(row, num_classes)
         try:
-            feats, table = featurise(build, shape, int(row["batch"]), row["mode"], input_dtype, row["model_id"])
+            feats, table = featurise(build, shape, int(row["batch"]), row["mode"], input_dtype,
+                                     row["model_id"], optimizer=optimizer)
         except InputError as exc:  # a model that cannot be built keeps a row, its features missing
             print(f"features: {exc}", file=sys.stderr)
             feats, table = {"model_id": row["model_id"], "mode": row["mode"], "batch": int(row["batch"]),
@@ -577,3 +605,31 @@ def featurise_manifest(manifest: pd.DataFrame, num_classes: int, progress: bool 
     layers = [t for t in layers if t is not None]
     layer_table = pd.concat(layers, ignore_index=True) if layers else pd.DataFrame(columns=list(LAYER_COLUMNS))
     return model_table.reset_index(drop=True), layer_table
+
+
+def simulated_memory(build: Callable[[], nn.Module], input_shape: tuple[int, ...], batch: int, mode: str,
+                     input_dtype: str = "float32", optimizer: str = "sgd", model_id: str = ""
+                     ) -> SimulatedMemory:
+    """The memory simulation alone (:func:`perfzoo.features.memory.simulate_peak_memory`) of a fresh meta
+    build."""
+    with torch.device("meta"):
+        try:
+            model = _build_on_meta(build)
+            x = _make_input(tuple(int(d) for d in input_shape), int(batch), input_dtype)
+        except Exception as exc:  # noqa: BLE001 - any builder error becomes a one-line InputError
+            raise InputError(f"model {model_id}: build failed: {one_line(exc)}") from None
+    return simulate_peak_memory(model, x, mode, optimizer, model_id)
+
+
+def simulate_manifest(manifest: pd.DataFrame, num_classes: int, optimizer: str = "sgd") -> pd.DataFrame:
+    """Simulated memory (:data:`SIM_COLUMNS`) of every (model, mode, batch) of the zoo manifest; a config the
+    simulation fails on keeps its row with missing values and the one-line reason in ``sim_error``."""
+    records = []
+    for row in manifest.drop_duplicates(["model_id", "mode", "batch"]).to_dict("records"):
+        build, input_dtype = manifest_builder(row, num_classes)
+        key = {"model_id": row["model_id"], "mode": row["mode"], "batch": int(row["batch"])}
+        shape = tuple(json.loads(row["input_shape"]))
+        simulate = partial(simulated_memory, build, shape, key["batch"], key["mode"], input_dtype, optimizer,
+                           row.get("label", row["model_id"]))
+        records.append({**key, **feature_row(simulate)})
+    return pd.DataFrame(records, columns=["model_id", "mode", "batch", *SIM_COLUMNS, "sim_error"])

@@ -12,7 +12,8 @@ sizes:
   third probe at batch 8 — exactly affine with an integer slope (a part computed once per step, such as
   a relative position bias); every other feature must be equal at all probes. Then each requested batch
   gets its value on that line: exact integers, the numbers a direct featurisation at that batch gives.
-  Otherwise every batch is featurised directly (``method == "direct"``);
+  Otherwise every batch is featurised directly (``method == "direct"``). The simulated peak memory
+  (``sim_*`` columns, a maximum over the step, not a line in the batch) is simulated at every batch;
 * jobs run in a pool of warm worker processes forked after torch, torchvision and timm are imported.
 
 A model that cannot be built or stepped gives no numbers: ``reason`` holds the builder's one-line error.
@@ -124,7 +125,9 @@ def _from_cache(job: FeatureJob) -> FeatureResult | None:
     if cached.probes is None:
         return None
     scaled = _scaled(cached.probes, job.batches)
-    return None if scaled is None else FeatureResult(job, scaled, method="scaled", probes=cached.probes)
+    if scaled is None:
+        return None
+    return FeatureResult(job, _simulate_batches(job, scaled), method="scaled", probes=cached.probes)
 
 
 def job_builder(job: FeatureJob) -> Callable[[], Any]:
@@ -166,6 +169,8 @@ def _line(values: list[Any]) -> tuple[int, int] | None:
 
 def scale_features(probes: tuple[dict[str, Any], ...], batch: int) -> dict[str, Any] | None:
     """Features at ``batch`` from the probe batches, or None when they do not scale exactly."""
+    from perfzoo.features.memory import SIM_COLUMNS  # lazy: torch takes seconds to import
+
     out = dict(probes[0])
     for key in PROPORTIONAL:
         line = _line([p[key] for p in probes])
@@ -173,7 +178,7 @@ def scale_features(probes: tuple[dict[str, Any], ...], batch: int) -> dict[str, 
             return None
         out[key] = line[0] + line[1] * batch
     for key, value in probes[0].items():
-        if key in (*PROPORTIONAL, *DERIVED, *PER_CALL):
+        if key in (*PROPORTIONAL, *DERIVED, *PER_CALL, *SIM_COLUMNS, "sim_error"):  # simulated per batch
             continue
         if not all(value == p[key] or (value != value and p[key] != p[key]) for p in probes[1:]):  # NaN==NaN
             return None
@@ -188,13 +193,30 @@ def _scaled(probes: tuple[dict[str, Any], ...], batches: tuple[int, ...]) -> dic
     return None if any(f is None for f in scaled.values()) else scaled
 
 
+def _job_label(job: FeatureJob) -> str:
+    return f"timm:{job.name}" if job.builder == "timm" else f"{job.builder}:{job.name}"
+
+
+def _simulate_batches(job: FeatureJob, scaled: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Batch-scaled features with the simulated memory (``sim_*``) of each batch: a peak is a maximum over
+    the step, not a line in the batch, so it is simulated rather than scaled."""
+    from perfzoo.features.memory import feature_row  # lazy: torch takes seconds to import
+    from perfzoo.features.meta import simulated_memory
+
+    build, shape, dtype = job_builder(job), (3, job.resolution, job.resolution), BUILD_DTYPES[job.precision]
+    for batch, features in scaled.items():
+        simulate = functools.partial(simulated_memory, build, shape, batch, job.mode, dtype,
+                                     model_id=_job_label(job))
+        features.update(feature_row(simulate))
+    return scaled
+
+
 def featurise_job(job: FeatureJob) -> FeatureResult:
     """Featurise one job (in the calling process); see the module docstring."""
     from perfzoo.features.meta import featurise  # lazy: torch takes seconds to import, and an import without featurisation never needs it
 
     build, shape = job_builder(job), (3, job.resolution, job.resolution)
-    label = f"timm:{job.name}" if job.builder == "timm" else f"{job.builder}:{job.name}"
-    dtype = BUILD_DTYPES[job.precision]
+    label, dtype = _job_label(job), BUILD_DTYPES[job.precision]
 
     def probe(batch: int, graph: dict[str, Any] | None = None) -> dict[str, Any]:
         features = featurise(build, shape, batch, job.mode, dtype, label, trace_graph=graph is None)[0]
@@ -209,7 +231,7 @@ def featurise_job(job: FeatureJob) -> FeatureResult:
             probes = (*probes, probe(PROBE_BATCHES[2], graph))
             scaled = _scaled(probes, job.batches)
         if scaled is not None:
-            return FeatureResult(job, scaled, method="scaled", probes=probes)
+            return FeatureResult(job, _simulate_batches(job, scaled), method="scaled", probes=probes)
         direct = {b: featurise(job_builder(job), shape, b, job.mode, dtype, label)[0] for b in job.batches}
         return FeatureResult(job, direct, method="direct")
     except InputError as exc:

@@ -8,6 +8,7 @@ The public API of the package, re-exported from its modules:
 - :mod:`~perfzoo.regressors.linear`: roofline, ridge on log features, sparse polynomial (Lasso);
 - :mod:`~perfzoo.regressors.trees`: random forest, extra trees, XGBoost;
 - :mod:`~perfzoo.regressors.mlp`: multilayer perceptron;
+- :mod:`~perfzoo.regressors.memory`: peak memory from the meta-device simulation, calibrated per device;
 - :mod:`~perfzoo.regressors.gianniti`: the end-to-end and per-layer models of Gianniti et al.;
 - :mod:`~perfzoo.regressors.transfer`: predicting an unprofiled GPU from other GPUs;
 - :mod:`~perfzoo.regressors.selection`: cross-validated grid search;
@@ -30,6 +31,7 @@ from perfzoo.regressors.base import (
 from perfzoo.regressors.baselines import BASELINES, baseline_predictions
 from perfzoo.regressors.gianniti import GiannitiE2ERegressor, GiannitiLayerRegressor
 from perfzoo.regressors.linear import LinearRegressor, PolyLassoRegressor, RooflineRegressor
+from perfzoo.regressors.memory import MemorySimRegressor
 from perfzoo.regressors.mlp import MLPRegressor
 from perfzoo.regressors.selection import cross_validated_grid
 from perfzoo.regressors.transfer import DeviceTransferRegressor
@@ -44,6 +46,7 @@ __all__ = [
     "GiannitiLayerRegressor",
     "LinearRegressor",
     "MLPRegressor",
+    "MemorySimRegressor",
     "PolyLassoRegressor",
     "RandomForestRegressor",
     "Regressor",

@@ -1,0 +1,119 @@
+"""Peak memory from the meta-device simulation of the step, calibrated per device on profiled rows."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+import pandas as pd
+from sklearn.linear_model import QuantileRegressor
+from sklearn.utils.validation import check_is_fitted
+
+from perfzoo.io import InputError
+from perfzoo.regressors.base import (
+    Regressor,
+    check_frame,
+    numeric_matrix,
+    register_regressor,
+    require_columns,
+)
+
+MIB = 2.0**20
+
+
+@register_regressor
+class MemorySimRegressor(Regressor):
+    """``peak_mem_mb ≈ a + a_t·[training] + b·peak + c·activation + d·√op_kinds + e·uses_conv`` (sim_*).
+
+    The ``sim_*`` features come from :func:`perfzoo.features.memory.simulate_peak_memory` (bytes, used in
+    MiB): the peak of live tensor bytes of the profiled step replayed on the meta device, the activation
+    and temporary bytes live at that peak, the number of distinct operators the step ran and whether a
+    convolution ran. The square root of the operator count was chosen over the count itself after
+    comparing both on the splits of the default CPU zoo (bench/memory_sim.py): kernels share library
+    code, so the code a step touches grows less than in proportion to its distinct operators. The
+    coefficients are fitted per device (``group_col``) by median regression with weights ``1 / y``, which
+    minimises the mean absolute percentage error on the training rows and is robust to outliers; a device
+    with fewer than ``min_group_rows`` training rows (or not seen in training) uses the coefficients
+    fitted on all rows.
+
+    What the calibration absorbs, on the CPU, whose label is the profiling worker's peak resident set size
+    above its baseline taken after ``gc`` and before the model is built (``perfzoo.profiling.core``): the
+    intercepts hold the runtime's own growth in the worker (code pages of the libtorch, BLAS and oneDNN
+    kernels touched for the first time, thread stacks, the interference probe's matrix product, which runs
+    in the same process), separately for training (autograd engine, backward and optimizer kernels);
+    ``e`` holds oneDNN's convolution code and JIT kernels; ``d`` the code of the operators; ``c`` the
+    workspaces that kernels allocate internally in proportion to the activations (convolution reorders,
+    im2col buffers, GEMM packing) and the allocator's fragmentation; ``b`` stays near 1 (weights,
+    gradients and optimizer state are allocated as simulated). On CUDA, whose label is
+    ``max_memory_allocated``, the same terms absorb the caching allocator's rounding and cuBLAS/cuDNN
+    workspaces. A row without simulated features (a model the simulation failed on) gets no prediction
+    (NaN), never an imputed one. Only the ``peak_mem_mb`` target is meaningful. The model is additive in
+    bytes, so ``log_target`` (a parameter of every regressor) must stay false.
+    """
+
+    kind = "memory_sim"
+    FEATURES: ClassVar[tuple[str, ...]] = ("sim_peak_bytes", "sim_activation_bytes", "sim_op_kinds",
+                                           "sim_uses_conv")
+    TERMS: ClassVar[tuple[str, ...]] = ("intercept", "training", "peak_mib", "activation_mib",
+                                        "sqrt_op_kinds", "uses_conv")
+    _required_state: ClassVar[tuple[str, ...]] = ("feature_names_", "global_coef_", "group_coefs_")
+
+    def __init__(self, group_col: str | None = "device", min_group_rows: int = 24,
+                 log_target: bool = False) -> None:
+        self.group_col = group_col
+        self.min_group_rows = min_group_rows
+        self.log_target = log_target
+
+    def _design(self, X: pd.DataFrame) -> np.ndarray:
+        """One row of :data:`TERMS` per row of ``X`` (NaN where a simulated feature is missing)."""
+        X = check_frame(X)
+        require_columns(X, [*self.FEATURES, "mode"], what="memory_sim")
+        peak, activation, op_kinds, uses_conv = numeric_matrix(X, self.FEATURES).T
+        training = (X["mode"].astype(str) == "training").to_numpy(dtype=float)
+        return np.column_stack([np.ones(len(X)), training, peak / MIB, activation / MIB, np.sqrt(op_kinds),
+                                uses_conv])
+
+    def _groups(self, X: pd.DataFrame) -> np.ndarray:
+        if not self.group_col:
+            return np.full(len(X), "", dtype=object)
+        require_columns(X, [self.group_col], what="memory_sim group")
+        return X[self.group_col].astype(str).to_numpy(dtype=object)
+
+    @staticmethod
+    def _median_fit(D: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Coefficients minimising the sum of |y - D·c| / y (the MAPE of the training rows)."""
+        solver = QuantileRegressor(quantile=0.5, alpha=0.0, fit_intercept=False, solver="highs")
+        return solver.fit(D, y, sample_weight=1.0 / y).coef_.astype(np.float64)
+
+    def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> MemorySimRegressor:
+        if self.log_target:
+            raise InputError("memory_sim adds bytes (its fit already minimises the relative error); "
+                             "log_target must be false")
+        D, groups = self._design(X), self._groups(X)
+        target = np.asarray(y, dtype=np.float64).ravel()
+        if target.shape[0] != len(D):
+            raise InputError(f"y has {target.shape[0]} values but X has {len(D)} rows")
+        usable = np.isfinite(D).all(axis=1) & np.isfinite(target) & (target > 0)
+        if usable.sum() < len(self.TERMS):
+            raise InputError(f"memory_sim: {int(usable.sum())} training rows with simulated features and a "
+                             f"positive target; it needs at least {len(self.TERMS)}")
+        self.feature_names_ = list(self.FEATURES)
+        self.n_features_in_ = len(self.FEATURES)
+        self.global_coef_ = self._median_fit(D[usable], target[usable])
+        self.group_coefs_ = {
+            str(g): self._median_fit(D[usable & (groups == g)], target[usable & (groups == g)])
+            for g in sorted(set(groups[usable])) if (usable & (groups == g)).sum() >= self.min_group_rows
+        }
+        self.n_unusable_rows_ = int((~usable).sum())
+        return self
+
+    def coefficients(self, group: str) -> pd.Series:
+        """The fitted coefficient of every term for ``group`` (the global ones for an unseen group)."""
+        check_is_fitted(self, "global_coef_")
+        return pd.Series(self.group_coefs_.get(group, self.global_coef_), index=list(self.TERMS))
+
+    def predict(self, X: pd.DataFrame) -> np.ndarray:
+        check_is_fitted(self, "global_coef_")
+        D, groups = self._design(X), self._groups(X)
+        coef = np.array([self.group_coefs_.get(g, self.global_coef_) for g in groups], dtype=np.float64)
+        return (D * coef.reshape(len(D), len(self.TERMS))).sum(axis=1)  # NaN where a feature is missing

@@ -1,0 +1,186 @@
+"""Peak memory simulated on the meta device (perfzoo.features.memory) and its calibrated regressor."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from perfzoo.features.memory import SIM_COLUMNS, simulate_peak_memory
+from perfzoo.features.meta import MODEL_COLUMNS, featurise, simulated_memory
+from perfzoo.fitting import unsupported_reason
+from perfzoo.io import InputError
+from perfzoo.models.builders import build_model
+from perfzoo.profiling.core import peak_rss_mb, reset_peak_rss
+from perfzoo.regressors import MemorySimRegressor, load_regressor, make_regressor
+
+IN, HIDDEN, OUT = 8, 16, 4
+WEIGHT_BYTES = 4 * (IN * HIDDEN + HIDDEN + HIDDEN * OUT + OUT)  # two float32 Linear layers with bias
+
+
+def two_linear(batch: int) -> tuple[nn.Module, torch.Tensor]:
+    with torch.device("meta"):
+        return nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT)), torch.empty(batch, IN)
+
+
+def input_bytes(batch: int) -> int:
+    return batch * IN * 4 + batch * 8  # float32 inputs and int64 class targets
+
+
+def hidden_bytes(batch: int) -> int:
+    return batch * HIDDEN * 4
+
+
+@pytest.mark.parametrize("batch", [4, 4096])
+def test_inference_peak_is_weights_inputs_and_two_hidden_tensors(batch: int) -> None:
+    # no_grad: the first Linear's output lives until the ReLU's output exists, then is freed; the second
+    # Linear's output (batch x 4) is smaller than the hidden pair
+    result = simulate_peak_memory(*two_linear(batch), "inference")
+    assert result.weight_bytes == WEIGHT_BYTES and result.input_bytes == input_bytes(batch)
+    assert result.start_bytes == WEIGHT_BYTES + input_bytes(batch)
+    assert result.activation_bytes == 2 * hidden_bytes(batch)
+    assert result.peak_bytes == WEIGHT_BYTES + input_bytes(batch) + 2 * hidden_bytes(batch)
+    assert result.grad_bytes == result.optimizer_bytes == 0
+
+
+@pytest.mark.parametrize("optimizer, state_bytes",
+                         [("sgd", WEIGHT_BYTES), ("adam", 2 * WEIGHT_BYTES + 4 * 4)])
+def test_training_peak_holds_weights_optimizer_state_gradients_and_saved_activations(
+        optimizer: str, state_bytes: int) -> None:
+    # at a large batch the peak is in the second step's backward through the ReLU: the saved ReLU output,
+    # the gradient flowing into it and the gradient it returns (three batch x hidden tensors, plus the
+    # loss's two scalars), with the optimizer state of the first step (SGD: one momentum buffer per
+    # weight; Adam: two moments and one float32 step counter per parameter tensor) and the gradients of the
+    # second Linear layer already accumulated
+    batch = 4096
+    result = simulate_peak_memory(*two_linear(batch), "training", optimizer)
+    assert result.weight_bytes == WEIGHT_BYTES and result.input_bytes == input_bytes(batch)
+    assert result.optimizer_bytes == state_bytes
+    assert result.grad_bytes == 4 * (HIDDEN * OUT + OUT)
+    assert result.activation_bytes == 3 * hidden_bytes(batch) + 2 * 4
+    assert result.peak_bytes == (result.weight_bytes + result.input_bytes + result.optimizer_bytes
+                                 + result.grad_bytes + result.activation_bytes)
+
+
+def test_training_needs_more_than_inference_and_adam_more_than_sgd() -> None:
+    inference = simulate_peak_memory(*two_linear(64), "inference")
+    sgd = simulate_peak_memory(*two_linear(64), "training", "sgd")
+    adam = simulate_peak_memory(*two_linear(64), "training", "adam")
+    assert inference.peak_bytes < sgd.peak_bytes < adam.peak_bytes
+    assert inference.op_kinds < sgd.op_kinds < adam.op_kinds and sgd.uses_conv == 0
+
+
+def test_convolution_is_flagged_and_columns_reach_the_feature_table() -> None:
+    def cnn() -> nn.Module:
+        return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 10))
+
+    feats, _ = featurise(cnn, (3, 8, 8), 2, "training", model_id="cnn")
+    assert list(feats) == MODEL_COLUMNS and set(SIM_COLUMNS) <= set(feats)
+    assert feats["sim_uses_conv"] == 1 and feats["sim_weight_bytes"] == feats["weight_bytes"]
+    assert feats["sim_peak_bytes"] > feats["sim_start_bytes"] > feats["weight_bytes"]
+    direct = simulated_memory(cnn, (3, 8, 8), 2, "training", model_id="cnn")
+    assert direct.features() == {k: feats[k] for k in SIM_COLUMNS}
+
+
+def test_three_billion_parameter_transformer_is_simulated_without_real_memory() -> None:
+    kwargs = {"d_model": 2560, "heads": 20, "layers": 38}
+    build = lambda: build_model("transformer", "encoder", kwargs, 10, (16,))  # noqa: E731
+    simulated_memory(lambda: nn.Linear(2, 2), (2,), 1, "training")  # lazy imports out of the measurement
+    baseline = reset_peak_rss()
+    started = time.perf_counter()
+    result = simulated_memory(build, (16,), 1, "training", "int64", "adam", model_id="encoder-3b")
+    seconds, grown_mb = time.perf_counter() - started, peak_rss_mb() - baseline
+    assert result.weight_bytes > 4 * 3_000_000_000  # > 3e9 float32 parameters
+    assert result.peak_bytes >= result.weight_bytes * 3  # weights, both Adam moments, gradients on top
+    assert grown_mb < 256, f"simulating took {grown_mb:.0f} MiB of real memory"
+    assert seconds < 60
+
+
+def test_a_step_without_meta_kernel_names_the_model() -> None:
+    class NeedsValue(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * float(x.sum().item())  # .item() reads data a meta tensor does not have
+
+    with torch.device("meta"):
+        model, x = NeedsValue(), torch.empty(2, 3)
+    with pytest.raises(InputError, match="model odd-one: inference step failed .*meta"):
+        simulate_peak_memory(model, x, "inference", model_id="odd-one")
+    with pytest.raises(InputError, match="model real: .*meta device, found tensors on cpu"):
+        simulate_peak_memory(nn.Linear(2, 2), torch.zeros(1, 2), "inference", model_id="real")
+    with pytest.raises(InputError, match="model broken: build failed"):
+        simulated_memory(lambda: 1 / 0, (2,), 1, "inference", model_id="broken")
+    with pytest.raises(InputError, match="unknown optimizer 'lbfgs'"):
+        simulate_peak_memory(*two_linear(2), "training", "lbfgs", model_id="m")
+
+
+# --------------------------------------------------------------------------- the calibrated regressor
+
+COEF = {"cpu": [9.0, 2.0, 1.0, 0.4, 1.0, 35.0], "gpu": [300.0, 0.0, 1.0, 0.0, 0.0, 0.0]}
+
+
+def sim_frame(n: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
+    """Rows on two devices whose label is exactly the regressor's model with COEF."""
+    rng = np.random.default_rng(seed)
+    frame = pd.DataFrame({
+        "device": np.where(np.arange(n) % 2, "cpu", "gpu"), "mode": rng.choice(["inference", "training"], n),
+        "sim_peak_bytes": rng.uniform(1, 3000, n) * 2**20,
+        "sim_activation_bytes": rng.uniform(0, 200, n) * 2**20,
+        "sim_op_kinds": rng.integers(3, 40, n).astype(float),
+        "sim_uses_conv": rng.integers(0, 2, n).astype(float),
+        "flops": rng.uniform(1, 2, n)})
+    terms = np.column_stack([np.ones(n), frame["mode"] == "training", frame["sim_peak_bytes"] / 2**20,
+                             frame["sim_activation_bytes"] / 2**20, np.sqrt(frame["sim_op_kinds"]),
+                             frame["sim_uses_conv"]])
+    coef = np.array([COEF[d] for d in frame["device"]])
+    return frame, (terms * coef).sum(axis=1)
+
+
+def test_regressor_recovers_per_device_calibration_and_round_trips(tmp_path: Path) -> None:
+    X, y = sim_frame(120)
+    reg = make_regressor("memory_sim").fit(X, y)
+    for device, coef in COEF.items():
+        np.testing.assert_allclose(reg.coefficients(device).to_numpy(), coef, rtol=1e-6, atol=1e-6)
+    test, y_test = sim_frame(30, seed=1)
+    np.testing.assert_allclose(reg.predict(test), y_test, rtol=1e-6)
+    reg.save(tmp_path / "memory_sim.json")
+    loaded = load_regressor(tmp_path / "memory_sim.json")
+    assert isinstance(loaded, MemorySimRegressor)
+    np.testing.assert_array_equal(loaded.predict(test), reg.predict(test))
+    unseen = test.assign(device="tpu")  # a device without training rows: the coefficients fitted on all rows
+    np.testing.assert_array_equal(loaded.coefficients("tpu").to_numpy(), reg.global_coef_)
+    assert not np.allclose(loaded.predict(unseen), loaded.predict(test))
+
+
+def test_regressor_gives_no_prediction_without_simulated_features() -> None:
+    X, y = sim_frame(60)
+    X.loc[0, "sim_peak_bytes"] = math.nan  # a model the simulation failed on: left out of the fit
+    reg = MemorySimRegressor().fit(X, y)
+    assert reg.n_unusable_rows_ == 1
+    assert np.isnan(reg.predict(X.iloc[:1]))[0] and np.isfinite(reg.predict(X.iloc[1:])).all()
+    with pytest.raises(InputError, match="missing memory_sim column"):
+        reg.predict(X.drop(columns="sim_op_kinds"))
+    with pytest.raises(InputError, match="training rows with simulated features"):
+        MemorySimRegressor().fit(X.iloc[:3], y[:3])
+    with pytest.raises(InputError, match="log_target must be false"):
+        MemorySimRegressor(log_target=True).fit(X, y)
+
+
+def test_memory_sim_predicts_peak_memory_only() -> None:
+    assert unsupported_reason("memory_sim", "peak_mem_mb") is None
+    assert "peak memory" in unsupported_reason("memory_sim", "latency_ms")
+
+
+def test_a_step_the_profiled_loss_cannot_take_leaves_the_columns_missing_with_the_reason() -> None:
+    def backbone() -> nn.Module:  # no classifier head: cross-entropy against class targets does not apply
+        return nn.Conv2d(3, 4, 3)
+
+    feats, _ = featurise(backbone, (3, 8, 8), 2, "training", model_id="headless")
+    assert all(math.isnan(feats[k]) for k in SIM_COLUMNS)
+    assert feats["sim_error"].startswith("model headless: training step failed in the memory simulation")
+    assert math.isfinite(feats["flops"])  # the other features are unaffected
