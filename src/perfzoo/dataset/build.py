@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfzoo.features.ops import OP_ERROR_COLUMN, OP_FEATURES
 from perfzoo.hardware import hardware_features
 from perfzoo.io import InputError, read_json, read_parquet
 from perfzoo.profiling.interference import drop_flagged_runs, flagged_mask
@@ -22,7 +23,7 @@ MODEL_FEATURES = (
     "flops", "flops_fw", "macs", "params", "trainable_params", "weight_bytes", "activation_bytes",
     "input_bytes", "n_layers", "n_conv", "n_linear", "n_norm", "n_act", "n_pool", "n_attention",
     "n_dropout", "n_embedding", "graph_nodes", "graph_edges", "complexity_fw", "complexity_bw", "depth",
-    "train_mem_estimate_bytes",
+    "train_mem_estimate_bytes", *OP_FEATURES,
 )
 
 
@@ -219,7 +220,7 @@ def build_dataset(
     hw = pd.DataFrame([{"device": d, **hardware_features(h)} for d, h in sorted(hardware.items())])
     info = manifest[["config_id", "family", "name", "variant", "label", "builder",
                      *(["precision"] if "precision" in manifest.columns else [])]]
-    model_cols = ["model_id", "mode", "batch", *[c for c in MODEL_FEATURES if c in features.columns]]
+    model_cols = ["model_id", "mode", "batch", *[c for c in (*MODEL_FEATURES, OP_ERROR_COLUMN) if c in features.columns]]
     data = (labels.merge(info, on="config_id", how="left")
             .merge(features[model_cols], on=["model_id", "mode", "batch"], how="left")
             .merge(hw, on="device", how="left"))

@@ -67,6 +67,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 from tqdm import tqdm
 
+from perfzoo.features.ops import OP_ERROR_COLUMN, OP_FEATURES, traced_op_features
 from perfzoo.io import InputError, one_line
 from perfzoo.models.builders import build_model
 from perfzoo.hardware.precision import BUILD_DTYPES, normalise_precision
@@ -82,7 +83,7 @@ MODEL_COLUMNS = [
     "weight_bytes", "activation_bytes", "input_bytes", "train_mem_estimate_bytes",
     "n_layers", "n_conv", "n_linear", "n_norm", "n_act", "n_pool", "n_attention", "n_dropout",
     "n_embedding", "graph_nodes", "graph_edges", "graph_error", "complexity_fw", "complexity_bw",
-    "depth",
+    "depth", *OP_FEATURES, OP_ERROR_COLUMN,
 ]  # fmt: skip
 
 _NORM_TYPES: tuple[type[nn.Module], ...] = (
@@ -473,6 +474,7 @@ def featurise(
     input_dtype: str = "float32",
     model_id: str = "",
     trace_graph: bool = True,
+    op_tables: list[pd.DataFrame] | None = None,
 ) -> tuple[dict, pd.DataFrame]:
     """Build the model on the meta device and return (model-level features, per-layer table).
 
@@ -480,7 +482,9 @@ def featurise(
     images/MLPs, "int64" for token ids). ``mode`` is "inference" or "training". A model that
     fails to build or run raises ``InputError`` naming ``model_id``. See the module docstring
     for the definition of every feature. ``trace_graph=False`` skips the fx trace (graph features NaN,
-    ``graph_error`` "not traced"), for callers that already traced the same model.
+    ``graph_error`` "not traced"), for callers that already traced the same model. The ``op_*`` features come
+    from the profiled step traced into aten operators (:mod:`perfzoo.features.ops`); that per-operator table
+    is appended to ``op_tables`` when given.
     """
     if mode not in MODES:
         raise InputError(f"model {model_id}: unknown mode {mode!r} (expected one of {', '.join(MODES)})")
@@ -507,12 +511,15 @@ def featurise(
         finally:
             for handle in handles:
                 handle.remove()
+        op_features, op_table = traced_op_features(lambda: model, x, mode, recorder.counter.flop_registry, model_id)
         graph_nodes, graph_edges, graph_error = (_graph_size(model) if trace_graph
                                                  else (math.nan, math.nan, "not traced"))
 
     table = _layer_table(recorder.rows, output, mode, batch, model_id)
     counted = {"model_id": model_id, "mode": mode, "batch": batch, "flops": flops, "flops_fw": flops_fw}
-    graph = {"graph_nodes": graph_nodes, "graph_edges": graph_edges, "graph_error": graph_error}
+    graph = {"graph_nodes": graph_nodes, "graph_edges": graph_edges, "graph_error": graph_error, **op_features}
+    if op_tables is not None and op_table is not None:
+        op_tables.append(op_table)
     return _model_features(model, x, recorder, table, counted, graph), table
 
 
@@ -553,9 +560,10 @@ def _at_precision(build: Callable[[], nn.Module], input_dtype: str, precision: s
     return (lambda: build().to(getattr(torch, dtype))), (dtype if floating else input_dtype)
 
 
-def featurise_manifest(manifest: pd.DataFrame, num_classes: int, progress: bool = True) -> tuple[
-        pd.DataFrame, pd.DataFrame]:
-    """Features of every (model, mode, batch) config of the zoo manifest: (model table, layer table)."""
+def featurise_manifest(manifest: pd.DataFrame, num_classes: int, progress: bool = True,
+                       op_tables: list[pd.DataFrame] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Features of every (model, mode, batch) config of the zoo manifest: (model table, layer table); the
+    per-operator tables are appended to ``op_tables`` when given."""
     models, layers = [], []
     rows = manifest.drop_duplicates(["model_id", "mode", "batch"]).to_dict("records")
     for row in tqdm(rows, desc="features", file=sys.stderr, disable=not progress, mininterval=1):
@@ -564,7 +572,8 @@ def featurise_manifest(manifest: pd.DataFrame, num_classes: int, progress: bool 
                         shape)
         build, input_dtype = _at_precision(build, row["dtype"], row.get("precision", "fp32"))
         try:
-            feats, table = featurise(build, shape, int(row["batch"]), row["mode"], input_dtype, row["model_id"])
+            feats, table = featurise(build, shape, int(row["batch"]), row["mode"], input_dtype, row["model_id"],
+                                     op_tables=op_tables)
         except InputError as exc:  # a model that cannot be built keeps a row, its features missing
             print(f"features: {exc}", file=sys.stderr)
             feats, table = {"model_id": row["model_id"], "mode": row["mode"], "batch": int(row["batch"]),
