@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from perfzoo.dataset.build import feature_columns, finite_target_rows
+from perfzoo.features.ops import OP_ERROR_COLUMN
 from perfzoo.io import InputError, write_text
 from perfzoo.regressors import Regressor, make_regressor, regressor_from_document
 from perfzoo.stats import all_metrics, conformal_halfwidth
@@ -21,7 +22,7 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 FEATURE_SETS = ("all", "model")
 # Methods that model execution time only (roofline bound, sum of per-layer times).
-TIME_ONLY = {"roofline": ("latency_ms",), "gianniti_layer": ("latency_ms",)}
+TIME_ONLY = {"roofline": ("latency_ms",), "gianniti_layer": ("latency_ms",), "composed": ("latency_ms",)}
 
 
 def unsupported_reason(regressor: str, target: str) -> str | None:
@@ -55,7 +56,8 @@ def regressor_inputs(data: pd.DataFrame, feature_set: str = "all") -> pd.DataFra
     columns = feature_columns(data)
     if feature_set == "model":
         columns = [c for c in columns if not c.startswith(("hw_", "roofline_"))]
-    groups = [c for c in ("gpu",) if c in data.columns]  # GPU model of a device (device_transfer's group_col)
+    # GPU model of a device (device_transfer's group_col); why a config has no operator trace (composed's fallback)
+    groups = [c for c in ("gpu", OP_ERROR_COLUMN) if c in data.columns]
     return data[[*columns, "device", "model_id", "mode", *groups]]
 
 

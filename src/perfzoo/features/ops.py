@@ -11,7 +11,9 @@ Per operator
 op
     The aten overload, e.g. ``aten.addmm.default``.
 kind
-    One of :data:`OP_KINDS`, from the operator name (:func:`op_kind`); every operator run by the optimizer
+    One of :data:`OP_KINDS`, from the operator name (:func:`op_kind`); convolutions with ``groups > 1``
+    (depthwise, grouped) are kinds of their own, as they run far fewer FLOPs per second than dense ones on a
+    CPU; every operator run by the optimizer
     step is of kind ``optimizer``. ``view`` holds views, metadata and allocation-only operators
     (``view``, ``t``, ``expand``, ``detach``, ``empty``...): they move no data and cost nothing, so their
     bytes are 0 and they are left out of the model-level aggregates.
@@ -58,8 +60,8 @@ from torch.utils._pytree import tree_leaves
 from perfzoo.io import InputError, one_line
 
 OP_KINDS = (
-    "matmul", "attention", "conv", "conv_backward", "norm", "pool", "softmax", "reduction", "elementwise",
-    "embedding", "copy", "optimizer", "other", "view",
+    "matmul", "attention", "conv", "conv_backward", "conv_grouped", "conv_grouped_backward", "norm", "pool",
+    "softmax", "reduction", "elementwise", "embedding", "copy", "optimizer", "other", "view",
 )  # fmt: skip
 FREE_KIND = "view"
 COSTED_KINDS = tuple(k for k in OP_KINDS if k != FREE_KIND)
@@ -142,12 +144,22 @@ class OpTraceError(InputError):
     """An operator of the step could not be followed on the meta device; the message names model and op."""
 
 
-def op_kind(func: torch._ops.OpOverload) -> str:
-    """The kind (:data:`OP_KINDS`) of an aten operator, from its packet name or its ``pointwise`` tag."""
+# Position of ``groups`` in the arguments of the convolution operators.
+_GROUPS_ARG = {"convolution": 8, "_convolution": 8, "convolution_backward": 9}
+
+
+def _is_grouped(name: str, args: tuple) -> bool:
+    position = _GROUPS_ARG.get(name)
+    return position is not None and len(args) > position and int(args[position]) > 1
+
+
+def op_kind(func: torch._ops.OpOverload, args: tuple = ()) -> str:
+    """The kind (:data:`OP_KINDS`) of an aten operator, from its packet name or its ``pointwise`` tag; a
+    convolution with ``groups > 1`` (depthwise and grouped) is ``conv_grouped`` / ``conv_grouped_backward``."""
     name = func._overloadpacket.__name__
     for kind, names in _KIND_NAMES.items():
         if name in names:
-            return kind
+            return kind.replace("conv", "conv_grouped", 1) if _is_grouped(name, args) else kind
     if getattr(func, "is_view", False):
         return FREE_KIND
     if torch.Tag.pointwise in getattr(func, "tags", ()):
@@ -205,7 +217,7 @@ class _OpRecorder(TorchDispatchMode):
         return out
 
     def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
-        kind = op_kind(func)
+        kind = op_kind(func, args)
         inputs, outputs = _tensors((args, kwargs)), _tensors(out)
         free = kind == FREE_KIND
         formula = self.flop_registry.get(func._overloadpacket)

@@ -9,6 +9,7 @@ The public API of the package, re-exported from its modules:
 - :mod:`~perfzoo.regressors.trees`: random forest, extra trees, XGBoost;
 - :mod:`~perfzoo.regressors.mlp`: multilayer perceptron;
 - :mod:`~perfzoo.regressors.gianniti`: the end-to-end and per-layer models of Gianniti et al.;
+- :mod:`~perfzoo.regressors.composed`: per-kind operator costs summed over a model's meta-device operator trace;
 - :mod:`~perfzoo.regressors.transfer`: predicting an unprofiled GPU from other GPUs;
 - :mod:`~perfzoo.regressors.selection`: cross-validated grid search;
 - :mod:`~perfzoo.regressors.baselines`: rule-of-thumb baselines scored beside the regressors.
@@ -28,6 +29,7 @@ from perfzoo.regressors.base import (
     save_regressor,
 )
 from perfzoo.regressors.baselines import BASELINES, baseline_predictions
+from perfzoo.regressors.composed import ComposedRegressor
 from perfzoo.regressors.gianniti import GiannitiE2ERegressor, GiannitiLayerRegressor
 from perfzoo.regressors.linear import LinearRegressor, PolyLassoRegressor, RooflineRegressor
 from perfzoo.regressors.mlp import MLPRegressor
@@ -38,6 +40,7 @@ from perfzoo.regressors.trees import ExtraTreesRegressor, RandomForestRegressor,
 __all__ = [
     "BASELINES",
     "REGISTRY",
+    "ComposedRegressor",
     "DeviceTransferRegressor",
     "ExtraTreesRegressor",
     "GiannitiE2ERegressor",
