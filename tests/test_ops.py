@@ -130,7 +130,7 @@ def synthetic(n: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
     return X, y.to_numpy()
 
 
-@pytest.mark.parametrize("weighting", ["none", "relative"])
+@pytest.mark.parametrize("weighting", ["none", "relative", "mape"])
 def test_composed_recovers_known_coefficients(weighting):
     X, y = synthetic(60)
     reg = make_regressor("composed", weighting=weighting).fit(X, y)
@@ -151,6 +151,7 @@ def test_composed_names_a_kind_never_seen_in_training_and_does_not_cost_it_zero(
     assert unseen["kind"].tolist() == ["pool"] and unseen["row"].tolist() == [1]
     assert 0 < unseen["share"].iloc[0] < 1
     assert reg.predict(new)[1] > reg.predict(X.head(2))[1]
+    assert any("'pool' never seen in training" in note for note in reg.prediction_notes(new))
 
 
 def test_composed_falls_back_for_a_config_without_operator_trace():
@@ -165,6 +166,7 @@ def test_composed_falls_back_for_a_config_without_operator_trace():
     assert np.isfinite(pred).all() and pred[2] > 0
     report = reg.fallback_rows(new)
     assert report.to_dict("records") == [{"row": 2, "fallback": "linear", "reason": new.loc[2, OP_ERROR_COLUMN]}]
+    assert any("aten.nonzero" in note and "'linear'" in note for note in reg.prediction_notes(new))
 
 
 def test_composed_save_load_round_trip(tmp_path):

@@ -3,8 +3,8 @@
 :func:`trace_step` runs the step the profiler times (:func:`perfzoo.profiling.core.make_step`: an inference
 forward under ``no_grad``, or a training step of forward, cross-entropy loss, backward and optimizer step)
 on a meta-device model under a ``TorchDispatchMode`` and records one row per aten operator
-(:data:`OP_COLUMNS`). A training step is run once untraced first, so the traced step is the steady state the
-profiler measures (optimizer state exists; gradients are set to ``None`` by ``zero_grad``).
+(:data:`OP_COLUMNS`). In a training step the optimizer steps once untraced before its traced step, so the
+traced optimizer operators are those of the steady state the profiler measures (its state exists).
 
 Per operator
 ------------
@@ -32,8 +32,9 @@ bytes_read, bytes_written
 
 Model level
 -----------
-:func:`op_aggregates` sums, per kind of :data:`COSTED_KINDS`, FLOPs, bytes and calls into
-``op_<kind>_flops``, ``op_<kind>_bytes``, ``op_<kind>_count`` (:data:`OP_FEATURES`).
+:func:`op_aggregates` sums, per kind of :data:`COSTED_KINDS`, bytes and calls into ``op_<kind>_bytes`` and
+``op_<kind>_count``, and FLOPs into ``op_<kind>_flops`` for the kinds that have FLOP formulas
+(:data:`FLOP_KINDS`; for the others it would always be 0) (:data:`OP_FEATURES`).
 
 Operators the tracer cannot follow
 ----------------------------------
@@ -65,8 +66,13 @@ OP_KINDS = (
 )  # fmt: skip
 FREE_KIND = "view"
 COSTED_KINDS = tuple(k for k in OP_KINDS if k != FREE_KIND)
+FLOP_KINDS = ("matmul", "attention", "conv", "conv_backward", "conv_grouped", "conv_grouped_backward", "other")
+"""Kinds whose operators have FLOP formulas (FlopCounterMode counts matmuls, convolutions and attention)."""
 OP_STATS = ("flops", "bytes", "count")
-OP_FEATURES = tuple(f"op_{kind}_{stat}" for kind in COSTED_KINDS for stat in OP_STATS)
+OP_FEATURE_KINDS = {f"op_{kind}_{stat}": (kind, stat) for kind in COSTED_KINDS for stat in OP_STATS
+                    if stat != "flops" or kind in FLOP_KINDS}
+"""Each model-level operator feature and its (kind, statistic)."""
+OP_FEATURES = tuple(OP_FEATURE_KINDS)
 OP_ERROR_COLUMN = "op_trace_error"
 OP_COLUMNS = [
     "model_id", "mode", "batch", "op_idx", "op", "kind", "phase", "in_shapes", "out_shapes", "dtype",
@@ -253,25 +259,19 @@ def _targets(output: Any, model_id: str) -> torch.Tensor:
     return torch.zeros(logits[0].shape[0], dtype=torch.long, device=logits[0].device)
 
 
-def _training_step(model: nn.Module, x: torch.Tensor, opt: torch.optim.Optimizer, recorder: _OpRecorder | None,
-                   model_id: str) -> None:
-    """forward + cross-entropy + backward + optimizer step, each phase under ``recorder`` when given."""
-    def phase(name: str) -> Any:
-        return recorder.in_phase(name) if recorder is not None else _nothing()
-
+def _training_step(model: nn.Module, x: torch.Tensor, optimizer: str, recorder: _OpRecorder, model_id: str) -> None:
+    """forward + cross-entropy + backward + optimizer step, each phase under ``recorder``. The optimizer steps
+    once untraced first, so the traced step is the steady state the profiler times (optimizer state exists)."""
+    opt = _optimizer(model, optimizer)
     opt.zero_grad(set_to_none=True)
-    with phase("forward"):
+    with recorder.in_phase("forward"):
         output = model(x)
         loss = nn.functional.cross_entropy(output, _targets(output, model_id))
-    with phase("backward"):
+    with recorder.in_phase("backward"):
         loss.backward()
-    with phase("optimizer"):
+    opt.step()
+    with recorder.in_phase("optimizer"):
         opt.step()
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 def trace_step(model: nn.Module, x: torch.Tensor, mode: str, flop_registry: dict[Any, Callable[..., int]],
@@ -291,10 +291,7 @@ def trace_step(model: nn.Module, x: torch.Tensor, mode: str, flop_registry: dict
                 model(x)
         else:
             model.train()
-            opt = _optimizer(model, optimizer)
-            _training_step(model, x, opt, None, model_id)  # untraced: optimizer state exists, as when timed
-            recorder.rows.clear()
-            _training_step(model, x, opt, recorder, model_id)
+            _training_step(model, x, optimizer, recorder, model_id)
     except OpTraceError:
         raise
     except Exception as exc:  # noqa: BLE001 - a failure between operators names the last one that ran
@@ -327,12 +324,11 @@ def op_aggregates(table: pd.DataFrame) -> dict[str, float]:
     moved = costed["bytes_read"] + costed["bytes_written"]
     by_kind = pd.DataFrame({"kind": costed["kind"], "flops": costed["flops"], "bytes": moved}).groupby("kind")
     sums, counts = by_kind.sum(), by_kind.size()
-    out: dict[str, float] = {}
-    for kind in COSTED_KINDS:
-        out[f"op_{kind}_flops"] = float(sums["flops"].get(kind, 0))
-        out[f"op_{kind}_bytes"] = float(sums["bytes"].get(kind, 0))
-        out[f"op_{kind}_count"] = float(counts.get(kind, 0))
-    return out
+    uncounted = sorted(k for k, flops in sums["flops"].items() if flops and k not in FLOP_KINDS)
+    if uncounted:
+        raise ValueError(f"FLOPs counted for operator kinds without a flops feature: {uncounted}")
+    totals = {"flops": sums["flops"], "bytes": sums["bytes"], "count": counts}
+    return {name: float(totals[stat].get(kind, 0)) for name, (kind, stat) in OP_FEATURE_KINDS.items()}
 
 
 def traced_op_features(build: Callable[[], nn.Module], x: torch.Tensor, mode: str,

@@ -3,7 +3,8 @@
 A config's step is traced on the meta device into aten operators (:mod:`perfzoo.features.ops`) and summed per
 operator kind into ``op_<kind>_flops``, ``op_<kind>_bytes`` and ``op_<kind>_count``. Per device,
 
-``t = o + o_train·is_training + Σ_k (α_k·flops_k + β_k·bytes_k + γ_k·count_k)``
+``t = o + o_train·is_training + Σ_k (α_k·flops_k + β_k·bytes_k + γ_k·count_k)`` (``flops_k`` for the kinds
+that have FLOP formulas, :data:`perfzoo.features.ops.FLOP_KINDS`)
 
 with every coefficient non-negative (``scipy.optimize.nnls`` on a column-scaled design): an operator never
 makes a step faster, and the model stays additive in linear space, so it composes over any model's trace and
@@ -13,8 +14,10 @@ is a time per FLOP, ``β_k`` per byte moved, ``γ_k`` per call (launch and dispa
 Weighting
 ---------
 ``weighting="relative"`` (default) weights each row by ``1/y``, so the least squares minimises the squared
-*relative* error, the quantity MAPE averages; unweighted, the few slowest configs decide every coefficient
-and small configs get large relative errors. ``weighting="none"`` fits absolute errors.
+*relative* error, close to what MAPE averages; unweighted (``"none"``), the few slowest configs decide every
+coefficient and small configs get large relative errors. ``"mape"`` minimises the mean absolute relative
+error itself (a linear program, scipy's HiGHS); on the two default runs of ``bench/RESULTS.md`` it did not do
+better than ``"relative"`` on one and better on the other, so the simpler least squares stays the default.
 
 Kinds never seen in training
 ----------------------------
@@ -37,10 +40,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import nnls
+from scipy.optimize import linprog, nnls
 from sklearn.utils.validation import check_is_fitted
 
-from perfzoo.features.ops import COSTED_KINDS, OP_ERROR_COLUMN, OP_FEATURES, OP_STATS
+from perfzoo.features.ops import COSTED_KINDS, OP_ERROR_COLUMN, OP_FEATURE_KINDS, OP_FEATURES, OP_STATS
 from perfzoo.io import InputError
 from perfzoo.regressors.base import (
     REGISTRY,
@@ -53,17 +56,32 @@ from perfzoo.regressors.base import (
     sorted_importances,
 )
 
-WEIGHTINGS = ("relative", "none")
+WEIGHTINGS = ("relative", "mape", "none")
 ALL_DEVICES = "*"
 """Key of the fit on every device's rows together, used for a device not seen in training."""
 OVERHEAD_TERMS = ("overhead", "overhead_training")
+# (operator features x kinds) and (operator features x statistics) indicator matrices
+_KIND_OF = np.array([[OP_FEATURE_KINDS[f][0] == k for k in COSTED_KINDS] for f in OP_FEATURES], dtype=float)
+_STAT_OF = np.array([[OP_FEATURE_KINDS[f][1] == st for st in OP_STATS] for f in OP_FEATURES], dtype=float)
+_COUNT_COLUMN = np.array([OP_FEATURES.index(f"op_{k}_count") for k in COSTED_KINDS])
 
 
-def _scaled_nnls(A: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Non-negative least squares of ``w·y`` on ``w·A``, each column scaled to unit maximum first."""
+def _nonnegative_fit(A: np.ndarray, y: np.ndarray, weighting: str) -> np.ndarray:
+    """Non-negative coefficients of ``y ≈ A·c`` under ``weighting`` (see the module docstring), each column
+    of ``A`` scaled to unit maximum first for conditioning."""
     scale = np.abs(A).max(axis=0)
     scale[scale == 0] = 1.0
-    coef, _ = nnls((A / scale) * w[:, None], y * w, maxiter=50 * A.shape[1])
+    B = A / scale
+    if weighting == "mape":  # min Σ|y - B·c|/y, c ≥ 0: a linear program over (c, over, under)
+        n, p = B.shape
+        cost = np.concatenate([np.zeros(p), 1.0 / y, 1.0 / y])
+        equality = np.hstack([B, -np.eye(n), np.eye(n)])
+        result = linprog(cost, A_eq=equality, b_eq=y, bounds=(0, None), method="highs")
+        if not result.success:
+            raise InputError(f"composed: the least-relative-deviation fit failed ({result.message})")
+        return result.x[:p] / scale
+    w = 1.0 / y if weighting == "relative" else np.ones_like(y)
+    coef, _ = nnls(B * w[:, None], y * w, maxiter=50 * A.shape[1])
     return coef / scale
 
 
@@ -100,8 +118,7 @@ class ComposedRegressor(Regressor):
     @staticmethod
     def _pooled(design: np.ndarray) -> np.ndarray:
         """[1, is_training, Σ flops, Σ bytes, Σ count] of a design matrix."""
-        ops = design[:, 2:].reshape(len(design), len(COSTED_KINDS), len(OP_STATS)).sum(axis=1)
-        return np.column_stack([design[:, :2], ops])
+        return np.column_stack([design[:, :2], design[:, 2:] @ _STAT_OF])
 
     def _groups(self, X: pd.DataFrame) -> np.ndarray:
         if self.group_col and self.group_col in X.columns:
@@ -134,14 +151,13 @@ class ComposedRegressor(Regressor):
         self.n_features_in_ = len(self.feature_names_)
         self.n_untraced_train_ = int((~traced).sum())
         groups = self._groups(X)
-        weights = 1.0 / target if self.weighting == "relative" else np.ones_like(target)
         self.coef_, self.pooled_coef_, self.seen_kinds_ = {}, {}, {}
         for group in [ALL_DEVICES, *sorted(set(groups[traced]))]:
             rows = traced & ((groups == group) if group != ALL_DEVICES else True)
-            self.coef_[group] = _scaled_nnls(design[rows], target[rows], weights[rows])
-            self.pooled_coef_[group] = _scaled_nnls(self._pooled(design[rows]), target[rows], weights[rows])
-            counts = design[rows][:, 2:].reshape(int(rows.sum()), len(COSTED_KINDS), len(OP_STATS))[:, :, 2]
-            self.seen_kinds_[group] = [k for k, n in zip(COSTED_KINDS, counts.sum(axis=0), strict=True) if n > 0]
+            self.coef_[group] = _nonnegative_fit(design[rows], target[rows], self.weighting)
+            self.pooled_coef_[group] = _nonnegative_fit(self._pooled(design[rows]), target[rows], self.weighting)
+            calls = design[rows][:, 2:][:, _COUNT_COLUMN].sum(axis=0)
+            self.seen_kinds_[group] = [k for k, n in zip(COSTED_KINDS, calls, strict=True) if n > 0]
         self.fallback_model_ = REGISTRY[self.fallback]().fit(self._without_ops(X), y)
         return self
 
@@ -154,19 +170,17 @@ class ComposedRegressor(Regressor):
         require_columns(X, OP_FEATURES, what="operator feature (from the features rule)")
         design, traced = self._design(X)
         groups = self._groups(X)
-        n_kinds, n_stats = len(COSTED_KINDS), len(OP_STATS)
         overhead = np.zeros(len(X))
-        costs = np.zeros((len(X), n_kinds))
-        unseen = np.zeros((len(X), n_kinds), dtype=bool)
+        costs = np.zeros((len(X), len(COSTED_KINDS)))
+        unseen = np.zeros((len(X), len(COSTED_KINDS)), dtype=bool)
         for i, group in enumerate(groups):
             key = group if group in self.coef_ else ALL_DEVICES
             coef, pooled = np.asarray(self.coef_[key]), np.asarray(self.pooled_coef_[key])
-            ops = design[i, 2:].reshape(n_kinds, n_stats)
+            ops = design[i, 2:]
             overhead[i] = design[i, :2] @ coef[:2]
-            costs[i] = (ops * coef[2:].reshape(n_kinds, n_stats)).sum(axis=1)
-            missing = np.array([k not in self.seen_kinds_[key] for k in COSTED_KINDS]) & (ops[:, 2] > 0)
-            costs[i, missing] = ops[missing] @ pooled[2:]
-            unseen[i] = missing
+            unseen[i] = np.array([k not in self.seen_kinds_[key] for k in COSTED_KINDS]) & (ops[_COUNT_COLUMN] > 0)
+            per_feature = np.where(_KIND_OF[:, unseen[i]].any(axis=1), ops * (_STAT_OF @ pooled[2:]), ops * coef[2:])
+            costs[i] = per_feature @ _KIND_OF
         return overhead, costs, unseen, traced
 
     def predict(self, X: pd.DataFrame) -> np.ndarray:
@@ -192,6 +206,14 @@ class ComposedRegressor(Regressor):
                    else pd.Series("operator features missing", index=X.index))
         return pd.DataFrame({"row": X.index[~traced], "fallback": self.fallback,
                              "reason": reasons[~traced].replace("", "operator features missing").to_numpy()})
+
+    def prediction_notes(self, X: pd.DataFrame) -> list[str]:
+        """One line per unseen kind and per fallback row of ``X``, for the prediction record."""
+        notes = [f"operator kind {r.kind!r} never seen in training: {100 * r.share:.0f} % of the predicted step "
+                 "(costed by the pooled fit)" for r in self.unseen_kinds(X).itertuples()]
+        notes += [f"no operator trace ({r.reason}); predicted by the fallback {r.fallback!r}"
+                  for r in self.fallback_rows(X).itertuples()]
+        return list(dict.fromkeys(notes))
 
     def coefficients(self, group: str = ALL_DEVICES) -> pd.Series:
         """Fitted coefficients of one device (``"*"``: all devices), named by term."""
