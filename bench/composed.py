@@ -73,7 +73,7 @@ def evaluate_run(results: Path, cache: Path) -> pd.DataFrame:
     for split_name in SPLITS:
         split = pd.read_parquet(results / "splits" / f"{split_name}.parquet")
         for name, regressor, params, ops in CANDIDATES:
-            frame, _, _ = fit_split(with_ops if ops else data, split, TARGET, regressor, params)
+            frame, _, _ = fit_split(with_ops, split, TARGET, regressor, params, operator_features=ops)
             predictions.append(frame.assign(regressor=name))
     noise = pd.read_parquet(results / "dataset" / "noise_floor.parquet")
     new = metrics_table(pd.concat(predictions, ignore_index=True), noise)

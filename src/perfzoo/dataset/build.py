@@ -23,7 +23,7 @@ MODEL_FEATURES = (
     "flops", "flops_fw", "macs", "params", "trainable_params", "weight_bytes", "activation_bytes",
     "input_bytes", "n_layers", "n_conv", "n_linear", "n_norm", "n_act", "n_pool", "n_attention",
     "n_dropout", "n_embedding", "graph_nodes", "graph_edges", "complexity_fw", "complexity_bw", "depth",
-    "train_mem_estimate_bytes", *OP_FEATURES,
+    "train_mem_estimate_bytes",
 )
 
 
@@ -220,7 +220,8 @@ def build_dataset(
     hw = pd.DataFrame([{"device": d, **hardware_features(h)} for d, h in sorted(hardware.items())])
     info = manifest[["config_id", "family", "name", "variant", "label", "builder",
                      *(["precision"] if "precision" in manifest.columns else [])]]
-    model_cols = ["model_id", "mode", "batch", *[c for c in (*MODEL_FEATURES, OP_ERROR_COLUMN) if c in features.columns]]
+    carried = (*MODEL_FEATURES, *OP_FEATURES, OP_ERROR_COLUMN)  # operator features: for the regressors that use them
+    model_cols = ["model_id", "mode", "batch", *[c for c in carried if c in features.columns]]
     data = (labels.merge(info, on="config_id", how="left")
             .merge(features[model_cols], on=["model_id", "mode", "batch"], how="left")
             .merge(hw, on="device", how="left"))

@@ -202,7 +202,7 @@ class ComposedRegressor(Regressor):
     def fallback_rows(self, X: pd.DataFrame) -> pd.DataFrame:
         """Rows predicted by the fallback regressor (no operator trace): ``row``, ``fallback``, ``reason``."""
         _, traced = self._design(check_frame(X))
-        reasons = (X[OP_ERROR_COLUMN].astype(str) if OP_ERROR_COLUMN in X.columns
+        reasons = (X[OP_ERROR_COLUMN].fillna("").astype(str) if OP_ERROR_COLUMN in X.columns
                    else pd.Series("operator features missing", index=X.index))
         return pd.DataFrame({"row": X.index[~traced], "fallback": self.fallback,
                              "reason": reasons[~traced].replace("", "operator features missing").to_numpy()})
