@@ -26,8 +26,8 @@ REGISTRY = FlopCounterMode(display=False).flop_registry
 
 
 def tiny_cnn() -> nn.Module:
-    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2), nn.AdaptiveAvgPool2d(1),
-                         nn.Flatten(), nn.Linear(4, 5))
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 5))
 
 
 def on_meta(build, shape, batch=2):
@@ -72,8 +72,10 @@ def test_aggregates_sum_costed_kinds_and_leave_views_out():
     assert list(agg) == list(OP_FEATURES)
     costed = table[table["kind"] != "view"]
     assert sum(agg[f"op_{k}_count"] for k in COSTED_KINDS) == len(costed)
-    assert sum(agg[f"op_{k}_bytes"] for k in COSTED_KINDS) == (costed["bytes_read"] + costed["bytes_written"]).sum()
-    assert agg["op_conv_flops"] + agg["op_conv_backward_flops"] + agg["op_matmul_flops"] == table["flops"].sum()
+    moved = costed["bytes_read"] + costed["bytes_written"]
+    assert sum(agg[f"op_{k}_bytes"] for k in COSTED_KINDS) == moved.sum()
+    flops = agg["op_conv_flops"] + agg["op_conv_backward_flops"] + agg["op_matmul_flops"]
+    assert flops == table["flops"].sum()
 
 
 class DataDependent(nn.Module):
@@ -95,7 +97,9 @@ class NoMetaKernel(nn.Module):
         return torch.ops.perfzoo_test.cpu_only(x)
 
 
-@pytest.mark.parametrize(("module", "op"), [(DataDependent, "_local_scalar_dense"), (NoMetaKernel, "perfzoo_test.cpu_only")])
+@pytest.mark.parametrize(
+    ("module", "op"), [(DataDependent, "_local_scalar_dense"), (NoMetaKernel, "perfzoo_test.cpu_only")]
+)
 def test_an_operator_the_tracer_cannot_follow_is_named_with_the_model(module, op):
     model, x = on_meta(module, (4,))
     with pytest.raises(OpTraceError, match=rf"model odd-1: .*{op}"):
@@ -165,7 +169,8 @@ def test_composed_falls_back_for_a_config_without_operator_trace():
     pred = reg.predict(new)
     assert np.isfinite(pred).all() and pred[2] > 0
     report = reg.fallback_rows(new)
-    assert report.to_dict("records") == [{"row": 2, "fallback": "linear", "reason": new.loc[2, OP_ERROR_COLUMN]}]
+    reason = new.loc[2, OP_ERROR_COLUMN]
+    assert report.to_dict("records") == [{"row": 2, "fallback": "linear", "reason": reason}]
     assert any("aten.nonzero" in note and "'linear'" in note for note in reg.prediction_notes(new))
 
 

@@ -64,7 +64,7 @@ def regressor_inputs(data: pd.DataFrame, feature_set: str = "all", operator_feat
         columns += [c for c in OP_FEATURES if c in data.columns]
     if feature_set == "model":
         columns = [c for c in columns if not c.startswith(("hw_", "roofline_"))]
-    # GPU model of a device (device_transfer's group_col); why a config has no operator trace (composed's fallback)
+    # GPU model of a device (device_transfer's group_col); why a config has no operator trace (composed)
     groups = [c for c in ("gpu", OP_ERROR_COLUMN) if c in data.columns]
     return data[[*columns, "device", "model_id", "mode", *groups]]
 
@@ -103,7 +103,8 @@ def fit_split(
         test = data.loc[held["row_id"]]
         try:
             inputs = regressor_inputs(test, feature_set, ops)
-            model = build_regressor(regressor, params).fit(regressor_inputs(train, feature_set, ops), train[target])
+            train_inputs = regressor_inputs(train, feature_set, ops)
+            model = build_regressor(regressor, params).fit(train_inputs, train[target])
             pred = model.predict(inputs)
             lo, hi = prediction_intervals(model, inputs, test[target], held["set"], pred)
         except InputError as exc:  # e.g. a fold without the per-layer timings a method needs

@@ -220,7 +220,7 @@ def build_dataset(
     hw = pd.DataFrame([{"device": d, **hardware_features(h)} for d, h in sorted(hardware.items())])
     info = manifest[["config_id", "family", "name", "variant", "label", "builder",
                      *(["precision"] if "precision" in manifest.columns else [])]]
-    carried = (*MODEL_FEATURES, *OP_FEATURES, OP_ERROR_COLUMN)  # operator features: for the regressors that use them
+    carried = (*MODEL_FEATURES, *OP_FEATURES, OP_ERROR_COLUMN)  # op_*: for the regressors that use them
     model_cols = ["model_id", "mode", "batch", *[c for c in carried if c in features.columns]]
     data = (labels.merge(info, on="config_id", how="left")
             .merge(features[model_cols], on=["model_id", "mode", "batch"], how="left")

@@ -511,7 +511,8 @@ def featurise(
         finally:
             for handle in handles:
                 handle.remove()
-        op_features, op_table = traced_op_features(lambda: model, x, mode, recorder.counter.flop_registry, model_id)
+        registry = recorder.counter.flop_registry
+        op_features, op_table = traced_op_features(lambda: model, x, mode, registry, model_id)
         graph_nodes, graph_edges, graph_error = (_graph_size(model) if trace_graph
                                                  else (math.nan, math.nan, "not traced"))
 

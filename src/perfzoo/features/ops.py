@@ -66,7 +66,9 @@ OP_KINDS = (
 )  # fmt: skip
 FREE_KIND = "view"
 COSTED_KINDS = tuple(k for k in OP_KINDS if k != FREE_KIND)
-FLOP_KINDS = ("matmul", "attention", "conv", "conv_backward", "conv_grouped", "conv_grouped_backward", "other")
+FLOP_KINDS = (
+    "matmul", "attention", "conv", "conv_backward", "conv_grouped", "conv_grouped_backward", "other",
+)  # fmt: skip
 """Kinds whose operators have FLOP formulas (FlopCounterMode counts matmuls, convolutions and attention)."""
 OP_STATS = ("flops", "bytes", "count")
 OP_FEATURE_KINDS = {f"op_{kind}_{stat}": (kind, stat) for kind in COSTED_KINDS for stat in OP_STATS
@@ -107,7 +109,9 @@ _KIND_NAMES: dict[str, frozenset[str]] = {
         "_adaptive_avg_pool3d_backward", "adaptive_max_pool2d", "adaptive_max_pool2d_backward", "max_pool2d",
         "_low_memory_max_pool_with_offsets", "_low_memory_max_pool_offsets_to_indices",
     }),
-    "softmax": frozenset({"_softmax", "_safe_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data"}),
+    "softmax": frozenset({
+        "_softmax", "_safe_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
+    }),
     "reduction": frozenset({
         "sum", "mean", "amax", "amin", "max", "min", "var", "var_mean", "std", "std_mean", "norm", "prod",
         "argmax", "argmin", "cumsum", "logsumexp", "nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward",
@@ -199,7 +203,8 @@ class _OpRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         name = func._overloadpacket.__name__
-        if name in _METADATA_OPS or func.namespace == "profiler" or isinstance(func, torch._ops.HigherOrderOperator):
+        untraced = name in _METADATA_OPS or func.namespace == "profiler"
+        if untraced or isinstance(func, torch._ops.HigherOrderOperator):
             return func(*args, **kwargs)
         if name in _DATA_DEPENDENT_OPS:
             raise OpTraceError(
@@ -255,11 +260,15 @@ def _targets(output: Any, model_id: str) -> torch.Tensor:
     logits = _tensors(output)
     if len(logits) != 1 or logits[0].dim() != 2:
         shapes = [tuple(t.shape) for t in logits]
-        raise OpTraceError(f"model {model_id}: training step needs one (batch, classes) logits tensor, got {shapes}")
+        raise OpTraceError(
+            f"model {model_id}: training step needs one (batch, classes) logits tensor, got {shapes}"
+        )
     return torch.zeros(logits[0].shape[0], dtype=torch.long, device=logits[0].device)
 
 
-def _training_step(model: nn.Module, x: torch.Tensor, optimizer: str, recorder: _OpRecorder, model_id: str) -> None:
+def _training_step(
+    model: nn.Module, x: torch.Tensor, optimizer: str, recorder: _OpRecorder, model_id: str
+) -> None:
     """forward + cross-entropy + backward + optimizer step, each phase under ``recorder``. The optimizer steps
     once untraced first, so the traced step is the steady state the profiler times (optimizer state exists)."""
     opt = _optimizer(model, optimizer)

@@ -155,7 +155,8 @@ class ComposedRegressor(Regressor):
         for group in [ALL_DEVICES, *sorted(set(groups[traced]))]:
             rows = traced & ((groups == group) if group != ALL_DEVICES else True)
             self.coef_[group] = _nonnegative_fit(design[rows], target[rows], self.weighting)
-            self.pooled_coef_[group] = _nonnegative_fit(self._pooled(design[rows]), target[rows], self.weighting)
+            pooled = self._pooled(design[rows])
+            self.pooled_coef_[group] = _nonnegative_fit(pooled, target[rows], self.weighting)
             calls = design[rows][:, 2:][:, _COUNT_COLUMN].sum(axis=0)
             self.seen_kinds_[group] = [k for k, n in zip(COSTED_KINDS, calls, strict=True) if n > 0]
         self.fallback_model_ = REGISTRY[self.fallback]().fit(self._without_ops(X), y)
@@ -178,8 +179,10 @@ class ComposedRegressor(Regressor):
             coef, pooled = np.asarray(self.coef_[key]), np.asarray(self.pooled_coef_[key])
             ops = design[i, 2:]
             overhead[i] = design[i, :2] @ coef[:2]
-            unseen[i] = np.array([k not in self.seen_kinds_[key] for k in COSTED_KINDS]) & (ops[_COUNT_COLUMN] > 0)
-            per_feature = np.where(_KIND_OF[:, unseen[i]].any(axis=1), ops * (_STAT_OF @ pooled[2:]), ops * coef[2:])
+            never_seen = np.array([k not in self.seen_kinds_[key] for k in COSTED_KINDS])
+            unseen[i] = never_seen & (ops[_COUNT_COLUMN] > 0)
+            of_unseen = _KIND_OF[:, unseen[i]].any(axis=1)
+            per_feature = np.where(of_unseen, ops * (_STAT_OF @ pooled[2:]), ops * coef[2:])
             costs[i] = per_feature @ _KIND_OF
         return overhead, costs, unseen, traced
 
