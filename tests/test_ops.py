@@ -182,3 +182,21 @@ def test_composed_save_load_round_trip(tmp_path):
     assert isinstance(loaded, ComposedRegressor)
     np.testing.assert_array_equal(loaded.predict(X), reg.predict(X))
     assert loaded.fallback_model_.kind == "linear"
+
+
+def test_only_the_composed_regressor_sees_operator_features_in_fit_split():
+    from perfzoo.dataset.splits import make_split
+    from perfzoo.fitting import fit_split, unsupported_reason
+
+    X, y = synthetic(40)
+    data = X.assign(row_id=[f"r{i:03d}" for i in range(40)], model_id=[f"m{i}" for i in range(40)],
+                    mode="inference", batch=1, family=[f"f{i % 4}" for i in range(40)], label="x",
+                    flops=X["op_matmul_flops"], latency_ms=y)
+    split = make_split("leave_one_family_out", data, {"seed": 1337, "random_fractions": [0.7, 0.15, 0.15]})
+    preds, models, _ = fit_split(data, split, "latency_ms", "composed", {"weighting": "none"})
+    np.testing.assert_allclose(preds["y_pred"], preds["y_true"], rtol=1e-6)  # exact synthetic sum
+    _, linear, _ = fit_split(data, split, "latency_ms", "linear")
+    assert not any(c.startswith("op_") for m in linear.values() for c in m.feature_names_)
+    _, with_ops, _ = fit_split(data, split, "latency_ms", "linear", operator_features=True)
+    assert "op_matmul_flops" in next(iter(with_ops.values())).feature_names_
+    assert unsupported_reason("composed", "peak_mem_mb") is not None
