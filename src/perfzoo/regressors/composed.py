@@ -36,7 +36,6 @@ of the composed fit.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import numpy as np
 import pandas as pd
