@@ -7,6 +7,7 @@ rule features:
     output:
         models="results/features/models.parquet",
         layers="results/features/layers.parquet",
+        ops="results/features/ops.parquet",
     log:
         "logs/features/models.log",
     benchmark:

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from perfzoo.dataset.build import feature_columns, finite_target_rows
+from perfzoo.features.ops import OP_ERROR_COLUMN, OP_FEATURES
 from perfzoo.io import InputError, write_text
 from perfzoo.regressors import Regressor, make_regressor, regressor_from_document
 from perfzoo.stats import all_metrics, conformal_halfwidth
@@ -20,9 +21,13 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "xgboost_grid": ("xgboost", {"search": True, "search_cv": 3}),
 }
 FEATURE_SETS = ("all", "model")
-# Methods that model one quantity only: execution time (roofline bound, sum of per-layer times) or peak
-# memory (the simulated live tensor bytes of the step).
-ONLY_TARGETS = {"roofline": ("latency_ms",), "gianniti_layer": ("latency_ms",),
+# Regressors that also see the operator aggregates (op_<kind>_*). The others keep the end-to-end features: with
+# the aggregates, poly_lasso fitted about 4x slower, and bench/RESULTS.md ("Composed operator-level predictor")
+# has the accuracy of linear, extra_trees and xgboost with and without them.
+OPERATOR_FEATURE_REGRESSORS = frozenset({"composed"})
+# Methods that model one quantity only: execution time (roofline bound, sum of per-layer times, sum over the
+# operator trace) or peak memory (the simulated live tensor bytes of the step).
+ONLY_TARGETS = {"roofline": ("latency_ms",), "gianniti_layer": ("latency_ms",), "composed": ("latency_ms",),
                 "memory_sim": ("peak_mem_mb",)}
 WHAT_IT_MODELS = {"latency_ms": "execution time", "peak_mem_mb": "peak memory"}
 
@@ -49,16 +54,21 @@ def featurised_rows(data: pd.DataFrame) -> pd.Series:
     return data["feature_missing_reason"].fillna("").astype(str) == ""
 
 
-def regressor_inputs(data: pd.DataFrame, feature_set: str = "all") -> pd.DataFrame:
+def regressor_inputs(data: pd.DataFrame, feature_set: str = "all", operator_features: bool = False
+                     ) -> pd.DataFrame:
     """What a regressor sees: the numeric feature columns plus identifying columns it may group by.
 
     ``feature_set="model"`` keeps model features only (no hardware or roofline columns), for the
     feature ablation of Panner Selvam, "Performance Prediction Models for Deep Learning" (Table 6.6).
+    ``operator_features`` adds the operator aggregates ``op_<kind>_*`` present in ``data``.
     """
     columns = feature_columns(data)
+    if operator_features:
+        columns += [c for c in OP_FEATURES if c in data.columns]
     if feature_set == "model":
         columns = [c for c in columns if not c.startswith(("hw_", "roofline_"))]
-    groups = [c for c in ("gpu",) if c in data.columns]  # GPU model of a device (device_transfer's group_col)
+    # GPU model of a device (device_transfer's group_col); why a config has no operator trace (composed)
+    groups = [c for c in ("gpu", OP_ERROR_COLUMN) if c in data.columns]
     return data[[*columns, "device", "model_id", "mode", *groups]]
 
 
@@ -70,9 +80,10 @@ def build_regressor(name: str, params: dict[str, Any] | None = None) -> Regresso
 
 def fit_split(
     data: pd.DataFrame, split: pd.DataFrame, target: str, regressor: str, params: dict[str, Any] | None = None,
-    feature_set: str = "all",
+    feature_set: str = "all", operator_features: bool = False,
 ) -> tuple[pd.DataFrame, dict[str, Regressor], dict[str, Any]]:
-    """(predictions on val/test rows of every fold, fitted model per fold, notes on skipped folds)."""
+    """(predictions on val/test rows of every fold, fitted model per fold, notes on skipped folds); the
+    operator aggregates are features when ``operator_features`` or for :data:`OPERATOR_FEATURE_REGRESSORS`."""
     if target not in data.columns:
         raise InputError(f"dataset has no target column {target!r}")
     finite = finite_target_rows(data, target)
@@ -83,6 +94,7 @@ def fit_split(
                              "unfeaturised_models": sorted(set(data.loc[finite & ~featurised, "label"].astype(str))),
                              "skipped_folds": {}}
     data = data[usable].set_index("row_id", drop=False)
+    ops = operator_features or regressor in OPERATOR_FEATURE_REGRESSORS
     predictions, models = [], {}
     for fold, rows in split.groupby("fold", sort=True):
         rows = rows[rows["row_id"].isin(data.index)]
@@ -93,10 +105,11 @@ def fit_split(
             continue
         test = data.loc[held["row_id"]]
         try:
-            model = build_regressor(regressor, params).fit(regressor_inputs(train, feature_set), train[target])
-            pred = model.predict(regressor_inputs(test, feature_set))
-            lo, hi = prediction_intervals(model, regressor_inputs(test, feature_set), test[target],
-                                          held["set"], pred)
+            inputs = regressor_inputs(test, feature_set, ops)
+            train_inputs = regressor_inputs(train, feature_set, ops)
+            model = build_regressor(regressor, params).fit(train_inputs, train[target])
+            pred = model.predict(inputs)
+            lo, hi = prediction_intervals(model, inputs, test[target], held["set"], pred)
         except InputError as exc:  # e.g. a fold without the per-layer timings a method needs
             notes["skipped_folds"][str(fold)] = str(exc)
             continue

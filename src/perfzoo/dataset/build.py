@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from perfzoo.features.memory import SIM_COLUMNS
+from perfzoo.features.ops import OP_ERROR_COLUMN, OP_FEATURES
 from perfzoo.hardware import hardware_features
 from perfzoo.io import InputError, read_json, read_parquet
 from perfzoo.profiling.interference import drop_flagged_runs, flagged_mask
@@ -220,7 +221,8 @@ def build_dataset(
     hw = pd.DataFrame([{"device": d, **hardware_features(h)} for d, h in sorted(hardware.items())])
     info = manifest[["config_id", "family", "name", "variant", "label", "builder",
                      *(["precision"] if "precision" in manifest.columns else [])]]
-    model_cols = ["model_id", "mode", "batch", *[c for c in MODEL_FEATURES if c in features.columns]]
+    carried = (*MODEL_FEATURES, *OP_FEATURES, OP_ERROR_COLUMN)  # op_*: for the regressors that use them
+    model_cols = ["model_id", "mode", "batch", *[c for c in carried if c in features.columns]]
     data = (labels.merge(info, on="config_id", how="left")
             .merge(features[model_cols], on=["model_id", "mode", "batch"], how="left")
             .merge(hw, on="device", how="left"))

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from perfzoo.io import InputError, one_line
-from perfzoo.profiling.core import make_step
+from perfzoo.profiling.core import OPTIMIZERS, make_step
 
 if TYPE_CHECKING:
     import torch
@@ -46,7 +46,6 @@ SIM_COLUMNS = ("sim_peak_bytes", "sim_start_bytes", "sim_weight_bytes", "sim_gra
                "sim_optimizer_bytes", "sim_activation_bytes", "sim_op_kinds", "sim_uses_conv")
 """Feature columns of :meth:`SimulatedMemory.features`, in order (numeric; ``sim_error`` says why they are
 missing in a feature table)."""
-OPTIMIZERS = ("sgd", "adam")
 CATEGORIES = ("weight", "input", "activation", "grad", "optimizer")
 
 

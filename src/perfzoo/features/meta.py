@@ -82,6 +82,7 @@ from perfzoo.features.memory import (
     simulate_peak_memory,
     simulated_memory_features,
 )
+from perfzoo.features.ops import OP_ERROR_COLUMN, OP_FEATURES, traced_op_features
 from perfzoo.io import InputError, one_line
 from perfzoo.models.builders import build_model
 from perfzoo.hardware.precision import BUILD_DTYPES, normalise_precision
@@ -97,7 +98,7 @@ MODEL_COLUMNS = [
     "weight_bytes", "activation_bytes", "input_bytes", "train_mem_estimate_bytes",
     "n_layers", "n_conv", "n_linear", "n_norm", "n_act", "n_pool", "n_attention", "n_dropout",
     "n_embedding", "graph_nodes", "graph_edges", "graph_error", "complexity_fw", "complexity_bw",
-    "depth", *SIM_COLUMNS, "sim_error",
+    "depth", *SIM_COLUMNS, "sim_error", *OP_FEATURES, OP_ERROR_COLUMN,
 ]  # fmt: skip
 
 _NORM_TYPES: tuple[type[nn.Module], ...] = (
@@ -489,6 +490,7 @@ def featurise(
     model_id: str = "",
     trace_graph: bool = True,
     optimizer: str = "sgd",
+    op_tables: list[pd.DataFrame] | None = None,
 ) -> tuple[dict, pd.DataFrame]:
     """Build the model on the meta device and return (model-level features, per-layer table).
 
@@ -498,7 +500,9 @@ def featurise(
     for the definition of every feature; the ``sim_*`` columns come from
     :func:`perfzoo.features.memory.simulate_peak_memory` with ``optimizer`` (the profiled training step's,
     config ``profiling.optimizer``). ``trace_graph=False`` skips the fx trace (graph features NaN,
-    ``graph_error`` "not traced"), for callers that already traced the same model.
+    ``graph_error`` "not traced"), for callers that already traced the same model. The ``op_*`` features come
+    from the profiled step (with the same ``optimizer``) traced into aten operators
+    (:mod:`perfzoo.features.ops`); that per-operator table is appended to ``op_tables`` when given.
     """
     if mode not in MODES:
         raise InputError(f"model {model_id}: unknown mode {mode!r} (expected one of {', '.join(MODES)})")
@@ -525,13 +529,17 @@ def featurise(
         finally:
             for handle in handles:
                 handle.remove()
+        registry = recorder.counter.flop_registry
+        op_features, op_table = traced_op_features(lambda: model, x, mode, registry, model_id, optimizer)
         graph_nodes, graph_edges, graph_error = (_graph_size(model) if trace_graph
                                                  else (math.nan, math.nan, "not traced"))
 
     table = _layer_table(recorder.rows, output, mode, batch, model_id)
     counted = {"model_id": model_id, "mode": mode, "batch": batch, "flops": flops, "flops_fw": flops_fw,
                **simulated_memory_features(model, x, mode, optimizer, model_id)}
-    graph = {"graph_nodes": graph_nodes, "graph_edges": graph_edges, "graph_error": graph_error}
+    graph = {"graph_nodes": graph_nodes, "graph_edges": graph_edges, "graph_error": graph_error, **op_features}
+    if op_tables is not None and op_table is not None:
+        op_tables.append(op_table)
     return _model_features(model, x, recorder, table, counted, graph), table
 
 
@@ -580,11 +588,11 @@ def manifest_builder(row: dict[str, Any], num_classes: int) -> tuple[Callable[[]
     return _at_precision(build, row["dtype"], row.get("precision", "fp32"))
 
 
-def featurise_manifest(manifest: pd.DataFrame, num_classes: int, progress: bool = True, optimizer: str = "sgd"
-                       ) -> tuple[pd.DataFrame, pd.DataFrame]:
+def featurise_manifest(manifest: pd.DataFrame, num_classes: int, progress: bool = True, optimizer: str = "sgd",
+                       op_tables: list[pd.DataFrame] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Features of every (model, mode, batch) config of the zoo manifest: (model table, layer table);
-    ``optimizer`` is the profiled training step's (config ``profiling.optimizer``), for the ``sim_*``
-    columns."""
+    ``optimizer`` is the profiled training step's (config ``profiling.optimizer``), for the ``sim_*`` and
+    ``op_*`` columns; the per-operator tables are appended to ``op_tables`` when given."""
     models, layers = [], []
     rows = manifest.drop_duplicates(["model_id", "mode", "batch"]).to_dict("records")
     for row in tqdm(rows, desc="features", file=sys.stderr, disable=not progress, mininterval=1):
@@ -592,7 +600,7 @@ def featurise_manifest(manifest: pd.DataFrame, num_classes: int, progress: bool 
         build, input_dtype = manifest_builder(row, num_classes)
         try:
             feats, table = featurise(build, shape, int(row["batch"]), row["mode"], input_dtype,
-                                     row["model_id"], optimizer=optimizer)
+                                     row["model_id"], optimizer=optimizer, op_tables=op_tables)
         except InputError as exc:  # a model that cannot be built keeps a row, its features missing
             print(f"features: {exc}", file=sys.stderr)
             feats, table = {"model_id": row["model_id"], "mode": row["mode"], "batch": int(row["batch"]),

@@ -105,6 +105,7 @@ def device_row(
     """The predictors' input row of ``device``, or the reason it cannot be built."""
     # lazy: perfzoo.dataset.build imports scipy (~1 s CPU), which loads while the featurising child runs
     from perfzoo.dataset.build import MODEL_FEATURES
+    from perfzoo.features.ops import OP_ERROR_COLUMN, OP_FEATURES
 
     if hw is None:
         return (
@@ -114,7 +115,7 @@ def device_row(
         hw_cols = hardware_features(hw)
     except (KeyError, TypeError, ValueError) as exc:
         return f"results/hardware/{device}.json lacks hardware feature {exc}"
-    row = {k: feats[k] for k in MODEL_FEATURES if k in feats}
+    row = {k: feats[k] for k in (*MODEL_FEATURES, *OP_FEATURES, OP_ERROR_COLUMN) if k in feats}
     row.update(batch=batch, is_training=float(mode == "training"), **hw_cols)
     # the power limit in force: a hardware feature of datasets with a power-limit sweep
     limit = hw.get("power_limit_w")

@@ -95,6 +95,8 @@ class Predictor:
         else:
             lo = hi = np.full_like(point, np.nan)
             method = "no held-out rows to estimate an interval"
+        notes = [n for m in self.folds.values() if hasattr(m, "prediction_notes") for n in m.prediction_notes(X)]
+        method = "; ".join([method, *dict.fromkeys(notes)])  # e.g. composed: unseen operator kinds, its fallback
         return point, np.fmin(lo, point), np.fmax(hi, point), method
 
 

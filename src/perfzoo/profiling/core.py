@@ -110,6 +110,10 @@ def set_precision(model: Any, x: Any, precision: str, device_type: str) -> tuple
     return model, x, contextlib.nullcontext
 
 
+OPTIMIZERS = ("sgd", "adam")
+"""The profiled training step's optimizers (config ``profiling.optimizer``)."""
+
+
 def make_optimizer(model: Any, optimizer: str) -> Any:
     """The profiled training step's optimizer: SGD with momentum (``sgd``) or Adam."""
     import torch  # lazy: ~3 s import; the parent process never measures

@@ -1,0 +1,350 @@
+"""Operator-level features: one profiled step traced on the meta device into its aten operators.
+
+:func:`trace_step` runs the step the profiler times (:func:`perfzoo.profiling.core.make_step`: an inference
+forward under ``no_grad``, or a training step of forward, cross-entropy loss, backward and optimizer step)
+on a meta-device model under a ``TorchDispatchMode`` and records one row per aten operator
+(:data:`OP_COLUMNS`). In a training step the optimizer steps once untraced before its traced step, so the
+traced optimizer operators are those of the steady state the profiler measures (its state exists).
+
+Per operator
+------------
+op
+    The aten overload, e.g. ``aten.addmm.default``.
+kind
+    One of :data:`OP_KINDS`, from the operator name (:func:`op_kind`); convolutions with ``groups > 1``
+    (depthwise, grouped) are kinds of their own, as they run far fewer FLOPs per second than dense ones on a
+    CPU; every operator run by the optimizer
+    step is of kind ``optimizer``. ``view`` holds views, metadata and allocation-only operators
+    (``view``, ``t``, ``expand``, ``detach``, ``empty``...): they move no data and cost nothing, so their
+    bytes are 0 and they are left out of the model-level aggregates.
+phase
+    ``forward`` (model and loss), ``backward`` or ``optimizer``.
+flops
+    Counted by the formulas of ``torch.utils.flop_counter`` (the registry of a ``FlopCounterMode``, passed
+    in by the caller so that it matches the model-level ``flops``); 0 for operators without a formula
+    (elementwise, pooling, norms: FlopCounterMode counts matmuls, convolutions and attention only).
+    Operators without a formula are decomposed first when PyTorch has a decomposition, as FlopCounterMode
+    does, so the per-operator FLOPs sum to FlopCounterMode's total.
+bytes_read, bytes_written
+    Sum of the bytes of the input tensors and of the output tensors of the call (an in-place operator
+    reads and writes its first argument). ``intensity = flops / (bytes_read + bytes_written)``, NaN for an
+    operator that moves no bytes.
+
+Model level
+-----------
+:func:`op_aggregates` sums, per kind of :data:`COSTED_KINDS`, bytes and calls into ``op_<kind>_bytes`` and
+``op_<kind>_count``, and FLOPs into ``op_<kind>_flops`` for the kinds that have FLOP formulas
+(:data:`FLOP_KINDS`; for the others it would always be 0) (:data:`OP_FEATURES`).
+
+Operators the tracer cannot follow
+----------------------------------
+An operator without a meta kernel, data-dependent control flow (``Tensor.item()``, ``bool(tensor)``,
+``nonzero``...) or any other failure inside the step raises :class:`OpTraceError` naming the model and the
+operator (or the last operator that ran); :func:`traced_op_features` turns it into missing aggregates with the
+reason in ``op_trace_error``, never zeros.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from perfzoo.io import InputError, one_line
+from perfzoo.profiling.core import OPTIMIZERS, make_optimizer, step_loss
+
+OP_KINDS = (
+    "matmul", "attention", "conv", "conv_backward", "conv_grouped", "conv_grouped_backward", "norm", "pool",
+    "softmax", "reduction", "elementwise", "embedding", "copy", "optimizer", "other", "view",
+)  # fmt: skip
+FREE_KIND = "view"
+COSTED_KINDS = tuple(k for k in OP_KINDS if k != FREE_KIND)
+FLOP_KINDS = (
+    "matmul", "attention", "conv", "conv_backward", "conv_grouped", "conv_grouped_backward", "other",
+)  # fmt: skip
+"""Kinds whose operators have FLOP formulas (FlopCounterMode counts matmuls, convolutions and attention)."""
+OP_STATS = ("flops", "bytes", "count")
+OP_FEATURE_KINDS = {f"op_{kind}_{stat}": (kind, stat) for kind in COSTED_KINDS for stat in OP_STATS
+                    if stat != "flops" or kind in FLOP_KINDS}
+"""Each model-level operator feature and its (kind, statistic)."""
+OP_FEATURES = tuple(OP_FEATURE_KINDS)
+OP_ERROR_COLUMN = "op_trace_error"
+OP_COLUMNS = [
+    "model_id", "mode", "batch", "op_idx", "op", "kind", "phase", "in_shapes", "out_shapes", "dtype",
+    "flops", "bytes_read", "bytes_written", "intensity",
+]  # fmt: skip
+PHASES = ("forward", "backward", "optimizer")
+
+# Operator packet names per kind (after ``aten.``); pointwise operators are found by their ``pointwise`` tag.
+_KIND_NAMES: dict[str, frozenset[str]] = {
+    "matmul": frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_int_mm", "addmv", "mv", "dot"}),
+    "attention": frozenset({
+        "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_flash_attention_backward",
+        "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_cudnn_attention_backward",
+        "_efficient_attention_forward", "_flash_attention_forward", "_efficient_attention_backward",
+        "_flash_attention_backward",
+    }),
+    "conv": frozenset({"convolution", "_convolution", "mkldnn_convolution", "conv2d", "conv1d", "conv3d"}),
+    "conv_backward": frozenset({"convolution_backward"}),
+    "norm": frozenset({
+        "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
+        "_native_batch_norm_legit_functional", "native_batch_norm_backward", "native_layer_norm",
+        "native_layer_norm_backward", "native_group_norm", "native_group_norm_backward", "_fused_rms_norm",
+        "_fused_rms_norm_backward", "batch_norm_backward", "cudnn_batch_norm", "cudnn_batch_norm_backward",
+    }),
+    "pool": frozenset({
+        "max_pool2d_with_indices", "max_pool2d_with_indices_backward", "max_pool3d_with_indices",
+        "max_pool3d_with_indices_backward", "avg_pool2d", "avg_pool2d_backward", "avg_pool3d",
+        "avg_pool3d_backward", "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d",
+        "_adaptive_avg_pool3d_backward", "adaptive_max_pool2d", "adaptive_max_pool2d_backward", "max_pool2d",
+        "_low_memory_max_pool_with_offsets", "_low_memory_max_pool_offsets_to_indices",
+    }),
+    "softmax": frozenset({
+        "_softmax", "_safe_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
+    }),
+    "reduction": frozenset({
+        "sum", "mean", "amax", "amin", "max", "min", "var", "var_mean", "std", "std_mean", "norm", "prod",
+        "argmax", "argmin", "cumsum", "logsumexp", "nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward",
+        "nll_loss2d_backward", "linalg_vector_norm", "any", "all", "topk", "sort",
+    }),
+    "embedding": frozenset({"embedding", "embedding_dense_backward", "_embedding_bag", "embedding_bag"}),
+    "copy": frozenset({
+        "clone", "copy_", "_to_copy", "cat", "stack", "constant_pad_nd", "index_select", "gather", "scatter",
+        "index", "index_put", "index_put_", "flip", "roll", "repeat", "_unsafe_index", "slice_scatter",
+        "select_scatter", "as_strided_scatter", "new_zeros", "zeros_like", "ones_like", "full_like", "zeros",
+        "ones", "full", "fill_", "zero_", "new_ones", "new_full", "tril", "triu", "masked_fill",
+        "reflection_pad2d", "replication_pad2d", "upsample_nearest2d", "upsample_bilinear2d", "im2col", "col2im",
+        "select_backward", "slice_backward", "arange",
+    }),
+    "elementwise": frozenset({
+        "hardtanh_backward", "hardswish_backward", "hardsigmoid_backward", "bernoulli_", "bernoulli",
+        "native_dropout", "native_dropout_backward", "silu_backward", "elu_backward", "leaky_relu_backward",
+        "softplus_backward", "mish_backward",
+    }),
+    "view": frozenset({
+        "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "squeeze", "unsqueeze",
+        "select", "slice", "split", "split_with_sizes", "unbind", "chunk", "narrow", "detach", "alias",
+        "as_strided", "unfold", "flatten", "view_as", "lift_fresh", "empty", "empty_like", "empty_strided",
+        "new_empty", "new_empty_strided", "_reshape_alias", "diagonal", "movedim", "expand_as", "real",
+        "_unsafe_view_copy", "set_", "resize_", "_has_compatible_shallow_copy_type", "is_same_size",
+    }),
+}
+# Operators that query metadata only and return no tensor: not recorded.
+_METADATA_OPS = frozenset({
+    "sym_is_contiguous", "is_contiguous", "is_strides_like_format", "is_non_overlapping_and_dense", "size",
+    "sym_size", "stride", "sym_stride", "storage_offset", "sym_storage_offset", "numel", "sym_numel", "dim",
+    "layout", "device",
+})
+# Operators whose result depends on tensor values: they cannot be followed on the meta device.
+_DATA_DEPENDENT_OPS = frozenset({"_local_scalar_dense", "item", "nonzero", "masked_select", "unique_dim",
+                                 "_unique2", "unique_consecutive", "equal", "is_nonzero"})
+
+
+class OpTraceError(InputError):
+    """An operator of the step could not be followed on the meta device; the message names model and op."""
+
+
+# Position of ``groups`` in the arguments of the convolution operators.
+_GROUPS_ARG = {"convolution": 8, "_convolution": 8, "convolution_backward": 9}
+
+
+def _is_grouped(name: str, args: tuple) -> bool:
+    position = _GROUPS_ARG.get(name)
+    return position is not None and len(args) > position and int(args[position]) > 1
+
+
+def op_kind(func: torch._ops.OpOverload, args: tuple = ()) -> str:
+    """The kind (:data:`OP_KINDS`) of an aten operator, from its packet name or its ``pointwise`` tag; a
+    convolution with ``groups > 1`` (depthwise and grouped) is ``conv_grouped`` / ``conv_grouped_backward``."""
+    name = func._overloadpacket.__name__
+    for kind, names in _KIND_NAMES.items():
+        if name in names:
+            return kind.replace("conv", "conv_grouped", 1) if _is_grouped(name, args) else kind
+    if getattr(func, "is_view", False):
+        return FREE_KIND
+    if torch.Tag.pointwise in getattr(func, "tags", ()):
+        return "elementwise"
+    return "other"
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    return [leaf for leaf in tree_leaves(obj) if isinstance(leaf, torch.Tensor)]
+
+
+def _bytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _shapes(tensors: list[torch.Tensor]) -> str:
+    return json.dumps([list(t.shape) for t in tensors])
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Dispatch mode that runs every aten operator and records one row per call."""
+
+    def __init__(self, model_id: str, flop_registry: dict[Any, Callable[..., int]]) -> None:
+        super().__init__()
+        self.model_id = model_id
+        self.flop_registry = flop_registry
+        self.phase = "forward"
+        self.rows: list[dict[str, Any]] = []
+        self.last_op = ""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        name = func._overloadpacket.__name__
+        untraced = name in _METADATA_OPS or func.namespace == "profiler"
+        if untraced or isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **kwargs)
+        if name in _DATA_DEPENDENT_OPS:
+            raise OpTraceError(
+                f"model {self.model_id}: {func} depends on tensor values (data-dependent control flow, e.g. "
+                "Tensor.item() or `if tensor:`); it cannot be traced on the meta device"
+            )
+        if func._overloadpacket not in self.flop_registry:  # as FlopCounterMode: count a decomposition's ops
+            with self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        self.last_op = str(func)
+        try:
+            out = func(*args, **kwargs)
+        except OpTraceError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any kernel failure names the operator
+            raise OpTraceError(f"model {self.model_id}: {func} cannot run on the meta device: {one_line(exc)}"
+                               ) from None
+        self._record(func, args, kwargs, out)
+        return out
+
+    def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        kind = op_kind(func, args)
+        inputs, outputs = _tensors((args, kwargs)), _tensors(out)
+        free = kind == FREE_KIND
+        formula = self.flop_registry.get(func._overloadpacket)
+        flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
+        read, written = (0, 0) if free else (_bytes(inputs), _bytes(outputs))
+        self.rows.append({
+            "op": str(func), "kind": "optimizer" if self.phase == "optimizer" and not free else kind,
+            "phase": self.phase, "in_shapes": _shapes(inputs), "out_shapes": _shapes(outputs),
+            "dtype": str(outputs[0].dtype).removeprefix("torch.") if outputs else "",
+            "flops": flops, "bytes_read": read, "bytes_written": written,
+        })  # fmt: skip
+
+    @contextmanager
+    def in_phase(self, phase: str) -> Iterator[None]:
+        self.phase = phase
+        with self:
+            yield
+
+
+def _targets(output: Any, model_id: str) -> torch.Tensor:
+    """Class targets (index 0) for the cross-entropy loss of the profiled training step: one per sample of the
+    (batch, classes) or (batch, tokens, vocab) logits (:func:`perfzoo.profiling.core.step_loss`)."""
+    logits = _tensors(output)
+    if len(logits) != 1 or logits[0].dim() not in (2, 3):
+        shapes = [tuple(t.shape) for t in logits]
+        raise OpTraceError(
+            f"model {model_id}: training step needs one (batch, classes) or (batch, tokens, vocab) logits "
+            f"tensor, got {shapes}"
+        )
+    return torch.zeros(logits[0].shape[0], dtype=torch.long, device=logits[0].device)
+
+
+def _training_step(
+    model: nn.Module, x: torch.Tensor, optimizer: str, recorder: _OpRecorder, model_id: str
+) -> None:
+    """forward + cross-entropy + backward + optimizer step, each phase under ``recorder``. The optimizer steps
+    once untraced first, so the traced step is the steady state the profiler times (optimizer state exists)."""
+    opt = make_optimizer(model, optimizer)
+    opt.zero_grad(set_to_none=True)
+    with recorder.in_phase("forward"):
+        output = model(x)
+        loss = step_loss(nn.functional.cross_entropy, output, _targets(output, model_id))
+    with recorder.in_phase("backward"):
+        loss.backward()
+    opt.step()
+    with recorder.in_phase("optimizer"):
+        opt.step()
+
+
+def trace_step(model: nn.Module, x: torch.Tensor, mode: str, flop_registry: dict[Any, Callable[..., int]],
+               model_id: str = "", optimizer: str = "sgd") -> pd.DataFrame:
+    """Per-operator table (:data:`OP_COLUMNS`) of one step of ``model`` (on the meta device) on input ``x``.
+
+    ``flop_registry`` maps operator packets to FLOP formulas (``FlopCounterMode(...).flop_registry``). Raises
+    :class:`OpTraceError` naming the model and operator when an operator cannot be followed.
+    """
+    if optimizer not in OPTIMIZERS:
+        raise InputError(f"model {model_id}: unknown optimizer {optimizer!r} (expected one of {OPTIMIZERS})")
+    recorder = _OpRecorder(model_id, flop_registry)
+    try:
+        if mode == "inference":
+            model.eval()
+            with torch.no_grad(), recorder.in_phase("forward"):
+                model(x)
+        else:
+            model.train()
+            _training_step(model, x, optimizer, recorder, model_id)
+    except OpTraceError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a failure between operators names the last one that ran
+        raise OpTraceError(f"model {model_id}: {mode} step failed on the meta device after "
+                           f"{recorder.last_op or 'no operator'}: {one_line(exc)}") from None
+    return _op_table(recorder.rows, model_id, mode, int(x.shape[0]))
+
+
+def _op_table(rows: list[dict[str, Any]], model_id: str, mode: str, batch: int) -> pd.DataFrame:
+    table = pd.DataFrame.from_records(rows, columns=OP_COLUMNS[4:13])
+    table.insert(0, "op_idx", np.arange(len(table), dtype=np.int64))
+    table.insert(0, "batch", batch)
+    table.insert(0, "mode", mode)
+    table.insert(0, "model_id", model_id)
+    table = table.astype({"flops": "int64", "bytes_read": "int64", "bytes_written": "int64"})
+    moved = (table["bytes_read"] + table["bytes_written"]).to_numpy(dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        table["intensity"] = np.where(moved > 0, table["flops"].to_numpy(dtype=float) / moved, np.nan)
+    return table[OP_COLUMNS]
+
+
+def op_table(tables: list[pd.DataFrame]) -> pd.DataFrame:
+    """The per-operator tables of many configs as one table (:data:`OP_COLUMNS`; empty when there are none)."""
+    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=OP_COLUMNS)
+
+
+def op_aggregates(table: pd.DataFrame) -> dict[str, float]:
+    """Model-level ``op_<kind>_flops/bytes/count`` (:data:`OP_FEATURES`) of a per-operator table."""
+    costed = table[table["kind"] != FREE_KIND]
+    moved = costed["bytes_read"] + costed["bytes_written"]
+    by_kind = pd.DataFrame({"kind": costed["kind"], "flops": costed["flops"], "bytes": moved}).groupby("kind")
+    sums, counts = by_kind.sum(), by_kind.size()
+    uncounted = sorted(k for k, flops in sums["flops"].items() if flops and k not in FLOP_KINDS)
+    if uncounted:
+        raise ValueError(f"FLOPs counted for operator kinds without a flops feature: {uncounted}")
+    totals = {"flops": sums["flops"], "bytes": sums["bytes"], "count": counts}
+    return {name: float(totals[stat].get(kind, 0)) for name, (kind, stat) in OP_FEATURE_KINDS.items()}
+
+
+def traced_op_features(build: Callable[[], nn.Module], x: torch.Tensor, mode: str,
+                       flop_registry: dict[Any, Callable[..., int]], model_id: str = "", optimizer: str = "sgd",
+                       ) -> tuple[dict[str, Any], pd.DataFrame | None]:
+    """(``op_*`` aggregates and ``op_trace_error``, per-operator table) of a freshly built meta model.
+
+    A step the tracer cannot follow gives NaN aggregates, the one-line reason naming the operator in
+    ``op_trace_error`` and no table: missing, never zero.
+    """
+    try:
+        table = trace_step(build(), x, mode, flop_registry, model_id, optimizer)
+    except OpTraceError as exc:
+        return {**dict.fromkeys(OP_FEATURES, float("nan")), OP_ERROR_COLUMN: str(exc)}, None
+    return {**op_aggregates(table), OP_ERROR_COLUMN: ""}, table

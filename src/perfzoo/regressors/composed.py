@@ -1,0 +1,238 @@
+"""The composed predictor: a step's time as the sum of what its operators cost, plus a per-step overhead.
+
+A config's step is traced on the meta device into aten operators (:mod:`perfzoo.features.ops`) and summed per
+operator kind into ``op_<kind>_flops``, ``op_<kind>_bytes`` and ``op_<kind>_count``. Per device,
+
+``t = o + o_train·is_training + Σ_k (α_k·flops_k + β_k·bytes_k + γ_k·count_k)`` (``flops_k`` for the kinds
+that have FLOP formulas, :data:`perfzoo.features.ops.FLOP_KINDS`)
+
+with every coefficient non-negative (``scipy.optimize.nnls`` on a column-scaled design): an operator never
+makes a step faster, and the model stays additive in linear space, so it composes over any model's trace and
+extrapolates in batch (FLOPs and bytes grow with batch, the per-call cost and the overhead do not). ``α_k``
+is a time per FLOP, ``β_k`` per byte moved, ``γ_k`` per call (launch and dispatch cost).
+
+Weighting
+---------
+``weighting="relative"`` (default) weights each row by ``1/y``, so the least squares minimises the squared
+*relative* error, close to what MAPE averages; unweighted (``"none"``), the few slowest configs decide every
+coefficient and small configs get large relative errors. ``"mape"`` minimises the mean absolute relative
+error itself (a linear program, scipy's HiGHS); on the two default runs of ``bench/RESULTS.md`` it did not do
+better than ``"relative"`` on one and better on the other, so the simpler least squares stays the default.
+
+Kinds never seen in training
+----------------------------
+A kind with zero calls in every training row of a device has no fitted cost there; a row that uses it gets
+that kind's cost from the pooled fit (all kinds summed into one flops, bytes and count), never zero, and
+:meth:`ComposedRegressor.unseen_kinds` names the kind with its share of the predicted step.
+
+Configs without an operator trace
+---------------------------------
+A row whose operator features are missing (the tracer could not follow an operator, ``op_trace_error``)
+is predicted by the ``fallback`` end-to-end regressor fitted on the same training rows, and
+:meth:`ComposedRegressor.fallback_rows` names the fallback and the reason; such training rows are left out
+of the composed fit.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import linprog, nnls
+from sklearn.utils.validation import check_is_fitted
+
+from perfzoo.features.ops import COSTED_KINDS, OP_ERROR_COLUMN, OP_FEATURE_KINDS, OP_FEATURES, OP_STATS
+from perfzoo.io import InputError
+from perfzoo.regressors.base import (
+    REGISTRY,
+    Regressor,
+    check_frame,
+    numeric_matrix,
+    register_regressor,
+    regressor_from_document,
+    require_columns,
+    sorted_importances,
+)
+
+WEIGHTINGS = ("relative", "mape", "none")
+ALL_DEVICES = "*"
+"""Key of the fit on every device's rows together, used for a device not seen in training."""
+OVERHEAD_TERMS = ("overhead", "overhead_training")
+# (operator features x kinds) and (operator features x statistics) indicator matrices
+_KIND_OF = np.array([[OP_FEATURE_KINDS[f][0] == k for k in COSTED_KINDS] for f in OP_FEATURES], dtype=float)
+_STAT_OF = np.array([[OP_FEATURE_KINDS[f][1] == st for st in OP_STATS] for f in OP_FEATURES], dtype=float)
+_COUNT_COLUMN = np.array([OP_FEATURES.index(f"op_{k}_count") for k in COSTED_KINDS])
+
+
+def _nonnegative_fit(A: np.ndarray, y: np.ndarray, weighting: str) -> np.ndarray:
+    """Non-negative coefficients of ``y ≈ A·c`` under ``weighting`` (see the module docstring), each column
+    of ``A`` scaled to unit maximum first for conditioning."""
+    scale = np.abs(A).max(axis=0)
+    scale[scale == 0] = 1.0
+    B = A / scale
+    if weighting == "mape":  # min Σ|y - B·c|/y, c ≥ 0: a linear program over (c, over, under)
+        n, p = B.shape
+        cost = np.concatenate([np.zeros(p), 1.0 / y, 1.0 / y])
+        equality = np.hstack([B, -np.eye(n), np.eye(n)])
+        result = linprog(cost, A_eq=equality, b_eq=y, bounds=(0, None), method="highs")
+        if not result.success:
+            raise InputError(f"composed: the least-relative-deviation fit failed ({result.message})")
+        return result.x[:p] / scale
+    w = 1.0 / y if weighting == "relative" else np.ones_like(y)
+    coef, _ = nnls(B * w[:, None], y * w, maxiter=50 * A.shape[1])
+    return coef / scale
+
+
+@register_regressor
+class ComposedRegressor(Regressor):
+    """Per-device sum of per-kind operator costs plus an overhead, non-negative, in linear space."""
+
+    kind = "composed"
+
+    def __init__(self, group_col: str | None = "device", weighting: str = "relative", fallback: str = "linear",
+                 log_target: bool = False) -> None:
+        self.group_col = group_col
+        self.weighting = weighting
+        self.fallback = fallback
+        self.log_target = log_target
+
+    # -- design
+
+    @staticmethod
+    def _training_flag(X: pd.DataFrame) -> np.ndarray:
+        if "is_training" in X.columns:
+            return pd.to_numeric(X["is_training"], errors="coerce").fillna(0).to_numpy(dtype=float)
+        if "mode" in X.columns:
+            return (X["mode"].astype(str) == "training").to_numpy(dtype=float)
+        return np.zeros(len(X))
+
+    def _design(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        """([1, is_training, op features...] per row, rows with a complete operator trace)."""
+        ops = numeric_matrix(X, list(OP_FEATURES))
+        traced = ~np.isnan(ops).any(axis=1)
+        design = np.column_stack([np.ones(len(X)), self._training_flag(X), np.nan_to_num(ops)])
+        return design, traced
+
+    @staticmethod
+    def _pooled(design: np.ndarray) -> np.ndarray:
+        """[1, is_training, Σ flops, Σ bytes, Σ count] of a design matrix."""
+        return np.column_stack([design[:, :2], design[:, 2:] @ _STAT_OF])
+
+    def _groups(self, X: pd.DataFrame) -> np.ndarray:
+        if self.group_col and self.group_col in X.columns:
+            return X[self.group_col].astype(str).to_numpy()
+        return np.full(len(X), ALL_DEVICES, dtype=object)
+
+    @staticmethod
+    def _without_ops(X: pd.DataFrame) -> pd.DataFrame:
+        """The end-to-end features of ``X``: the fallback never sees the (missing) operator features."""
+        return X.drop(columns=[c for c in X.columns if c in OP_FEATURES])
+
+    # -- fit
+
+    def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> ComposedRegressor:
+        X = check_frame(X)
+        require_columns(X, OP_FEATURES, what="operator feature (from the features rule)")
+        if self.weighting not in WEIGHTINGS:
+            raise InputError(f"composed: unknown weighting {self.weighting!r} (expected one of {WEIGHTINGS})")
+        if self.fallback not in REGISTRY or self.fallback == self.kind:
+            raise InputError(f"composed: fallback {self.fallback!r} is not another registered regressor")
+        target = self._encode_target(y, len(X))
+        if self.log_target:
+            target = np.exp(target)  # the sum of operator costs lives in original units
+        if (target <= 0).any():
+            raise InputError("composed: targets must be positive")
+        design, traced = self._design(X)
+        if not traced.any():
+            raise InputError("composed: no training row has an operator trace (op_* features all missing)")
+        self.feature_names_ = [*OVERHEAD_TERMS, *OP_FEATURES]
+        self.n_features_in_ = len(self.feature_names_)
+        self.n_untraced_train_ = int((~traced).sum())
+        groups = self._groups(X)
+        self.coef_, self.pooled_coef_, self.seen_kinds_ = {}, {}, {}
+        for group in [ALL_DEVICES, *sorted(set(groups[traced]))]:
+            rows = traced & ((groups == group) if group != ALL_DEVICES else True)
+            self.coef_[group] = _nonnegative_fit(design[rows], target[rows], self.weighting)
+            pooled = self._pooled(design[rows])
+            self.pooled_coef_[group] = _nonnegative_fit(pooled, target[rows], self.weighting)
+            calls = design[rows][:, 2:][:, _COUNT_COLUMN].sum(axis=0)
+            self.seen_kinds_[group] = [k for k, n in zip(COSTED_KINDS, calls, strict=True) if n > 0]
+        self.fallback_model_ = REGISTRY[self.fallback]().fit(self._without_ops(X), y)
+        return self
+
+    # -- predict
+
+    def _contributions(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(overhead per row, cost per row and kind, unseen-kind mask, traced mask)."""
+        check_is_fitted(self, "coef_")
+        X = check_frame(X)
+        require_columns(X, OP_FEATURES, what="operator feature (from the features rule)")
+        design, traced = self._design(X)
+        groups = self._groups(X)
+        overhead = np.zeros(len(X))
+        costs = np.zeros((len(X), len(COSTED_KINDS)))
+        unseen = np.zeros((len(X), len(COSTED_KINDS)), dtype=bool)
+        for i, group in enumerate(groups):
+            key = group if group in self.coef_ else ALL_DEVICES
+            coef, pooled = np.asarray(self.coef_[key]), np.asarray(self.pooled_coef_[key])
+            ops = design[i, 2:]
+            overhead[i] = design[i, :2] @ coef[:2]
+            never_seen = np.array([k not in self.seen_kinds_[key] for k in COSTED_KINDS])
+            unseen[i] = never_seen & (ops[_COUNT_COLUMN] > 0)
+            of_unseen = _KIND_OF[:, unseen[i]].any(axis=1)
+            per_feature = np.where(of_unseen, ops * (_STAT_OF @ pooled[2:]), ops * coef[2:])
+            costs[i] = per_feature @ _KIND_OF
+        return overhead, costs, unseen, traced
+
+    def predict(self, X: pd.DataFrame) -> np.ndarray:
+        overhead, costs, _, traced = self._contributions(X)
+        out = overhead + costs.sum(axis=1)
+        if not traced.all():
+            out[~traced] = self.fallback_model_.predict(self._without_ops(X.loc[~traced]))
+        return out
+
+    def unseen_kinds(self, X: pd.DataFrame) -> pd.DataFrame:
+        """One row per (row of ``X``, operator kind never seen in training): ``row``, ``kind``, ``share`` of
+        the predicted step (that kind's cost, estimated with the pooled coefficients, over the prediction)."""
+        overhead, costs, unseen, traced = self._contributions(X)
+        total = overhead + costs.sum(axis=1)
+        rows, kinds = np.nonzero(unseen & traced[:, None])
+        return pd.DataFrame({"row": X.index[rows], "kind": np.asarray(COSTED_KINDS)[kinds],
+                             "share": costs[rows, kinds] / total[rows]})
+
+    def fallback_rows(self, X: pd.DataFrame) -> pd.DataFrame:
+        """Rows predicted by the fallback regressor (no operator trace): ``row``, ``fallback``, ``reason``."""
+        _, traced = self._design(check_frame(X))
+        reasons = (X[OP_ERROR_COLUMN].fillna("").astype(str) if OP_ERROR_COLUMN in X.columns
+                   else pd.Series("operator features missing", index=X.index))
+        return pd.DataFrame({"row": X.index[~traced], "fallback": self.fallback,
+                             "reason": reasons[~traced].replace("", "operator features missing").to_numpy()})
+
+    def prediction_notes(self, X: pd.DataFrame) -> list[str]:
+        """One line per unseen kind and per fallback row of ``X``, for the prediction record."""
+        notes = [f"operator kind {r.kind!r} never seen in training: {100 * r.share:.0f} % of the predicted step "
+                 "(costed by the pooled fit)" for r in self.unseen_kinds(X).itertuples()]
+        notes += [f"no operator trace ({r.reason}); predicted by the fallback {r.fallback!r}"
+                  for r in self.fallback_rows(X).itertuples()]
+        return list(dict.fromkeys(notes))
+
+    def coefficients(self, group: str = ALL_DEVICES) -> pd.Series:
+        """Fitted coefficients of one device (``"*"``: all devices), named by term."""
+        check_is_fitted(self, "coef_")
+        return pd.Series(np.asarray(self.coef_[group], dtype=float), index=self.feature_names_, name=group)
+
+    def _importances(self) -> pd.Series:
+        return sorted_importances(self.feature_names_, np.abs(np.asarray(self.coef_[ALL_DEVICES])))
+
+    # -- persistence: the fallback regressor is stored as its own document
+
+    _payload_attrs = ("fallback_model_",)
+
+    def _dump_payload(self) -> dict[str, str]:
+        return {"encoding": "perfzoo-regressor", "data": json.dumps(self.fallback_model_.to_document())}
+
+    def _load_payload(self, payload: dict[str, str] | None, source: str) -> None:
+        if not payload or payload.get("encoding") != "perfzoo-regressor":
+            raise InputError(f"{source}: composed regressor without its fallback regressor")
+        self.fallback_model_ = regressor_from_document(json.loads(payload["data"]), f"{source} (fallback)")

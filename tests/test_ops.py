@@ -1,0 +1,202 @@
+"""Operator-level features on the meta device and the composed (sum of operator costs) regressor."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from perfzoo.features.meta import MODEL_COLUMNS, featurise
+from perfzoo.features.ops import (
+    COSTED_KINDS,
+    OP_COLUMNS,
+    OP_ERROR_COLUMN,
+    OP_FEATURES,
+    OpTraceError,
+    op_aggregates,
+    trace_step,
+    traced_op_features,
+)
+from perfzoo.regressors import ComposedRegressor, load_regressor, make_regressor
+
+REGISTRY = FlopCounterMode(display=False).flop_registry
+
+
+def tiny_cnn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 5))
+
+
+def on_meta(build, shape, batch=2):
+    with torch.device("meta"):
+        return build(), torch.empty((batch, *shape))
+
+
+def test_inference_trace_of_a_linear_has_its_matmul_and_exact_bytes():
+    model, x = on_meta(lambda: nn.Linear(8, 4), (8,))
+    table = trace_step(model, x, "inference", REGISTRY, "lin")
+    assert list(table.columns) == OP_COLUMNS
+    addmm = table[table["op"] == "aten.addmm.default"].iloc[0]
+    assert addmm["kind"] == "matmul" and addmm["phase"] == "forward"
+    assert addmm["flops"] == 2 * 2 * 8 * 4
+    assert addmm["bytes_read"] == (4 + 2 * 8 + 8 * 4) * 4  # bias, input, transposed weight (float32)
+    assert addmm["bytes_written"] == 2 * 4 * 4
+    assert addmm["intensity"] == pytest.approx(128 / (208 + 32))
+    views = table[table["kind"] == "view"]
+    assert "aten.t.default" in set(views["op"]) and (views[["bytes_read", "bytes_written"]] == 0).all().all()
+
+
+def test_training_trace_adds_backward_and_optimizer_and_matches_flop_counter():
+    model, x = on_meta(tiny_cnn, (3, 8, 8))
+    table = trace_step(model, x, "training", REGISTRY, "cnn")
+    assert set(table["phase"]) == {"forward", "backward", "optimizer"}
+    assert {"conv", "conv_backward", "norm", "pool", "softmax"} <= set(table["kind"])
+    assert (table.loc[table["phase"] == "optimizer", "kind"].isin(["optimizer", "view"])).all()
+    reference, x2 = on_meta(tiny_cnn, (3, 8, 8))  # the profiled step, counted by FlopCounterMode
+    opt = torch.optim.SGD(reference.parameters(), lr=1e-3, momentum=0.9)
+    with FlopCounterMode(display=False) as counter:
+        out = reference(x2)
+        nn.functional.cross_entropy(out, torch.zeros(2, dtype=torch.long, device="meta")).backward()
+        opt.step()
+    assert table["flops"].sum() == counter.get_total_flops() > 0
+    inference = trace_step(*on_meta(tiny_cnn, (3, 8, 8)), "inference", REGISTRY, "cnn")
+    assert set(inference["phase"]) == {"forward"}
+
+
+def test_aggregates_sum_costed_kinds_and_leave_views_out():
+    table = trace_step(*on_meta(tiny_cnn, (3, 8, 8)), "training", REGISTRY, "cnn")
+    agg = op_aggregates(table)
+    assert list(agg) == list(OP_FEATURES)
+    costed = table[table["kind"] != "view"]
+    assert sum(agg[f"op_{k}_count"] for k in COSTED_KINDS) == len(costed)
+    moved = costed["bytes_read"] + costed["bytes_written"]
+    assert sum(agg[f"op_{k}_bytes"] for k in COSTED_KINDS) == moved.sum()
+    flops = agg["op_conv_flops"] + agg["op_conv_backward_flops"] + agg["op_matmul_flops"]
+    assert flops == table["flops"].sum()
+
+
+class DataDependent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) if x.sum() > 0 else -self.fc(x)
+
+
+_LIB = torch.library.Library("perfzoo_test", "DEF")
+_LIB.define("cpu_only(Tensor x) -> Tensor")
+_LIB.impl("cpu_only", lambda x: x * 2, "CPU")
+
+
+class NoMetaKernel(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.perfzoo_test.cpu_only(x)
+
+
+@pytest.mark.parametrize(
+    ("module", "op"), [(DataDependent, "_local_scalar_dense"), (NoMetaKernel, "perfzoo_test.cpu_only")]
+)
+def test_an_operator_the_tracer_cannot_follow_is_named_with_the_model(module, op):
+    model, x = on_meta(module, (4,))
+    with pytest.raises(OpTraceError, match=rf"model odd-1: .*{op}"):
+        trace_step(model, x, "inference", REGISTRY, "odd-1")
+    features, table = traced_op_features(lambda: on_meta(module, (4,))[0], x, "inference", REGISTRY, "odd-1")
+    assert table is None and op in features[OP_ERROR_COLUMN]
+    assert all(np.isnan(features[c]) for c in OP_FEATURES)  # missing, never zero
+
+
+def test_featurise_carries_the_operator_features_and_table():
+    tables: list[pd.DataFrame] = []
+    feats, _ = featurise(tiny_cnn, (3, 8, 8), 2, "training", model_id="cnn", op_tables=tables)
+    assert list(feats) == MODEL_COLUMNS and feats[OP_ERROR_COLUMN] == ""
+    assert len(tables) == 1 and feats["op_conv_count"] == (tables[0]["kind"] == "conv").sum() > 0
+
+
+# --------------------------------------------------------------------------- composed regressor
+
+TRUE = {"overhead": 0.5, "op_matmul_flops": 2e-9, "op_elementwise_bytes": 1e-8, "op_norm_count": 0.01}
+
+
+def synthetic(n: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = pd.DataFrame(0.0, index=range(n), columns=list(OP_FEATURES))
+    X["op_matmul_flops"] = rng.uniform(1e8, 1e10, n)
+    X["op_matmul_count"] = rng.integers(1, 50, n)
+    X["op_elementwise_bytes"] = rng.uniform(1e6, 1e9, n)
+    X["op_elementwise_count"] = rng.integers(1, 100, n)
+    X["op_norm_count"] = rng.integers(0, 60, n)
+    X["device"], X["is_training"] = "cpu", 0.0
+    y = TRUE["overhead"] + sum(coef * X[name] for name, coef in TRUE.items() if name != "overhead")
+    return X, y.to_numpy()
+
+
+@pytest.mark.parametrize("weighting", ["none", "relative", "mape"])
+def test_composed_recovers_known_coefficients(weighting):
+    X, y = synthetic(60)
+    reg = make_regressor("composed", weighting=weighting).fit(X, y)
+    coef = reg.coefficients("cpu")
+    for name, value in TRUE.items():
+        assert coef[name] == pytest.approx(value, rel=1e-6)
+    others = coef.drop([*TRUE, "overhead_training"])
+    assert np.allclose(others.to_numpy(), 0.0, atol=1e-12)
+    np.testing.assert_allclose(reg.predict(X), y, rtol=1e-6)
+
+
+def test_composed_names_a_kind_never_seen_in_training_and_does_not_cost_it_zero():
+    X, y = synthetic(40)
+    reg = ComposedRegressor(weighting="none").fit(X, y)
+    new = X.head(2).copy()
+    new.loc[1, ["op_pool_bytes", "op_pool_count"]] = [5e8, 3]
+    unseen = reg.unseen_kinds(new)
+    assert unseen["kind"].tolist() == ["pool"] and unseen["row"].tolist() == [1]
+    assert 0 < unseen["share"].iloc[0] < 1
+    assert reg.predict(new)[1] > reg.predict(X.head(2))[1]
+    assert any("'pool' never seen in training" in note for note in reg.prediction_notes(new))
+
+
+def test_composed_falls_back_for_a_config_without_operator_trace():
+    X, y = synthetic(40)
+    X["flops"] = X["op_matmul_flops"]
+    X[OP_ERROR_COLUMN] = ""
+    reg = ComposedRegressor(fallback="linear").fit(X, y)
+    new = X.head(3).copy()
+    new.loc[2, list(OP_FEATURES)] = np.nan
+    new.loc[2, OP_ERROR_COLUMN] = "model m: aten.nonzero.default depends on tensor values"
+    pred = reg.predict(new)
+    assert np.isfinite(pred).all() and pred[2] > 0
+    report = reg.fallback_rows(new)
+    reason = new.loc[2, OP_ERROR_COLUMN]
+    assert report.to_dict("records") == [{"row": 2, "fallback": "linear", "reason": reason}]
+    assert any("aten.nonzero" in note and "'linear'" in note for note in reg.prediction_notes(new))
+
+
+def test_composed_save_load_round_trip(tmp_path):
+    X, y = synthetic(30)
+    reg = ComposedRegressor().fit(X, y)
+    reg.save(tmp_path / "composed.json")
+    loaded = load_regressor(tmp_path / "composed.json")
+    assert isinstance(loaded, ComposedRegressor)
+    np.testing.assert_array_equal(loaded.predict(X), reg.predict(X))
+    assert loaded.fallback_model_.kind == "linear"
+
+
+def test_only_the_composed_regressor_sees_operator_features_in_fit_split():
+    from perfzoo.dataset.splits import make_split
+    from perfzoo.fitting import fit_split, unsupported_reason
+
+    X, y = synthetic(40)
+    data = X.assign(row_id=[f"r{i:03d}" for i in range(40)], model_id=[f"m{i}" for i in range(40)],
+                    mode="inference", batch=1, family=[f"f{i % 4}" for i in range(40)], label="x",
+                    flops=X["op_matmul_flops"], latency_ms=y)
+    split = make_split("leave_one_family_out", data, {"seed": 1337, "random_fractions": [0.7, 0.15, 0.15]})
+    preds, models, _ = fit_split(data, split, "latency_ms", "composed", {"weighting": "none"})
+    np.testing.assert_allclose(preds["y_pred"], preds["y_true"], rtol=1e-6)  # exact synthetic sum
+    _, linear, _ = fit_split(data, split, "latency_ms", "linear")
+    assert not any(c.startswith("op_") for m in linear.values() for c in m.feature_names_)
+    _, with_ops, _ = fit_split(data, split, "latency_ms", "linear", operator_features=True)
+    assert "op_matmul_flops" in next(iter(with_ops.values())).feature_names_
+    assert unsupported_reason("composed", "peak_mem_mb") is not None
