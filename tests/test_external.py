@@ -313,11 +313,14 @@ def test_batch_scaled_features_equal_a_direct_featurisation() -> None:
         direct, _ = featurise(build, (3, 96, 96), batch, "training", "float32", "x")
         assert {k: v for k, v in result.features[batch].items() if k != "model_id"} == {
             k: v for k, v in direct.items() if k != "model_id"}
-    low, high = result.probes  # proportional: two probes (batches 2 and 4) were enough
-    assert scale_features((low, {**high, "flops": high["flops"] + 2}), 8) is None  # not proportional: refused
-    assert scale_features((low, {**high, "params": high["params"] + 1}), 8) is None  # batch-dependent: refused
-    eight = featurise(partial(build_model, "timm", "efficientnet_b0", {}, 1000, (3, 96, 96)), (3, 96, 96), 8,
-                      "training", "float32", "x")[0]
+    # the operator totals have a once-per-step part (the optimizer reads and writes every weight), so two
+    # probes (batches 2 and 4) cannot place their line: the third (batch 8) was taken
+    low, high, eight = result.probes
+    assert scale_features((low, high), 8) is None
+    assert scale_features((low, {**high, "flops": high["flops"] + 2}, eight), 8) is None  # not on a line: refused
+    assert scale_features((low, {**high, "params": high["params"] + 1}, eight), 8) is None  # batch-dependent
+    op_bytes = "op_elementwise_bytes"
+    assert scale_features((low, {**high, op_bytes: high[op_bytes] + 2}, eight), 8) is None  # operator total too
     shifted = tuple({**p, "flops": p["flops"] + 6} for p in (low, high, eight))  # a once-per-step part
     assert scale_features(shifted, 64)["flops"] == result.features[64]["flops"] + 6  # affine: exact
     bent = (*shifted[:2], {**shifted[2], "flops": shifted[2]["flops"] + 4})  # not on one line

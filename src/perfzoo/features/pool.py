@@ -10,7 +10,8 @@ sizes:
 * the batch-dependent features (FLOPs, MACs, activation and input bytes, Gianniti complexities) must be
   exactly proportional to the batch (value at 4 == 2 x value at 2, an even integer), or — checked with a
   third probe at batch 8 — exactly affine with an integer slope (a part computed once per step, such as
-  a relative position bias); every other feature must be equal at all probes. Then each requested batch
+  a relative position bias); so must the operator totals (``op_*_flops/bytes/count``, or missing at
+  every probe when the step could not be traced); every other feature must be equal at all probes. Then each requested batch
   gets its value on that line: exact integers, the numbers a direct featurisation at that batch gives.
   Otherwise every batch is featurised directly (``method == "direct"``). The simulated peak memory
   (``sim_*`` columns, a maximum over the step, not a line in the batch) is simulated at every batch;
@@ -170,6 +171,7 @@ def _line(values: list[Any]) -> tuple[int, int] | None:
 def scale_features(probes: tuple[dict[str, Any], ...], batch: int) -> dict[str, Any] | None:
     """Features at ``batch`` from the probe batches, or None when they do not scale exactly."""
     from perfzoo.features.memory import SIM_COLUMNS  # lazy: torch takes seconds to import
+    from perfzoo.features.ops import OP_FEATURES
 
     out = dict(probes[0])
     for key in PROPORTIONAL:
@@ -177,8 +179,16 @@ def scale_features(probes: tuple[dict[str, Any], ...], batch: int) -> dict[str, 
         if line is None:
             return None
         out[key] = line[0] + line[1] * batch
+    for key in OP_FEATURES:  # operator totals: affine in the batch, or missing at every batch (no trace)
+        values = [p[key] for p in probes]
+        if all(v != v for v in values):
+            continue
+        line = _line(values) if not any(v != v for v in values) else None
+        if line is None:
+            return None
+        out[key] = float(line[0] + line[1] * batch)
     for key, value in probes[0].items():
-        if key in (*PROPORTIONAL, *DERIVED, *PER_CALL, *SIM_COLUMNS, "sim_error"):  # simulated per batch
+        if key in (*PROPORTIONAL, *DERIVED, *PER_CALL, *SIM_COLUMNS, "sim_error", *OP_FEATURES):  # computed above
             continue
         if not all(value == p[key] or (value != value and p[key] != p[key]) for p in probes[1:]):  # NaN==NaN
             return None
