@@ -101,11 +101,12 @@ class ComposedRegressor(Regressor):
 
     @staticmethod
     def _training_flag(X: pd.DataFrame) -> np.ndarray:
-        if "is_training" in X.columns:
-            return pd.to_numeric(X["is_training"], errors="coerce").fillna(0).to_numpy(dtype=float)
-        if "mode" in X.columns:
-            return (X["mode"].astype(str) == "training").to_numpy(dtype=float)
-        return np.zeros(len(X))
+        """1 for a training step, 0 for inference (the dataset's and the predictor's ``is_training``)."""
+        require_columns(X, ["is_training"], what="composed")
+        flag = numeric_matrix(X, ["is_training"])[:, 0]
+        if np.isnan(flag).any():
+            raise InputError(f"composed: is_training missing in {int(np.isnan(flag).sum())} row(s)")
+        return flag
 
     def _design(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         """([1, is_training, op features...] per row, rows with a complete operator trace)."""
@@ -120,9 +121,10 @@ class ComposedRegressor(Regressor):
         return np.column_stack([design[:, :2], design[:, 2:] @ _STAT_OF])
 
     def _groups(self, X: pd.DataFrame) -> np.ndarray:
-        if self.group_col and self.group_col in X.columns:
-            return X[self.group_col].astype(str).to_numpy()
-        return np.full(len(X), ALL_DEVICES, dtype=object)
+        if not self.group_col:
+            return np.full(len(X), ALL_DEVICES, dtype=object)
+        require_columns(X, [self.group_col], what="composed group")
+        return X[self.group_col].astype(str).to_numpy(dtype=object)
 
     @staticmethod
     def _without_ops(X: pd.DataFrame) -> pd.DataFrame:
