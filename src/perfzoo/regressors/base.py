@@ -65,6 +65,15 @@ def require_columns(X: pd.DataFrame, columns: Iterable[str], what: str = "featur
         raise InputError(f"missing {what} column(s): {', '.join(missing)}")
 
 
+def group_labels(X: pd.DataFrame, group_col: str | None, what: str, pooled: str = "") -> np.ndarray:
+    """Per row of ``X``, the group (device) whose coefficients apply: the ``group_col`` value as text, or
+    ``pooled`` for every row of a regressor fitted without groups. A missing ``group_col`` is named."""
+    if not group_col:
+        return np.full(len(X), pooled, dtype=object)
+    require_columns(X, [group_col], what=what)
+    return X[group_col].astype(str).to_numpy(dtype=object)
+
+
 def numeric_columns(X: pd.DataFrame) -> list[str]:
     """Names of the numeric (including boolean) columns of ``X``, in order."""
     return [str(c) for c in X.columns if pd.api.types.is_numeric_dtype(X[c])]

@@ -48,6 +48,7 @@ from perfzoo.regressors.base import (
     REGISTRY,
     Regressor,
     check_frame,
+    group_labels,
     numeric_matrix,
     register_regressor,
     regressor_from_document,
@@ -121,10 +122,7 @@ class ComposedRegressor(Regressor):
         return np.column_stack([design[:, :2], design[:, 2:] @ _STAT_OF])
 
     def _groups(self, X: pd.DataFrame) -> np.ndarray:
-        if not self.group_col:
-            return np.full(len(X), ALL_DEVICES, dtype=object)
-        require_columns(X, [self.group_col], what="composed group")
-        return X[self.group_col].astype(str).to_numpy(dtype=object)
+        return group_labels(X, self.group_col, "composed group", pooled=ALL_DEVICES)
 
     @staticmethod
     def _without_ops(X: pd.DataFrame) -> pd.DataFrame:

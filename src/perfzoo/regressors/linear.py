@@ -19,6 +19,7 @@ from perfzoo.regressors.base import (
     Regressor,
     check_frame,
     column_medians,
+    group_labels,
     impute,
     numeric_matrix,
     register_regressor,
@@ -71,9 +72,7 @@ class RooflineRegressor(Regressor):
         return A
 
     def _groups(self, X: pd.DataFrame) -> np.ndarray:
-        if not self.group_col:
-            return np.full(len(X), "", dtype=object)
-        return X[self.group_col].astype(str).to_numpy(dtype=object)
+        return group_labels(X, self.group_col, "roofline group")
 
     def _summarise(self, ratios: np.ndarray) -> float:
         if self.log_target:

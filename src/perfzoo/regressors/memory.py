@@ -13,6 +13,7 @@ from perfzoo.io import InputError
 from perfzoo.regressors.base import (
     Regressor,
     check_frame,
+    group_labels,
     numeric_matrix,
     register_regressor,
     require_columns,
@@ -74,10 +75,7 @@ class MemorySimRegressor(Regressor):
                                 uses_conv])
 
     def _groups(self, X: pd.DataFrame) -> np.ndarray:
-        if not self.group_col:
-            return np.full(len(X), "", dtype=object)
-        require_columns(X, [self.group_col], what="memory_sim group")
-        return X[self.group_col].astype(str).to_numpy(dtype=object)
+        return group_labels(X, self.group_col, "memory_sim group")
 
     @staticmethod
     def _median_fit(D: np.ndarray, y: np.ndarray) -> np.ndarray:
