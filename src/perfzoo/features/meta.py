@@ -71,7 +71,6 @@ from typing import Any
 import pandas as pd
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 from tqdm import tqdm
 
@@ -82,7 +81,7 @@ from perfzoo.features.memory import (
     simulate_peak_memory,
     simulated_memory_features,
 )
-from perfzoo.features.ops import OP_ERROR_COLUMN, OP_FEATURES, traced_op_features
+from perfzoo.features.ops import OP_ERROR_COLUMN, OP_FEATURES, tensor_bytes, tensors_in, traced_op_features
 from perfzoo.io import InputError, one_line
 from perfzoo.models.builders import build_model
 from perfzoo.hardware.precision import BUILD_DTYPES, normalise_precision
@@ -302,16 +301,8 @@ def _flop_counter() -> FlopCounterMode:
 # --------------------------------------------------------------------------- forward recording
 
 
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    return [leaf for leaf in tree_leaves(obj) if isinstance(leaf, torch.Tensor)]
-
-
-def _tensor_bytes(obj: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in _tensors(obj))
-
-
 def _first_shape(obj: Any) -> torch.Size | None:
-    tensors = _tensors(obj)
+    tensors = tensors_in(obj)
     return tensors[0].shape if tensors else None
 
 
@@ -361,7 +352,7 @@ class _Recorder:
                 "name": self.names.get(id(module)) or "<root>",
                 "in_shape": _first_shape((args, kwargs)),
                 "out_shape": _first_shape(output),
-                "out_bytes": _tensor_bytes(output),
+                "out_bytes": tensor_bytes(output),
                 "flops": self.counter.get_total_flops() - frame.flops_before,
             }
         )
@@ -392,7 +383,7 @@ def _build_on_meta(build: Callable[[], nn.Module]) -> nn.Module:
 
 def _sum_loss(output: Any) -> torch.Tensor:
     """Training loss: sum of every floating-point output tensor that requires grad."""
-    tensors = [t for t in _tensors(output) if t.is_floating_point() and t.requires_grad]
+    tensors = [t for t in tensors_in(output) if t.is_floating_point() and t.requires_grad]
     if not tensors:
         raise ValueError("model output has no differentiable floating-point tensor")
     return sum(t.sum() for t in tensors)
@@ -453,7 +444,7 @@ def _layer_table(
              "c_fw": c_fw, "c_bw": c_bw, "out_bytes": row["out_bytes"], "flops": row["flops"]}
         )  # fmt: skip
     if mode == "training":
-        floats = [t for t in _tensors(output) if t.is_floating_point()]
+        floats = [t for t in tensors_in(output) if t.is_floating_point()]
         c_fw, c_bw = _loss_complexity(sum(t.numel() for t in floats) // batch, batch)
         records.append(
             {"name": "loss", "type": "Loss", "category": "other", "c_fw": c_fw, "c_bw": c_bw,
@@ -548,7 +539,7 @@ def _model_features(model: nn.Module, x: torch.Tensor, recorder: _Recorder, tabl
     """The model-level features (:data:`MODEL_COLUMNS`, in that order) of one traced step."""
     mode, flops_fw = counted["mode"], counted["flops_fw"]
     params = _unique_tensors(model.parameters())
-    weight_bytes = _tensor_bytes(_unique_tensors([*params, *model.buffers()]))
+    weight_bytes = tensor_bytes(_unique_tensors([*params, *model.buffers()]))
     activation_bytes = sum(row["out_bytes"] for row in recorder.rows)
     features: dict[str, Any] = {
         **counted,

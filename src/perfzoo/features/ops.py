@@ -177,12 +177,14 @@ def op_kind(func: torch._ops.OpOverload, args: tuple = ()) -> str:
     return "other"
 
 
-def _tensors(obj: Any) -> list[torch.Tensor]:
+def tensors_in(obj: Any) -> list[torch.Tensor]:
+    """The tensors among the leaves of ``obj`` (nested tuples, lists, dicts of them)."""
     return [leaf for leaf in tree_leaves(obj) if isinstance(leaf, torch.Tensor)]
 
 
-def _bytes(tensors: list[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of the tensors among the leaves of ``obj``."""
+    return sum(t.numel() * t.element_size() for t in tensors_in(obj))
 
 
 def _shapes(tensors: list[torch.Tensor]) -> str:
@@ -229,11 +231,11 @@ class _OpRecorder(TorchDispatchMode):
 
     def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         kind = op_kind(func, args)
-        inputs, outputs = _tensors((args, kwargs)), _tensors(out)
+        inputs, outputs = tensors_in((args, kwargs)), tensors_in(out)
         free = kind == FREE_KIND
         formula = self.flop_registry.get(func._overloadpacket)
         flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
-        read, written = (0, 0) if free else (_bytes(inputs), _bytes(outputs))
+        read, written = (0, 0) if free else (tensor_bytes(inputs), tensor_bytes(outputs))
         self.rows.append({
             "op": str(func), "kind": "optimizer" if self.phase == "optimizer" and not free else kind,
             "phase": self.phase, "in_shapes": _shapes(inputs), "out_shapes": _shapes(outputs),
@@ -251,7 +253,7 @@ class _OpRecorder(TorchDispatchMode):
 def _targets(output: Any, model_id: str) -> torch.Tensor:
     """Class targets (index 0) for the cross-entropy loss of the profiled training step: one per sample of the
     (batch, classes) or (batch, tokens, vocab) logits (:func:`perfzoo.profiling.core.step_loss`)."""
-    logits = _tensors(output)
+    logits = tensors_in(output)
     if len(logits) != 1 or logits[0].dim() not in (2, 3):
         shapes = [tuple(t.shape) for t in logits]
         raise OpTraceError(
