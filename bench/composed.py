@@ -27,7 +27,8 @@ import pandas as pd  # noqa: E402
 
 from perfzoo.evaluate import metrics_table  # noqa: E402
 from perfzoo.features.meta import featurise_manifest  # noqa: E402
-from perfzoo.features.ops import OP_ERROR_COLUMN, OP_FEATURES, op_table  # noqa: E402
+from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURES  # noqa: E402
+from perfzoo.features.ops import op_table  # noqa: E402
 from perfzoo.fitting import fit_split  # noqa: E402
 
 TARGET = "latency_ms"

@@ -10,11 +10,8 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from perfzoo.features.meta import MODEL_COLUMNS, featurise
+from perfzoo.features.op_kinds import COSTED_KINDS, OP_COLUMNS, OP_ERROR_COLUMN, OP_FEATURES
 from perfzoo.features.ops import (
-    COSTED_KINDS,
-    OP_COLUMNS,
-    OP_ERROR_COLUMN,
-    OP_FEATURES,
     OpTraceError,
     op_aggregates,
     trace_step,

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from perfzoo.dataset.build import feature_columns, finite_target_rows
-from perfzoo.features.ops import OP_ERROR_COLUMN, OP_FEATURES
+from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURES
 from perfzoo.io import InputError, write_text
 from perfzoo.regressors import Regressor, make_regressor, regressor_from_document
 from perfzoo.stats import all_metrics, conformal_halfwidth

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from perfzoo.features.memory import SIM_COLUMNS
-from perfzoo.features.ops import OP_ERROR_COLUMN, OP_FEATURES
+from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURES
 from perfzoo.hardware import hardware_features
 from perfzoo.io import InputError, read_json, read_parquet
 from perfzoo.profiling.interference import drop_flagged_runs, flagged_mask

@@ -81,7 +81,8 @@ from perfzoo.features.memory import (
     simulate_peak_memory,
     simulated_memory_features,
 )
-from perfzoo.features.ops import OP_ERROR_COLUMN, OP_FEATURES, tensor_bytes, tensors_in, traced_op_features
+from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURES
+from perfzoo.features.ops import tensor_bytes, tensors_in, traced_op_features
 from perfzoo.io import InputError, one_line
 from perfzoo.models.builders import build_model
 from perfzoo.hardware.precision import BUILD_DTYPES, normalise_precision

@@ -58,30 +58,17 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from perfzoo.features.op_kinds import (
+    FLOP_KINDS,
+    FREE_KIND,
+    OP_COLUMNS,
+    OP_ERROR_COLUMN,
+    OP_FEATURES,
+    OP_FEATURE_KINDS,
+)
 from perfzoo.io import InputError, one_line
 from perfzoo.profiling.core import OPTIMIZERS, make_optimizer, step_loss
 
-OP_KINDS = (
-    "matmul", "attention", "conv", "conv_backward", "conv_grouped", "conv_grouped_backward", "norm", "pool",
-    "softmax", "reduction", "elementwise", "embedding", "copy", "optimizer", "other", "view",
-)  # fmt: skip
-FREE_KIND = "view"
-COSTED_KINDS = tuple(k for k in OP_KINDS if k != FREE_KIND)
-FLOP_KINDS = (
-    "matmul", "attention", "conv", "conv_backward", "conv_grouped", "conv_grouped_backward", "other",
-)  # fmt: skip
-"""Kinds whose operators have FLOP formulas (FlopCounterMode counts matmuls, convolutions and attention)."""
-OP_STATS = ("flops", "bytes", "count")
-OP_FEATURE_KINDS = {f"op_{kind}_{stat}": (kind, stat) for kind in COSTED_KINDS for stat in OP_STATS
-                    if stat != "flops" or kind in FLOP_KINDS}
-"""Each model-level operator feature and its (kind, statistic)."""
-OP_FEATURES = tuple(OP_FEATURE_KINDS)
-OP_ERROR_COLUMN = "op_trace_error"
-OP_COLUMNS = [
-    "model_id", "mode", "batch", "op_idx", "op", "kind", "phase", "in_shapes", "out_shapes", "dtype",
-    "flops", "bytes_read", "bytes_written", "intensity",
-]  # fmt: skip
-PHASES = ("forward", "backward", "optimizer")
 
 # Operator packet names per kind (after ``aten.``); pointwise operators are found by their ``pointwise`` tag.
 _KIND_NAMES: dict[str, frozenset[str]] = {

@@ -171,7 +171,7 @@ def _line(values: list[Any]) -> tuple[int, int] | None:
 def scale_features(probes: tuple[dict[str, Any], ...], batch: int) -> dict[str, Any] | None:
     """Features at ``batch`` from the probe batches, or None when they do not scale exactly."""
     from perfzoo.features.memory import SIM_COLUMNS  # lazy: torch takes seconds to import
-    from perfzoo.features.ops import OP_FEATURES
+    from perfzoo.features.op_kinds import OP_FEATURES
 
     out = dict(probes[0])
     for key in PROPORTIONAL:

@@ -105,7 +105,7 @@ def device_row(
     """The predictors' input row of ``device``, or the reason it cannot be built."""
     # lazy: perfzoo.dataset.build imports scipy (~1 s CPU), which loads while the featurising child runs
     from perfzoo.dataset.build import MODEL_FEATURES
-    from perfzoo.features.ops import OP_ERROR_COLUMN, OP_FEATURES
+    from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURES
 
     if hw is None:
         return (

@@ -42,7 +42,7 @@ import pandas as pd
 from scipy.optimize import linprog, nnls
 from sklearn.utils.validation import check_is_fitted
 
-from perfzoo.features.ops import COSTED_KINDS, OP_ERROR_COLUMN, OP_FEATURE_KINDS, OP_FEATURES, OP_STATS
+from perfzoo.features.op_kinds import COSTED_KINDS, OP_ERROR_COLUMN, OP_FEATURE_KINDS, OP_FEATURES, OP_STATS
 from perfzoo.io import InputError
 from perfzoo.regressors.base import (
     REGISTRY,
