@@ -131,7 +131,7 @@ class Predictor:
             method = self.interval_text()
         notes = [n for m in self.folds.values() if hasattr(m, "prediction_notes") for n in m.prediction_notes(X)]
         method = "; ".join([method, *dict.fromkeys(notes)])  # e.g. composed: unseen operator kinds, its fallback
-        return point, np.fmin(lo, point), np.fmax(hi, point), method
+        return point, np.minimum(lo, point), np.maximum(hi, point), method  # a missing interval stays NaN
 
 
 def require_outputs(results: Path) -> None:
