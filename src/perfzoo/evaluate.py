@@ -100,7 +100,8 @@ def cross_conformal(held: pd.DataFrame) -> pd.DataFrame:
         lo[own], hi[own] = cal.interval(pred[own])
         n_cal[own], missing[own] = cal.n, cal.reason
     missing[~np.isfinite(pred)] = "no point prediction"
-    return held.assign(y_lo=lo, y_hi=hi, interval_method=method, interval_missing=missing, calibration_rows=n_cal)
+    return held.assign(y_lo=lo, y_hi=hi, interval_method=method, interval_missing=missing,
+                       calibration_rows=n_cal)
 
 
 def own_intervals(held: pd.DataFrame) -> pd.DataFrame:
@@ -157,7 +158,8 @@ def metrics_table(predictions: pd.DataFrame, noise: pd.DataFrame) -> pd.DataFram
 
     Rows without a prediction (a baseline without a source row) are left out and counted in
     ``n_missing``; ``coverage90`` is the empirical coverage of the 90 % intervals (:func:`with_intervals`)
-    on the ``n_interval`` test rows that have one, ``interval_missing`` says why others have none. With baseline rows present (regressor ``baseline:*``), every other row
+    on the ``n_interval`` test rows that have one, ``interval_missing`` says why others have none.
+    With baseline rows present (regressor ``baseline:*``), every other row
     names the best baseline of its (target, split) and whether it beats it (``beats_baseline``).
     """
     rows = []

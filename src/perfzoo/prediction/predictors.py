@@ -74,7 +74,8 @@ class MeasuredCoverage:
         low, high = COVERAGE_BAND
         verdict = (f", outside the {low:.0%}–{high:.0%} band of a calibrated 90 % interval"
                    if outside_coverage_band(self.coverage) else "")
-        return f"measured coverage {self.coverage:.0%} of {self.n} held-out test rows of split {split}{verdict}"
+        return (f"measured coverage {self.coverage:.0%} of {self.n} held-out test rows of split {split}"
+                f"{verdict}")
 
 
 @dataclass
@@ -112,8 +113,8 @@ class Predictor:
         cal = self.calibration or Calibration(math.nan, 0, "no held-out predictions")
         if not math.isfinite(cal.q):
             return f"no interval: {cal.reason} on split {self.split}"
-        return (f"conformal {INTERVAL_LEVEL:.0%} interval: point ×/÷ {math.exp(cal.q):.3g}, the conformal quantile "
-                f"of |log(measured/predicted)| over {cal.n} held-out rows of split {self.split}; "
+        return (f"conformal {INTERVAL_LEVEL * 100:.0f} % interval: point ×/÷ {math.exp(cal.q):.3g}, the "
+                f"conformal quantile of |log(measured/predicted)| over {cal.n} held-out rows of split {self.split}; "
                 f"{self.coverage.text(self.split)}")
 
     def predict(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
@@ -209,7 +210,9 @@ def load_predictors(
             continue
         calibration = held_out_calibration(path.with_name(f"{split}.predictions.parquet"))
         coverage = measured_coverage(metrics, target, regressor, split)
-        found[target] = Predictor(target, regressor, split, path, folds, meta, score, n, calibration, coverage)
+        found[target] = Predictor(
+            target, regressor, split, path, folds, meta, score, n, calibration, coverage
+        )
     return found, missing
 
 
@@ -242,11 +245,14 @@ def measured_coverage(metrics: pd.DataFrame, target: str, regressor: str, split:
     reason it is missing."""
     if "coverage90" not in metrics.columns:
         return MeasuredCoverage(reason="the metrics table has no coverage90 column")
-    rows = metrics[(metrics["target"] == target) & (metrics["regressor"] == regressor) & (metrics["split"] == split)]
+    rows = metrics[
+        (metrics["target"] == target) & (metrics["regressor"] == regressor) & (metrics["split"] == split)
+    ]
     if rows.empty:
         return MeasuredCoverage(reason="no row in the metrics table")
     row = rows.iloc[0]
     coverage = pd.to_numeric(row.get("coverage90"), errors="coerce")
     n = pd.to_numeric(row.get("n_interval"), errors="coerce")
     reason = str(row.get("interval_missing") or "no held-out row has an interval")
-    return MeasuredCoverage(float(coverage), 0 if pd.isna(n) else int(n), "" if pd.notna(coverage) else reason)
+    n_rows = 0 if pd.isna(n) else int(n)
+    return MeasuredCoverage(float(coverage), n_rows, "" if pd.notna(coverage) else reason)

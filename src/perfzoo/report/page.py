@@ -153,7 +153,8 @@ def _coverage_text(metrics: pd.DataFrame, row: pd.Series) -> str:
     column = next((c for c in COVERAGE_COLUMNS if c in metrics), None)
     if column is None or pd.isna(row.get(column)):
         reason = row.get("interval_missing")
-        return "interval coverage " + NOT_COMPUTED + (f" ({reason})" if isinstance(reason, str) and reason else "")
+        why = f" ({reason})" if isinstance(reason, str) and reason else ""
+        return f"interval coverage {NOT_COMPUTED}{why}"
     share = float(row[column]) / (1 if float(row[column]) <= 1 else 100)
     n = pd.to_numeric(row.get("n_interval"), errors="coerce")
     rows = f" of {int(n)}" if pd.notna(n) else ""
