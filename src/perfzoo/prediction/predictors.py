@@ -108,14 +108,18 @@ class Predictor:
             return "the regressor's own conformal intervals"
         return f"conformal, held-out residuals of split {self.split}"
 
+    @property
+    def calibrated(self) -> Calibration:
+        return self.calibration or Calibration(math.nan, 0, "no held-out predictions")
+
     def interval_text(self) -> str:
         """The interval method as printed: calibration, its rows, and the coverage measured on them."""
-        cal = self.calibration or Calibration(math.nan, 0, "no held-out predictions")
+        cal = self.calibrated
         if not math.isfinite(cal.q):
             return f"no interval: {cal.reason} on split {self.split}"
         return (f"conformal {INTERVAL_LEVEL * 100:.0f} % interval: point ×/÷ {math.exp(cal.q):.3g}, the "
-                f"conformal quantile of |log(measured/predicted)| over {cal.n} held-out rows of split {self.split}; "
-                f"{self.coverage.text(self.split)}")
+                f"conformal quantile of |log(measured/predicted)| over {cal.n} held-out rows of split "
+                f"{self.split}; {self.coverage.text(self.split)}")
 
     def predict(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
         """(point, lo, hi, interval method): mean of the fold predictions and its nominal 90 % interval."""
@@ -123,12 +127,12 @@ class Predictor:
         if self.has_own_intervals:
             bounds = [m.predict_interval(X) for m in self.folds.values()]
             lo, hi = (np.mean([np.asarray(b[i], float) for b in bounds], axis=0) for i in (0, 1))
-            method = "conformal 90 % interval (leave-one-device-out calibration residuals), mean over folds"
-        elif self.calibration is not None and math.isfinite(self.calibration.q):
-            lo, hi = self.calibration.interval(point)
-            method = self.interval_text()
-        else:
-            lo = hi = np.full_like(point, np.nan)
+            method = (
+                "conformal 90 % interval (leave-one-device-out calibration residuals), mean over folds; "
+                + self.coverage.text(self.split)
+            )
+        else:  # NaN, with the reason in the text, when there were too few residuals to calibrate on
+            lo, hi = self.calibrated.interval(point)
             method = self.interval_text()
         notes = [n for m in self.folds.values() if hasattr(m, "prediction_notes") for n in m.prediction_notes(X)]
         method = "; ".join([method, *dict.fromkeys(notes)])  # e.g. composed: unseen operator kinds, its fallback
