@@ -60,6 +60,16 @@ def test_a_fold_is_calibrated_on_the_other_folds_only() -> None:
     assert (rows["y_true"].iloc[30:] > rows["y_hi"].iloc[30:]).all()  # so fold b is not covered
 
 
+def test_a_row_held_out_by_several_folds_does_not_calibrate_itself() -> None:
+    # Monte-Carlo repeats: rows r0-r29 are held out by fold a and again, far off, by fold c
+    rng = np.random.default_rng(3)
+    small, other = rng.uniform(0, 0.01, 30), rng.uniform(0.1, 0.2, 30)
+    rows = held_out(np.concatenate([small, other, np.full(30, 5.0)]), ["a"] * 30 + ["b"] * 30 + ["c"] * 30)
+    rows["row_id"] = [f"r{i}" for i in range(60)] + [f"r{i}" for i in range(30)]
+    q = halfwidths(with_intervals(rows))
+    assert np.allclose(q[:30], conformal_halfwidth(other, 0.9))  # fold a: fold b only, not its rows in fold c
+
+
 def test_a_single_fold_leaves_each_row_out_of_its_own_calibration() -> None:
     errors = np.linspace(0.01, 0.3, 25)
     rows = with_intervals(held_out(errors, ["only"] * 25))

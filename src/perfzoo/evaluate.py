@@ -6,7 +6,8 @@ residual ``|log(y / pred)|`` is an honest calibration point for the others. A he
 ``pred × exp(±q)``, ``q`` the split-conformal quantile (:func:`perfzoo.stats.conformal_halfwidth`, level
 0.9) of the residuals of the held-out rows of the *other* folds of the split (cross-conformal; the rows of
 one fold, often one family, are correlated, so a fold never calibrates itself), or, for a split with a
-single fold, of the other held-out rows (leave one row out). No refit is needed. With fewer than
+single fold, of the other held-out rows (leave one row out); a row held out in several folds (the repeats
+of a Monte-Carlo split) never calibrates itself either. No refit is needed. With fewer than
 ``MIN_CALIBRATION_ROWS`` residuals the interval is missing, with that reason. Regressors with intervals of
 their own (``device_transfer``: conformal, calibrated by an inner leave-one-GPU-out) keep them.
 ``perfzoo predict`` uses the same :func:`calibrate` over all held-out rows of its predictor's split, so the
@@ -94,9 +95,11 @@ def cross_conformal(held: pd.DataFrame) -> pd.DataFrame:
     groups, method = calibration_groups(held)
     lo, hi, n_cal = np.full(len(held), np.nan), np.full(len(held), np.nan), np.zeros(len(held), dtype=int)
     missing = np.full(len(held), "", dtype=object)
+    rows = held["row_id"].to_numpy() if "row_id" in held.columns else np.arange(len(held))
     for group in np.unique(groups):
         own = groups == group
-        cal = calibrate(residuals[~own])
+        # nor the same rows held out by another fold (the repeats of a Monte-Carlo split overlap)
+        cal = calibrate(residuals[~own & ~np.isin(rows, rows[own])])
         lo[own], hi[own] = cal.interval(pred[own])
         n_cal[own], missing[own] = cal.n, cal.reason
     missing[~np.isfinite(pred)] = "no point prediction"
