@@ -1,0 +1,152 @@
+"""Measured per-operator times: recorded after the end-to-end window, with phases, classified into the meta
+trace's kinds, missing with a reason, and never a regressor's feature."""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch.utils.flop_counter import FlopCounterMode
+
+from perfzoo.dataset.build import feature_columns
+from perfzoo.features.op_kinds import FREE_KIND
+from perfzoo.features.op_times import KIND_TIME_COLUMNS, kind_time_labels, kind_times
+from perfzoo.features.ops import recorded_op_kind, trace_step
+from perfzoo.fitting import regressor_inputs
+from perfzoo.profiling import measure
+from perfzoo.profiling.core import make_step
+from perfzoo.profiling.op_timing import CUDA_REASON, time_operators
+from perfzoo.profiling.runner import OP_TIME_COLUMNS, Task, op_times_frame
+
+from conftest import FAULTY
+
+SETTINGS = {"warmup_iters": 1, "min_iters": 3, "max_iters": 3, "max_time_s": 0.3, "ci_target": 0.02,
+            "optimizer": "sgd", "threads": 1, "num_classes": 2, "op_timing": {"warmup_steps": 1, "steps": 2}}
+
+
+def tiny_convnet() -> nn.Module:
+    """A dense and a depthwise (grouped) convolution, a norm, an activation, pooling and a classifier."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, groups=8),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+
+
+def timed(mode: str) -> tuple[nn.Module, dict]:
+    model, x, y = tiny_convnet(), torch.randn(2, 3, 12, 12), torch.tensor([0, 3])
+    times = time_operators(lambda phase: make_step(model, x, y, mode, "sgd", None, phase), SETTINGS)
+    assert times.message == ""
+    return model, times.as_dict()
+
+
+@pytest.mark.parametrize("mode, phases", [("inference", {"forward"}),
+                                          ("training", {"forward", "backward", "optimizer"})])
+def test_operators_of_each_timed_step_are_recorded_with_their_phase(mode, phases) -> None:
+    _, times = timed(mode)
+    assert set(times["phase"]) == phases
+    assert set(times["step"]) == {0, 1} and len(times["step_ms"]) == 2  # the warm-up step is not kept
+    assert min(times["time_ms"]) >= 0
+    for step, step_ms in enumerate(times["step_ms"]):  # operators run inside their step's wall time
+        ops = [t for s, t in zip(times["step"], times["time_ms"], strict=True) if s == step]
+        assert 0 < sum(ops) <= step_ms
+        assert [o for s, o in zip(times["step"], times["order"], strict=True) if s == step] == list(range(len(ops)))
+    convolutions = {g for op, g in zip(times["op"], times["grouped"], strict=True) if "convolution" in op}
+    assert convolutions == {True, False}  # the depthwise convolution is flagged, the dense one not
+
+
+def test_measured_kinds_are_the_meta_traces_kinds() -> None:
+    _, times = timed("training")
+    measured = collections.Counter(
+        (phase, recorded_op_kind(op, grouped, phase))
+        for step, op, phase, grouped in zip(times["step"], times["op"], times["phase"], times["grouped"],
+                                            strict=True) if step == 0)
+    with torch.device("meta"):
+        model = tiny_convnet()
+    meta = trace_step(model, torch.randn(2, 3, 12, 12, device="meta"), "training", FlopCounterMode().flop_registry)
+    traced = collections.Counter(zip(meta["phase"], meta["kind"], strict=True))
+    # the meta trace builds the loss targets inside its forward (one copy); the profiled step gets them
+    costed = {key for key in traced if key[1] != FREE_KIND} - {("forward", "copy")}
+    assert {key for key in measured if key[1] not in (None, FREE_KIND)} == costed
+    assert "conv_grouped" in {kind for _, kind in costed}
+    for key in costed:  # and the same number of calls per kind
+        assert measured[key] == traced[key], key
+
+
+def test_end_to_end_labels_are_taken_before_the_operators_are_timed(monkeypatch) -> None:
+    events: list[str] = []
+    timed_window = measure.time_cpu_iterations
+
+    def watched_window(step, settings):
+        def watched_step():
+            events.append("timed" if _get_current_dispatch_mode() is None else "timed under a dispatch mode")
+            step()
+        return timed_window(watched_step, settings)
+
+    peak = measure.peak_rss_mb
+    monkeypatch.setattr(measure, "time_cpu_iterations", watched_window)
+    monkeypatch.setattr(measure, "peak_rss_mb", lambda: events.append("peak") or peak())
+    op_timer = measure.time_operators
+    monkeypatch.setattr(measure, "time_operators", lambda *a: events.append("ops") or op_timer(*a))
+    spec = {"builder": "python", "name": f"{FAULTY}:build_tiny", "builder_kwargs": "{}", "input_shape": "[4]",
+            "dtype": "float32", "batch": 2, "mode": "training"}
+    result = measure.measure_on_cpu(spec, SETTINGS)
+    assert set(events[:-2]) == {"timed"} and events[-2:] == ["peak", "ops"]
+    assert len(result.times_ms) == events.count("timed")
+    assert result.extra["op_times"]["op"] and result.extra["op_times"]["message"] == ""
+
+
+def test_a_failing_op_timing_step_is_a_reason_not_rows() -> None:
+    def broken(_phase):
+        def step():
+            raise RuntimeError("kernel exploded")
+        return step
+
+    times = time_operators(broken, SETTINGS)
+    assert times.failed and "kernel exploded" in times.message and times.op == [] and times.step_ms == []
+
+
+def _task(config_id: str) -> Task:
+    return Task({"model_id": f"m{config_id}", "config_id": config_id, "mode": "inference", "batch": 2}, 0)
+
+
+def test_configs_without_op_times_keep_one_row_with_the_reason() -> None:
+    _, times = timed("inference")
+    off = time_operators(lambda phase: None, {**SETTINGS, "op_timing": {"steps": 0}}).as_dict()
+    measured = {"status": "ok", "message": "", "measurement": {"extra": {"op_times": times}}}
+    done = {"a/0": measured,
+            "b/0": {"status": "oom", "message": "worker killed", "measurement": None},
+            "c/0": {"status": "ok", "message": "", "measurement": {"extra": {"op_times": off}}}}
+    tasks = [_task("a"), _task("b"), _task("c")]
+    table = op_times_frame(tasks, done, "cpu")
+    assert list(table.columns) == OP_TIME_COLUMNS
+    missing = table[table["status"] != "ok"].set_index("config_id")
+    assert dict(missing["status"]) == {"b": "oom", "c": "not_measured"}
+    assert "worker killed" in missing.loc["b", "message"] and "steps is 0" in missing.loc["c", "message"]
+    assert missing["time_ms"].isna().all()
+    on_gpu = op_times_frame(tasks[:1], done, "cuda")
+    assert len(on_gpu) == 1 and on_gpu["message"].iloc[0] == CUDA_REASON and math.isnan(on_gpu["time_ms"].iloc[0])
+
+    kinds = kind_times(table.assign(device="cpu"))
+    assert list(kinds.columns) == KIND_TIME_COLUMNS
+    failed = kinds[kinds["status"] != "ok"]
+    assert set(failed["config_id"]) == {"b", "c"} and failed["time_ms"].isna().all() and (failed["kind"] == "").all()
+    ok = kinds[kinds["status"] == "ok"]
+    assert ok["time_ms"].sum() == pytest.approx(ok["ops_ms"].iloc[0], rel=1e-9)  # per-op view included
+    labels = kind_time_labels(kinds).set_index("model_id")
+    assert labels.loc[["mb", "mc"]].filter(like="_ms").isna().all().all()
+    assert labels.loc["ma", "optime_conv_ms"] > 0
+
+
+def test_op_times_are_never_features() -> None:
+    _, times = timed("inference")
+    done = {"a/0": {"status": "ok", "message": "", "measurement": {"extra": {"op_times": times}}}}
+    labels = kind_time_labels(kind_times(op_times_frame([_task("a")], done, "cpu").assign(device="cpu")))
+    data = pd.DataFrame({"model_id": ["ma"], "device": ["cpu"], "mode": ["inference"], "batch": [2],
+                         "flops": [1.0], "is_training": [0.0], "hw_peak_gflops": [1.0]}).merge(labels)
+    aux = [c for c in labels.columns if c.startswith("optime_")]
+    assert aux and not set(aux) & set(feature_columns(data))
+    assert not set(aux) & set(regressor_inputs(data, operator_features=True).columns)
