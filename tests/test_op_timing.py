@@ -19,14 +19,14 @@ from perfzoo.features.op_times import KIND_TIME_COLUMNS, kind_time_labels, kind_
 from perfzoo.features.ops import recorded_op_kind, trace_step
 from perfzoo.fitting import regressor_inputs
 from perfzoo.profiling import measure
-from perfzoo.profiling.core import make_step
+from perfzoo.profiling.core import make_optimizer, make_step
 from perfzoo.profiling.op_timing import CUDA_REASON, time_operators
 from perfzoo.profiling.runner import OP_TIME_COLUMNS, Task, op_times_frame
 
 from conftest import FAULTY
 
 SETTINGS = {"warmup_iters": 1, "min_iters": 3, "max_iters": 3, "max_time_s": 0.3, "ci_target": 0.02,
-            "optimizer": "sgd", "threads": 1, "num_classes": 2, "op_timing": {"warmup_steps": 1, "steps": 2}}
+            "optimizer": "sgd", "threads": 1, "num_classes": 2, "op_timing": {"warmup_steps": 0, "steps": 2}}
 
 
 def tiny_convnet() -> nn.Module:
@@ -38,7 +38,9 @@ def tiny_convnet() -> nn.Module:
 
 def timed(mode: str) -> tuple[nn.Module, dict]:
     model, x, y = tiny_convnet(), torch.randn(2, 3, 12, 12), torch.tensor([0, 3])
-    times = time_operators(lambda phase: make_step(model, x, y, mode, "sgd", None, phase), SETTINGS)
+    optimizer = make_optimizer(model, "sgd")  # shared with the plain step before, as in measure_on_cpu
+    make_step(model, x, y, mode, optimizer)()
+    times = time_operators(lambda phase: make_step(model, x, y, mode, optimizer, None, phase), SETTINGS)
     assert times.message == ""
     return model, times.as_dict()
 
@@ -48,7 +50,7 @@ def timed(mode: str) -> tuple[nn.Module, dict]:
 def test_operators_of_each_timed_step_are_recorded_with_their_phase(mode, phases) -> None:
     _, times = timed(mode)
     assert set(times["phase"]) == phases
-    assert set(times["step"]) == {0, 1} and len(times["step_ms"]) == 2  # the warm-up step is not kept
+    assert set(times["step"]) == {0, 1} and len(times["step_ms"]) == 2
     assert min(times["time_ms"]) >= 0
     for step, step_ms in enumerate(times["step_ms"]):  # operators run inside their step's wall time
         ops = [t for s, t in zip(times["step"], times["time_ms"], strict=True) if s == step]
@@ -72,7 +74,7 @@ def test_measured_kinds_are_the_meta_traces_kinds() -> None:
     costed = {key for key in traced if key[1] != FREE_KIND} - {("forward", "copy")}
     assert {key for key in measured if key[1] not in (None, FREE_KIND)} == costed
     assert "conv_grouped" in {kind for _, kind in costed}
-    for key in costed:  # and the same number of calls per kind
+    for key in costed:  # and the same number of calls per kind (the optimizer's state exists in both)
         assert measured[key] == traced[key], key
 
 
@@ -97,6 +99,13 @@ def test_end_to_end_labels_are_taken_before_the_operators_are_timed(monkeypatch)
     assert set(events[:-2]) == {"timed"} and events[-2:] == ["peak", "ops"]
     assert len(result.times_ms) == events.count("timed")
     assert result.extra["op_times"]["op"] and result.extra["op_times"]["message"] == ""
+
+
+def test_warm_up_steps_are_not_kept() -> None:
+    model, x, y = tiny_convnet(), torch.randn(2, 3, 12, 12), torch.tensor([0, 3])
+    times = time_operators(lambda phase: make_step(model, x, y, "inference", None, None, phase),
+                           {**SETTINGS, "op_timing": {"warmup_steps": 2, "steps": 1}})
+    assert set(times.step) == {0} and len(times.step_ms) == 1 and times.order[0] == 0
 
 
 def test_a_failing_op_timing_step_is_a_reason_not_rows() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 from perfzoo.models.builders import build_model
 from perfzoo.profiling.core import (
     Measurement,
+    make_optimizer,
     make_step,
     peak_rss_mb,
     reset_peak_rss,
@@ -36,7 +37,9 @@ def measure_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Measuremen
                         settings["num_classes"], tuple(json.loads(spec["input_shape"])))
     x, y = synthetic_batch(spec, settings["num_classes"], "cpu")
     model, x, context = set_precision(model, x, spec.get("precision", "fp32"), "cpu")
-    step = make_step(model, x, y, spec["mode"], settings["optimizer"], context)
+    # one optimizer for the timed steps and the per-op ones after them, so these find its state made
+    optimizer = make_optimizer(model, settings["optimizer"]) if spec["mode"] == "training" else None
+    step = make_step(model, x, y, spec["mode"], optimizer, context)
     for _ in range(settings["warmup_iters"]):
         step()
     times, reason = time_cpu_iterations(step, settings)
@@ -44,7 +47,7 @@ def measure_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Measuremen
     extra: dict[str, Any] = {"threads": torch.get_num_threads()}
     if settings.get("time_ops", True):
         extra["op_times"] = time_operators(
-            lambda phase: make_step(model, x, y, spec["mode"], settings["optimizer"], context, phase),
+            lambda phase: make_step(model, x, y, spec["mode"], optimizer, context, phase),
             settings).as_dict()
     return Measurement(times, peak_mb, settings["warmup_iters"], reason, extra)
 

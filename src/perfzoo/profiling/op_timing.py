@@ -34,7 +34,7 @@ OP_TIMING_COLUMNS = ("step", "order", "op", "phase", "grouped", "time_ms")
 CUDA_REASON = ("per-op times not measured on cuda: kernels run asynchronously, so a host-side timer does not "
                "time them (torch.profiler with CUDA activities is not implemented here)")
 DISABLED_REASON = "per-op times not measured: profiling.op_timing.steps is 0"
-DEFAULT_WARMUP_STEPS = 1
+DEFAULT_WARMUP_STEPS = 0
 DEFAULT_STEPS = 2
 # operators that only query metadata or mark profiler ranges: not timed (as in the meta trace)
 _UNTIMED_NAMESPACES = frozenset({"profiler"})
@@ -62,7 +62,8 @@ class OpTimes:
 
 
 def op_timing_settings(settings: dict[str, Any]) -> tuple[int, int]:
-    """(warm-up steps, timed steps) of ``settings["op_timing"]`` (profiling settings; defaults 1 and 2)."""
+    """(warm-up steps, timed steps) of ``settings["op_timing"]`` (profiling settings; defaults 0 and 2: the
+    model, its caches and its optimizer state are warm from the end-to-end iterations just before)."""
     chosen = settings.get("op_timing") or {}
     return (int(chosen.get("warmup_steps", DEFAULT_WARMUP_STEPS)), int(chosen.get("steps", DEFAULT_STEPS)))
 
