@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -18,6 +19,7 @@ from perfzoo.features.op_kinds import FREE_KIND
 from perfzoo.features.op_times import KIND_TIME_COLUMNS, kind_time_labels, kind_times
 from perfzoo.features.ops import recorded_op_kind, trace_step
 from perfzoo.fitting import regressor_inputs
+from perfzoo.io import InputError
 from perfzoo.profiling import measure
 from perfzoo.profiling.core import make_optimizer, make_step
 from perfzoo.profiling.op_timing import CUDA_REASON, time_operators
@@ -159,3 +161,30 @@ def test_op_times_are_never_features() -> None:
     aux = [c for c in labels.columns if c.startswith("optime_")]
     assert aux and not set(aux) & set(feature_columns(data))
     assert not set(aux) & set(regressor_inputs(data, operator_features=True).columns)
+
+
+def test_composed_on_op_times_fits_kind_models_on_measured_times_and_never_reads_them_to_predict() -> None:
+    from perfzoo.features.op_kinds import COSTED_KINDS, OP_FEATURES
+    from perfzoo.regressors.composed import ComposedOpTimeRegressor
+
+    rng = np.random.default_rng(0)
+    n = 40
+    X = pd.DataFrame(0.0, index=range(n), columns=list(OP_FEATURES))
+    X["op_matmul_flops"], X["op_matmul_count"] = rng.uniform(1e8, 1e10, n), rng.integers(1, 50, n)
+    X["op_elementwise_bytes"], X["op_elementwise_count"] = rng.uniform(1e6, 1e9, n), rng.integers(1, 100, n)
+    X["device"], X["is_training"], X["flops"] = "cpu", 0.0, X["op_matmul_flops"]
+    for kind in COSTED_KINDS:
+        X[f"optime_{kind}_ms"] = 0.0
+    X["optime_matmul_ms"] = 2e-9 * X["op_matmul_flops"]
+    X["optime_elementwise_ms"] = 1e-8 * X["op_elementwise_bytes"]
+    y = 1.25 * (X["optime_matmul_ms"] + X["optime_elementwise_ms"]) + 0.5  # timer's scale, step overhead
+    reg = ComposedOpTimeRegressor(weighting="none").fit(X, y)
+    coef = reg.coefficients("cpu")
+    assert coef["op_matmul_flops"] == pytest.approx(1.25 * 2e-9, rel=1e-6)
+    assert coef["op_elementwise_bytes"] == pytest.approx(1.25 * 1e-8, rel=1e-6)
+    assert coef["overhead"] == pytest.approx(0.5, rel=1e-6)
+    unseen_times = X.drop(columns=[c for c in X.columns if c.startswith("optime_")])
+    np.testing.assert_allclose(reg.predict(unseen_times), y, rtol=1e-6)
+    assert not [c for c in reg.fallback_model_.feature_names_ if c.startswith("optime_")]
+    with pytest.raises(InputError, match="optime_matmul_ms"):
+        ComposedOpTimeRegressor().fit(unseen_times, y)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfzoo.features.op_kinds import OP_KINDS
+from perfzoo.features.op_kinds import OP_KINDS, OP_TIME_PREFIX
 from perfzoo.features.ops import recorded_op_kind
 from perfzoo.io import InputError, read_parquet
 from perfzoo.profiling.runner import OP_TIME_COLUMNS
@@ -89,12 +89,12 @@ def kind_time_labels(table: pd.DataFrame) -> pd.DataFrame:
     key = ["device", "model_id", "mode", "batch"]
     ok = table[table["status"] == "ok"]
     wide = ok.pivot_table(index=key, columns="kind", values="time_ms", aggfunc="sum").reindex(columns=OP_KINDS)
-    wide = wide.fillna(0.0).add_prefix("optime_").add_suffix("_ms")
-    wide["optime_step_ms"] = ok.groupby(key)["step_ms"].first()
+    wide = wide.fillna(0.0).add_prefix(OP_TIME_PREFIX).add_suffix("_ms")
+    wide[f"{OP_TIME_PREFIX}step_ms"] = ok.groupby(key)["step_ms"].first()
     wide = wide.reset_index()
-    wide["optime_message"] = ""
+    wide[f"{OP_TIME_PREFIX}message"] = ""
     failed = table[table["status"] != "ok"].drop_duplicates(key)[[*key, "message"]]
-    failed = failed.rename(columns={"message": "optime_message"})
+    failed = failed.rename(columns={"message": f"{OP_TIME_PREFIX}message"})
     return pd.concat([wide, failed], ignore_index=True)
 
 
