@@ -188,3 +188,28 @@ def test_composed_on_op_times_fits_kind_models_on_measured_times_and_never_reads
     assert not [c for c in reg.fallback_model_.feature_names_ if c.startswith("optime_")]
     with pytest.raises(InputError, match="optime_matmul_ms"):
         ComposedOpTimeRegressor().fit(unseen_times, y)
+
+
+def test_coverage_names_the_held_out_familys_kinds_unseen_in_training() -> None:
+    from perfzoo.features.op_times import family_coverage
+
+    def kinds(model_id: str, times: dict[str, float], step_ms: float) -> list[dict]:
+        return [{"device": "cpu", "config_id": f"c{model_id}", "model_id": model_id, "mode": "inference",
+                 "batch": 1, "power_limit_w": math.nan, "kind": k, "time_ms": t, "calls": 1.0, "step_ms": step_ms,
+                 "ops_ms": sum(times.values()), "n_steps": 2.0, "status": "ok", "message": ""}
+                for k, t in times.items()]
+
+    table = pd.DataFrame(kinds("a", {"conv": 6.0, "norm": 2.0}, 10.0) + kinds("b", {"conv": 3.0, "matmul": 5.0}, 10.0)
+                         + [{"device": "cpu", "config_id": "cc", "model_id": "c", "mode": "inference", "batch": 1,
+                             "kind": "", "status": "oom", "message": "config not measured: oom"}])
+    data = pd.DataFrame({"row_id": ["ra", "rb", "rc"], "device": "cpu", "model_id": ["a", "b", "c"],
+                         "mode": "inference", "batch": 1, "family": ["A", "B", "B"]})
+    split = pd.DataFrame({"split": "leave_one_family_out", "fold": ["A", "A", "A", "B", "B", "B"],
+                          "row_id": ["ra", "rb", "rc"] * 2, "set": ["test", "train", "train", "train", "test", "test"]})
+    coverage = family_coverage(table, split, data).set_index("fold")
+    assert coverage.loc["B", "covered_share"] == pytest.approx(0.3)  # conv seen in A; matmul never
+    assert coverage.loc["B", "unseen_share"] == pytest.approx(0.5)
+    assert coverage.loc["B", "outside_share"] == pytest.approx(0.2)
+    assert coverage.loc["B", "unseen_kinds"] == "matmul 0.500" and coverage.loc["B", "configs"] == 1
+    assert coverage.loc["B", "configs_without_op_times"] == 1  # the config that ran out of memory
+    assert coverage.loc["A", "unseen_kinds"] == "norm 0.200"

@@ -108,12 +108,13 @@ def kind_shares(table: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([shares, outside[[*CONFIG_KEY, "kind", "share"]]], ignore_index=True)
 
 
-COVERAGE_COLUMNS = ["split", "fold", "device", "family", "configs", "covered_share", "unseen_share",
-                    "outside_share", "unseen_kinds"]
+COVERAGE_COLUMNS = ["split", "fold", "device", "family", "configs", "configs_without_op_times", "covered_share",
+                    "unseen_share", "outside_share", "unseen_kinds"]
 """Columns of ``results/evaluate/op_coverage.parquet``: per held-out family (fold) and device, the median over
 its configs of the step's share in kinds measured in the training families (``covered_share``), in kinds
 they never ran (``unseen_share``) and outside any operator (``outside_share``); ``unseen_kinds`` names each
-unseen kind with its median share, e.g. ``"attention 0.12; embedding 0.01"``."""
+unseen kind with its median share, e.g. ``"attention 0.12; embedding 0.01"``; held-out configs without per-op
+times (failed, or measured on a GPU) are counted in ``configs_without_op_times``."""
 
 
 def family_coverage(table: pd.DataFrame, split: pd.DataFrame, dataset: pd.DataFrame) -> pd.DataFrame:
@@ -134,7 +135,8 @@ def family_coverage(table: pd.DataFrame, split: pd.DataFrame, dataset: pd.DataFr
                              held.set_index(["model_id", "mode", "batch"]).index)]
         if mine.empty:
             continue
-        out.append(_coverage_row(split["split"].iloc[0], str(fold), device, mine, seen))
+        row = _coverage_row(split["split"].iloc[0], str(fold), device, mine, seen)
+        out.append({**row, "configs_without_op_times": len(held) - row["configs"]})
     return pd.DataFrame(out, columns=COVERAGE_COLUMNS)
 
 
