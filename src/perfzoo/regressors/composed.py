@@ -31,6 +31,16 @@ A row whose operator features are missing (the tracer could not follow an operat
 is predicted by the ``fallback`` end-to-end regressor fitted on the same training rows, and
 :meth:`ComposedRegressor.fallback_rows` names the fallback and the reason; such training rows are left out
 of the composed fit.
+
+Fitted on measured operator times
+---------------------------------
+:class:`ComposedOpTimeRegressor` (``composed_optime``) fits each kind's cost on that kind's *measured* time
+in the training configs' steps (``optime_<kind>_ms``, from the profile rule's per-operator timer,
+:mod:`perfzoo.features.op_times`) instead of on the end-to-end latency alone, then a non-negative scale of
+their sum (the timer's own cost) and the per-step overhead on the latency. It predicts exactly as
+``composed`` does, from the operator features; the measured times are labels, read in ``fit`` only. It is not
+the workflow's ``composed``: on the default zoo it was compared side by side (``bench/op_timing.py``,
+``bench/RESULTS.md``, "Composed fitted on measured operator times").
 """
 
 from __future__ import annotations
