@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from perfzoo.evaluate import metrics_table  # noqa: E402
-from perfzoo.features.op_kinds import OP_TIME_PREFIX  # noqa: E402
+from perfzoo.features.op_kinds import COSTED_KINDS, OP_TIME_PREFIX  # noqa: E402
 from perfzoo.features.op_times import family_coverage, kind_time_labels  # noqa: E402
 from perfzoo.fitting import ID_COLUMNS, featurised_rows, regressor_inputs  # noqa: E402
 from perfzoo.regressors import make_regressor  # noqa: E402
@@ -61,6 +61,23 @@ def op_timing_cost(results: Path, data: pd.DataFrame, table: pd.DataFrame) -> pd
                      "ops_sum/e2e": float(np.median(joined["ops_ms"] / joined[TARGET])),
                      "ops_sum/step_under_timer": float(np.median(joined["ops_ms"] / joined["step_ms"]))})
     return pd.DataFrame(rows)
+
+
+def kind_call_agreement(table: pd.DataFrame, models: pd.DataFrame) -> pd.DataFrame:
+    """Per costed kind: configs where the measured calls per step equal the meta trace's ``op_<kind>_count``,
+    and the median measured/meta ratio (the kinds are named from the same rules, so they should agree)."""
+    ok = table[(table["status"] == "ok") & table["kind"].isin(COSTED_KINDS)]
+    counts = models.melt(id_vars=["model_id", "mode", "batch"],
+                         value_vars=[f"op_{k}_count" for k in COSTED_KINDS], var_name="kind", value_name="meta")
+    counts["kind"] = counts["kind"].str.removeprefix("op_").str.removesuffix("_count")
+    configs = ok.drop_duplicates(["device", "config_id"])[["device", "config_id", "model_id", "mode", "batch"]]
+    both = (configs.merge(counts, on=["model_id", "mode", "batch"])
+            .merge(ok[["device", "config_id", "kind", "calls"]], on=["device", "config_id", "kind"], how="left")
+            .fillna({"calls": 0.0}))
+    both = both[(both["meta"] > 0) | (both["calls"] > 0)]
+    return both.groupby("kind").apply(lambda g: pd.Series({
+        "configs": len(g), "equal": float((g["calls"] == g["meta"]).mean()),
+        "median measured/meta": float((g["calls"] / g["meta"]).median())}), include_groups=False).reset_index()
 
 
 def with_labels(data: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
@@ -100,6 +117,8 @@ def main() -> None:
     data = pd.read_parquet(results / "dataset" / "dataset.parquet")
     table = pd.read_parquet(results / "features" / "op_times.parquet")
     print(op_timing_cost(results, data, table).round(3).to_markdown(index=False), "\n")
+    models = pd.read_parquet(results / "features" / "models.parquet")
+    print(kind_call_agreement(table, models).round(3).to_markdown(index=False), "\n")
 
     lofo = pd.read_parquet(results / "splits" / "leave_one_family_out.parquet")
     coverage_path = results / "evaluate" / "op_coverage.parquet"

@@ -22,7 +22,6 @@ import numpy as np
 import pandas as pd
 
 from perfzoo.features.op_kinds import OP_KINDS, OP_TIME_PREFIX
-from perfzoo.features.ops import recorded_op_kind
 from perfzoo.io import InputError, read_parquet
 from perfzoo.profiling.runner import OP_TIME_COLUMNS
 
@@ -46,6 +45,8 @@ def read_op_traces(path: str | Path) -> pd.DataFrame:
 
 def classify(raw: pd.DataFrame) -> pd.DataFrame:
     """The measured calls (status ok) with their ``kind``; calls the meta trace does not record are dropped."""
+    from perfzoo.features.ops import recorded_op_kind  # lazy: torch (~3 s); the coverage rule never needs it
+
     ok = raw[raw["status"] == "ok"]
     kinds = [recorded_op_kind(op, bool(g), phase)
              for op, g, phase in zip(ok["op"], ok["grouped"], ok["phase"], strict=True)]
