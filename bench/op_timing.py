@@ -1,7 +1,7 @@
 """Measured per-operator times on a finished run: what the op timing costs, how much of each held-out family's
 step is in kinds seen in training, and the composed predictor fitted on op timings vs the current one.
 
-    python bench/op_timing.py RESULTS
+    python bench/op_timing.py RESULTS [--labels OTHER_RESULTS]
 
 ``RESULTS`` is the results folder of a run whose profile rule recorded per-operator times
 (``traces/<device>/*.ops.parquet``, ``features/op_times.parquet``, ``dataset/``, ``splits/``). Printed:
@@ -110,28 +110,33 @@ def fold_predictions(data: pd.DataFrame, split: pd.DataFrame) -> pd.DataFrame:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", type=Path)
+    parser.add_argument("--labels", type=Path, help="results folder of another run of the same zoo and device "
+                        "whose dataset, noise floor and splits to fit and score on (e.g. one measured on an idle "
+                        "machine); the per-operator times stay those of RESULTS")
     args = parser.parse_args()
     results = args.results
+    labels_from = args.labels or results
     pd.set_option("display.width", 220)
     pd.set_option("display.max_colwidth", 120)
-    data = pd.read_parquet(results / "dataset" / "dataset.parquet")
+    data = pd.read_parquet(labels_from / "dataset" / "dataset.parquet")
     table = pd.read_parquet(results / "features" / "op_times.parquet")
     print(op_timing_cost(results, data, table).round(3).to_markdown(index=False), "\n")
     models = pd.read_parquet(results / "features" / "models.parquet")
     print(kind_call_agreement(table, models).round(3).to_markdown(index=False), "\n")
 
-    lofo = pd.read_parquet(results / "splits" / "leave_one_family_out.parquet")
+    lofo = pd.read_parquet(labels_from / "splits" / "leave_one_family_out.parquet")
     coverage_path = results / "evaluate" / "op_coverage.parquet"
-    coverage = pd.read_parquet(coverage_path) if coverage_path.exists() else family_coverage(table, lofo, data)
+    coverage = (pd.read_parquet(coverage_path) if coverage_path.exists() and not args.labels
+                else family_coverage(table, lofo, data))
     print(coverage.drop(columns=["split"]).round(3).to_markdown(index=False), "\n")
 
     labelled = with_labels(data, table)
     print(f"rows: {len(labelled)}, with per-op times: "
           f"{int(labelled[f'{OP_TIME_PREFIX}message'].fillna('missing').eq('').sum())}")
-    noise = pd.read_parquet(results / "dataset" / "noise_floor.parquet")
+    noise = pd.read_parquet(labels_from / "dataset" / "noise_floor.parquet")
     predictions = []
     for name in SPLITS:
-        split = pd.read_parquet(results / "splits" / f"{name}.parquet")
+        split = pd.read_parquet(labels_from / "splits" / f"{name}.parquet")
         predictions += [fold_predictions(labelled, split), baseline_predictions(data, split, TARGET)]
     metrics = metrics_table(pd.concat([p for p in predictions if len(p)], ignore_index=True), noise)
     metrics = metrics[~metrics["regressor"].str.startswith("baseline:")]
