@@ -284,6 +284,7 @@ def all_targets(wildcards):
         *energy_targets(),
         *hardware_files(),
         *sensors_targets(),
+        *op_time_targets(),
     ]
 
 

@@ -47,6 +47,7 @@ for _device in DEVICES:
         output:
             traces=f"results/traces/{_device}/{{shard}}.parquet",
             sensors=f"results/traces/{_device}/{{shard}}.sensors.parquet",
+            ops=f"results/traces/{_device}/{{shard}}.ops.parquet",
             meta=f"results/traces/{_device}/{{shard}}.meta.json",
         log:
             f"logs/profile/{_device}/{{shard}}.log",

@@ -3,7 +3,7 @@ from pathlib import Path
 
 from perfzoo.finished import keep_finished
 from perfzoo.io import read_json, read_parquet, write_json
-from perfzoo.profiling.runner import profile_shard
+from perfzoo.profiling.runner import profile_shard_with_ops
 from perfzoo.provenance import config_link, provenance, write_table
 from perfzoo.workflow import run_step
 from perfzoo.models.zoo import shard_configs
@@ -17,16 +17,18 @@ def main() -> None:
     settings = dict(snakemake.params.profiling, threads=int(device_cfg["threads"]),
                     num_classes=snakemake.params.num_classes)
     journal = Path(snakemake.params.journal)
-    traces, sensors, meta = profile_shard(configs, device, device_cfg, settings, journal,
-                                          hardware=read_json(snakemake.input.hardware))
+    result = profile_shard_with_ops(configs, device, device_cfg, settings, journal,
+                                    hardware=read_json(snakemake.input.hardware))
     sections = [f"devices.{device}", "profiling", "zoo.num_classes"]
     prov = provenance([snakemake.input.manifest, snakemake.input.hardware, *snakemake.input.model_files],
                       {"device": snakemake.params.device, "profiling": settings},
                       links=config_link(snakemake.config, sections))
-    write_table(snakemake.output.sensors, sensors, prov)
-    write_json(snakemake.output.meta, {**meta, "attempt": snakemake.resources.attempt, "provenance": prov})
-    write_table(snakemake.output.traces, traces, prov)
-    keep_finished([snakemake.output.sensors, snakemake.output.meta, snakemake.output.traces])
+    write_table(snakemake.output.sensors, result.sensors, prov)
+    write_table(snakemake.output.ops, result.op_times, prov)
+    write_json(snakemake.output.meta, {**result.meta, "attempt": snakemake.resources.attempt, "provenance": prov})
+    write_table(snakemake.output.traces, result.traces, prov)
+    outputs = [snakemake.output.sensors, snakemake.output.ops, snakemake.output.meta, snakemake.output.traces]
+    keep_finished(outputs)
     journal.unlink(missing_ok=True)  # the trace file now holds every row; a forced rerun measures afresh
 
 

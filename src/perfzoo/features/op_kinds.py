@@ -25,3 +25,6 @@ OP_COLUMNS = [
     "flops", "bytes_read", "bytes_written", "intensity",
 ]  # fmt: skip
 PHASES = ("forward", "backward", "optimizer")
+OP_TIME_PREFIX = "optime_"
+"""Prefix of the measured per-kind operator times (``optime_<kind>_ms``, :mod:`perfzoo.features.op_times`):
+auxiliary labels, never features."""

@@ -46,6 +46,7 @@ reason in ``op_trace_error``, never zeros.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -164,6 +165,31 @@ def op_kind(func: torch._ops.OpOverload, args: tuple = ()) -> str:
     return "other"
 
 
+def phase_kind(kind: str, phase: str) -> str:
+    """The recorded kind of an operator of ``kind`` run in ``phase``: every costed operator of the optimizer
+    step is of kind ``optimizer``."""
+    return "optimizer" if phase == "optimizer" and kind != FREE_KIND else kind
+
+
+@functools.cache
+def recorded_op_kind(op: str, grouped: bool = False, phase: str = "forward") -> str | None:
+    """The kind the meta trace gives an operator recorded by name (``str(func)``, e.g. ``aten.addmm.default``)
+    with its grouped-convolution flag and phase (the measured per-operator times of
+    :mod:`perfzoo.profiling.op_timing`); None for an operator the meta trace does not record (metadata
+    queries, profiler ranges). An unknown name raises a one-line InputError."""
+    namespace, packet, overload = (op.split(".") + ["", ""])[:3]
+    if packet in _METADATA_OPS or namespace == "profiler":
+        return None
+    try:
+        func = getattr(getattr(getattr(torch.ops, namespace), packet), overload)
+    except (AttributeError, RuntimeError):
+        raise InputError(f"unknown operator {op!r} (not a registered torch operator overload)") from None
+    kind = op_kind(func)
+    if grouped and kind in ("conv", "conv_backward"):
+        kind = kind.replace("conv", "conv_grouped", 1)
+    return phase_kind(kind, phase)
+
+
 def tensors_in(obj: Any) -> list[torch.Tensor]:
     """The tensors among the leaves of ``obj`` (nested tuples, lists, dicts of them)."""
     return [leaf for leaf in tree_leaves(obj) if isinstance(leaf, torch.Tensor)]
@@ -224,7 +250,7 @@ class _OpRecorder(TorchDispatchMode):
         flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
         read, written = (0, 0) if free else (tensor_bytes(inputs), tensor_bytes(outputs))
         self.rows.append({
-            "op": str(func), "kind": "optimizer" if self.phase == "optimizer" and not free else kind,
+            "op": str(func), "kind": phase_kind(kind, self.phase),
             "phase": self.phase, "in_shapes": _shapes(inputs), "out_shapes": _shapes(outputs),
             "dtype": str(outputs[0].dtype).removeprefix("torch.") if outputs else "",
             "flops": flops, "bytes_read": read, "bytes_written": written,

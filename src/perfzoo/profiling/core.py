@@ -132,10 +132,17 @@ def step_loss(loss_fn: Any, logits: Any, y: Any) -> Any:
     return loss_fn(logits, y)
 
 
-def make_step(model: Any, x: Any, y: Any, mode: str, optimizer: str,
-              forward_context: Callable[[], Any] | None = None) -> Callable[[], None]:
+def make_step(model: Any, x: Any, y: Any, mode: str, optimizer: Any,
+              forward_context: Callable[[], Any] | None = None,
+              phase: Callable[[str], Any] | None = None) -> Callable[[], None]:
     """One inference forward (no_grad) or one training step (forward, loss, backward, optimizer);
-    ``forward_context`` (e.g. autocast from :func:`set_precision`) wraps each forward and loss."""
+    ``forward_context`` (e.g. autocast from :func:`set_precision`) wraps each forward and loss.
+
+    ``phase(name)``, a context manager factory, marks the training step's ``forward`` (model and loss),
+    ``backward`` and ``optimizer`` phases (the per-operator timer's, :mod:`perfzoo.profiling.op_timing`); an
+    inference step is one forward. Without it the step is the plain one the end-to-end window times.
+    ``optimizer`` is a name of :data:`OPTIMIZERS` or an optimizer already made for ``model`` (so two steps
+    can share its state)."""
     import torch  # lazy: ~3 s import; the parent process never measures
 
     context = forward_context or contextlib.nullcontext
@@ -149,7 +156,7 @@ def make_step(model: Any, x: Any, y: Any, mode: str, optimizer: str,
         return infer
     model.train()
     loss_fn = torch.nn.CrossEntropyLoss()
-    opt = make_optimizer(model, optimizer)
+    opt = make_optimizer(model, optimizer) if isinstance(optimizer, str) else optimizer
 
     def train() -> None:
         opt.zero_grad(set_to_none=True)
@@ -158,7 +165,19 @@ def make_step(model: Any, x: Any, y: Any, mode: str, optimizer: str,
         loss.backward()
         opt.step()
 
-    return train
+    if phase is None:
+        return train
+
+    def train_in_phases() -> None:
+        opt.zero_grad(set_to_none=True)
+        with phase("forward"), context():
+            loss = step_loss(loss_fn, model(x), y)
+        with phase("backward"):
+            loss.backward()
+        with phase("optimizer"):
+            opt.step()
+
+    return train_in_phases
 
 
 def should_stop(times_ms: list[float], started_ns: int, settings: dict[str, Any]) -> str:

@@ -1,4 +1,5 @@
-"""CPU measurement inside one isolated worker (build a config, warm up, time iterations adaptively), and
+"""CPU measurement inside one isolated worker (build a config, warm up, time iterations adaptively, then
+time its operators, :mod:`perfzoo.profiling.op_timing`), and
 the table of measurement functions per kind that a worker runs (cpu, cuda, cpu_layers)."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 from perfzoo.models.builders import build_model
 from perfzoo.profiling.core import (
     Measurement,
+    make_optimizer,
     make_step,
     peak_rss_mb,
     reset_peak_rss,
@@ -20,6 +22,7 @@ from perfzoo.profiling.core import (
 )
 from perfzoo.profiling.cuda import measure_on_cuda
 from perfzoo.profiling.layers import measure_layers_on_cpu
+from perfzoo.profiling.op_timing import time_operators
 
 
 def measure_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Measurement:
@@ -34,12 +37,19 @@ def measure_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Measuremen
                         settings["num_classes"], tuple(json.loads(spec["input_shape"])))
     x, y = synthetic_batch(spec, settings["num_classes"], "cpu")
     model, x, context = set_precision(model, x, spec.get("precision", "fp32"), "cpu")
-    step = make_step(model, x, y, spec["mode"], settings["optimizer"], context)
+    # one optimizer for the timed steps and the per-op ones after them, so these find its state made
+    optimizer = make_optimizer(model, settings["optimizer"]) if spec["mode"] == "training" else None
+    step = make_step(model, x, y, spec["mode"], optimizer, context)
     for _ in range(settings["warmup_iters"]):
         step()
     times, reason = time_cpu_iterations(step, settings)
-    return Measurement(times, peak_rss_mb() - baseline_mb, settings["warmup_iters"], reason,
-                       {"threads": torch.get_num_threads()})
+    peak_mb = peak_rss_mb() - baseline_mb  # read before the per-op steps, which must not change the labels
+    extra: dict[str, Any] = {"threads": torch.get_num_threads()}
+    if settings.get("time_ops", True):
+        extra["op_times"] = time_operators(
+            lambda phase: make_step(model, x, y, spec["mode"], optimizer, context, phase),
+            settings).as_dict()
+    return Measurement(times, peak_mb, settings["warmup_iters"], reason, extra)
 
 
 MEASURE: dict[str, Callable[[dict[str, Any], dict[str, Any]], Measurement]] = {

@@ -25,6 +25,7 @@ from perfzoo.profiling.cuda import DEFAULT_MIN_WINDOW_S, DEFAULT_SAMPLE_HZ, prob
 from perfzoo.profiling.interference import INTERFERENCE_TRACE_COLUMNS, Assessment, Policy, assess
 from perfzoo.profiling.layers import LAYER_TIMING_COLUMNS, failed_layer_row
 from perfzoo.profiling.microbench import check_device
+from perfzoo.profiling.op_timing import CUDA_REASON, OP_TIMING_COLUMNS
 from perfzoo.profiling.worker import Outcome, run_isolated
 from perfzoo.models.zoo import stable_id
 
@@ -50,6 +51,12 @@ SENSOR_COLUMNS = [
     "mem_clock_mhz", "temp_c", "mem_used_mb", "power_limit_w",
 ]
 STATUSES = ("ok", "oom", "error", "timeout")
+OP_TIME_COLUMNS = [
+    "model_id", "config_id", "mode", "batch", "power_limit_w", *OP_TIMING_COLUMNS, "step_ms", "status", "message",
+]  # fmt: skip
+"""Columns of ``traces/{device}/{shard}.ops.parquet``: one row per operator call of a config's timed per-op
+steps (:mod:`perfzoo.profiling.op_timing`); ``status`` is ``ok``, or the config's failure status, or
+``not_measured`` / ``error`` with the reason in ``message`` (one row, no times)."""
 _FLOAT_ENERGY_COLUMNS = [c for c in ENERGY_TRACE_COLUMNS
                          if c not in ("power_limit_swept", "power_source", "energy_message")]
 BUSY_STREAK = 3
@@ -233,8 +240,9 @@ class Measurer:
         times (none after :data:`BUSY_STREAK` configs in a row stayed disturbed); the last attempt is kept,
         with its interference reasons when it is still disturbed."""
         policy = Policy.from_settings(self.settings)
-        task_settings = (self.settings if task.power_limit_w is None
-                         else {**self.settings, "power_limit_w": task.power_limit_w})
+        task_settings = {**self.settings, "time_ops": task.repeat == 0}  # per-op times: first measurement
+        if task.power_limit_w is not None:
+            task_settings["power_limit_w"] = task.power_limit_w
         retries = policy.retries if self.still_disturbed < BUSY_STREAK else 0
         attempts: list[dict[str, Any]] = []
         for attempt in range(retries + 1):
@@ -253,12 +261,35 @@ class Measurer:
                 "attempts": attempts}
 
 
+@dataclass
+class ShardResult:
+    """The tables of one profiled (device, shard): iteration traces, sensor samples, job metadata and the
+    measured per-operator times (:func:`op_times_frame`)."""
+
+    traces: pd.DataFrame
+    sensors: pd.DataFrame
+    meta: dict[str, Any]
+    op_times: pd.DataFrame
+
+
 def profile_shard(
     configs: pd.DataFrame, device: str, device_cfg: dict[str, Any], settings: dict[str, Any],
     journal_path: Path, progress: bool = True, *, nvml_lib: Any | None = None,
     cuda_backend: Any | None = None, hardware: dict[str, Any] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
-    """Measure every task of the shard not already in the journal; return traces, sensors, metadata.
+    """(traces, sensors, metadata) of :func:`profile_shard_with_ops`."""
+    result = profile_shard_with_ops(configs, device, device_cfg, settings, journal_path, progress,
+                                    nvml_lib=nvml_lib, cuda_backend=cuda_backend, hardware=hardware)
+    return result.traces, result.sensors, result.meta
+
+
+def profile_shard_with_ops(
+    configs: pd.DataFrame, device: str, device_cfg: dict[str, Any], settings: dict[str, Any],
+    journal_path: Path, progress: bool = True, *, nvml_lib: Any | None = None,
+    cuda_backend: Any | None = None, hardware: dict[str, Any] | None = None,
+) -> ShardResult:
+    """Measure every task of the shard not already in the journal; return traces, sensors, metadata and
+    per-operator times (measured after each config's first end-to-end measurement, on the CPU).
 
     kind cuda: the device is checked (NVML, CUDA, GPU name) and any power limits validated against the
     GPU's allowed range before anything is measured; a power-limit sweep is run here, in the parent
@@ -302,9 +333,68 @@ def profile_shard(
         "status_counts": traces.drop_duplicates(["config_id", "repeat", "power_limit_w"])["status"]
         .value_counts().to_dict(),
         "interference": _interference_summary(tasks, done),
+        "op_timing": _op_timing_summary(tasks, done),
         **extra_meta,
     }
-    return traces, sensors_frame(tasks, done), meta
+    return ShardResult(traces, sensors_frame(tasks, done), meta, op_times_frame(tasks, done, kind))
+
+
+def _op_times_of(entry: dict[str, Any]) -> dict[str, Any] | None:
+    return ((entry.get("measurement") or {}).get("extra") or {}).get("op_times")
+
+
+def _op_timing_summary(tasks: list[Task], done: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Configs with measured per-operator times, and the seconds the per-op steps took in all."""
+    timed = [t for t in (_op_times_of(done[task.key]) for task in tasks) if t]
+    return {"configs_timed": sum(1 for t in timed if not t["message"]),
+            "seconds": float(sum(t["seconds"] for t in timed))}
+
+
+def op_times_frame(tasks: list[Task], done: dict[str, dict[str, Any]], kind: str) -> pd.DataFrame:
+    """One row per operator call of each config's timed per-op steps (:data:`OP_TIME_COLUMNS`), from the
+    first measurement of every config (and, in a power-limit sweep, of every limit).
+
+    A config without per-operator times keeps one row with ``op == ""``, NaN times, ``status`` not ``ok``
+    and the reason in ``message``: the config failed (its status and message), the device is a GPU
+    (:data:`~perfzoo.profiling.op_timing.CUDA_REASON`), op timing was off or failed.
+    """
+    frames = []
+    for task in tasks:
+        if task.repeat != 0:
+            continue
+        entry, c = done[task.key], task.config
+        ident = {"model_id": c["model_id"], "config_id": c["config_id"], "mode": c["mode"],
+                 "batch": c["batch"], "power_limit_w": math.nan if task.power_limit_w is None
+                 else task.power_limit_w}
+        status, message = _op_status(entry, kind)
+        times = _op_times_of(entry)
+        if status != "ok" or not times or not times["op"]:
+            frames.append(pd.DataFrame([{**ident, "status": status,
+                                         "message": message or "per-op timing recorded no operator"}]))
+            continue
+        table = pd.DataFrame({name: times[name] for name in OP_TIMING_COLUMNS})
+        table["step_ms"] = [times["step_ms"][s] for s in table["step"]]
+        frames.append(table.assign(**ident, status="ok", message=""))
+    table = (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()).reindex(columns=OP_TIME_COLUMNS)
+    table["op"] = table["op"].astype(object).fillna("")
+    table["phase"] = table["phase"].astype(object).fillna("")
+    table["grouped"] = table["grouped"].astype(object).fillna(False).astype(bool)
+    return table.astype({"batch": "int64", "step": "float64", "order": "float64", "time_ms": "float64",
+                         "step_ms": "float64", "power_limit_w": "float64"})
+
+
+def _op_status(entry: dict[str, Any], kind: str) -> tuple[str, str]:
+    """(status, reason) of a config's per-operator times: ``ok``, or why there are none."""
+    if entry["status"] != "ok":
+        return entry["status"], f"config not measured: {entry['message']}"
+    if kind == "cuda":
+        return "not_measured", CUDA_REASON
+    times = _op_times_of(entry)
+    if times is None:
+        return "not_measured", "per-op times not measured: the worker recorded none"
+    if times["message"]:
+        return "error" if times.get("failed") else "not_measured", times["message"]
+    return "ok", ""
 
 
 def _interference_summary(tasks: list[Task], done: dict[str, dict[str, Any]]) -> dict[str, Any]:

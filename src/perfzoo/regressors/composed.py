@@ -31,6 +31,16 @@ A row whose operator features are missing (the tracer could not follow an operat
 is predicted by the ``fallback`` end-to-end regressor fitted on the same training rows, and
 :meth:`ComposedRegressor.fallback_rows` names the fallback and the reason; such training rows are left out
 of the composed fit.
+
+Fitted on measured operator times
+---------------------------------
+:class:`ComposedOpTimeRegressor` (``composed_optime``) fits each kind's cost on that kind's *measured* time
+in the training configs' steps (``optime_<kind>_ms``, from the profile rule's per-operator timer,
+:mod:`perfzoo.features.op_times`) instead of on the end-to-end latency alone, then a non-negative scale of
+their sum (the timer's own cost) and the per-step overhead on the latency. It predicts exactly as
+``composed`` does, from the operator features; the measured times are labels, read in ``fit`` only. It is not
+the workflow's ``composed``: on the default zoo it was compared side by side (``bench/op_timing.py``,
+``bench/RESULTS.md``, "Composed fitted on measured operator times").
 """
 
 from __future__ import annotations
@@ -42,7 +52,14 @@ import pandas as pd
 from scipy.optimize import linprog, nnls
 from sklearn.utils.validation import check_is_fitted
 
-from perfzoo.features.op_kinds import COSTED_KINDS, OP_ERROR_COLUMN, OP_FEATURE_KINDS, OP_FEATURES, OP_STATS
+from perfzoo.features.op_kinds import (
+    COSTED_KINDS,
+    OP_ERROR_COLUMN,
+    OP_FEATURE_KINDS,
+    OP_FEATURES,
+    OP_STATS,
+    OP_TIME_PREFIX,
+)
 from perfzoo.io import InputError
 from perfzoo.regressors.base import (
     REGISTRY,
@@ -236,3 +253,70 @@ class ComposedRegressor(Regressor):
         if not payload or payload.get("encoding") != "perfzoo-regressor":
             raise InputError(f"{source}: composed regressor without its fallback regressor")
         self.fallback_model_ = regressor_from_document(json.loads(payload["data"]), f"{source} (fallback)")
+
+
+COSTED_TIME_LABELS = tuple(f"{OP_TIME_PREFIX}{kind}_ms" for kind in COSTED_KINDS)
+"""Measured time of each costed kind in one step (:func:`perfzoo.features.op_times.kind_time_labels`):
+auxiliary labels that :class:`ComposedOpTimeRegressor` fits its per-kind models on, never features."""
+
+
+class ComposedOpTimeRegressor(ComposedRegressor):
+    """The composed predictor with each kind's cost fitted on *measured* operator times.
+
+    Per device and kind ``k``: ``t_k ≈ α_k·flops_k + β_k·bytes_k + γ_k·count_k``, non-negative, fitted on the
+    measured time of kind ``k`` in the training configs' steps (``optime_<kind>_ms``, rows with a trace and
+    per-op times); a kind no training config ran is costed by the fit of all kinds' time pooled. Then the
+    end-to-end latency ``y ≈ s·Σ_k t̂_k + o + o_train·is_training`` (non-negative): ``s`` absorbs the
+    per-operator timer's own cost and ``o`` the per-step overhead outside any operator. Prediction is the
+    parent's (``coef_`` holds ``s·(α, β, γ)`` and the overheads), so it never reads a measured time: the
+    ``optime_`` columns are read in :meth:`fit` only.
+    """
+
+    kind = "composed_optime"
+
+    def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> ComposedOpTimeRegressor:
+        X = check_frame(X)
+        require_columns(X, COSTED_TIME_LABELS, what="measured per-kind time (results/features/op_times.parquet)")
+        # checks, the fallback and the end-to-end-only fit (replaced below), none of them seeing a label
+        super().fit(X.drop(columns=[c for c in X.columns if str(c).startswith(OP_TIME_PREFIX)]), y)
+        target = self._encode_target(y, len(X))
+        target = np.exp(target) if self.log_target else target
+        design, traced = self._design(X)
+        kind_times = numeric_matrix(X, list(COSTED_TIME_LABELS))
+        timed = traced & ~np.isnan(kind_times).any(axis=1)
+        if not timed.any():
+            raise InputError("composed_optime: no training row has both an operator trace and per-op times")
+        groups = self._groups(X)
+        for group in self.coef_:
+            in_group = (groups == group) if group != ALL_DEVICES else np.ones(len(X), dtype=bool)
+            if not (timed & in_group).any():  # a device without per-op times (a GPU): its end-to-end fit stays
+                continue
+            self.coef_[group], self.pooled_coef_[group], self.seen_kinds_[group] = self._fit_group(
+                design, kind_times, target, timed & in_group, traced & in_group)
+        return self
+
+    def _fit_group(self, design: np.ndarray, kind_times: np.ndarray, target: np.ndarray, timed: np.ndarray,
+                   traced: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """(coefficients, pooled coefficients, kinds seen) of one device: per-kind fits on the measured kind
+        times of the ``timed`` rows, then the scale and overhead on every ``traced`` row's latency."""
+        all_design, all_target = design[traced], target[traced]
+        ops, kind_times = design[timed, 2:], kind_times[timed]
+        per_feature = np.zeros(ops.shape[1])
+        seen = []
+        for j, kind in enumerate(COSTED_KINDS):
+            columns = _KIND_OF[:, j] > 0
+            ran = ops[:, _COUNT_COLUMN[j]] > 0
+            positive = ran & (kind_times[:, j] > 0)
+            if not positive.any():
+                continue
+            seen.append(kind)
+            per_feature[columns] = _nonnegative_fit(ops[positive][:, columns], kind_times[positive, j],
+                                                    self.weighting)
+        total = kind_times.sum(axis=1)
+        pooled_ops = _nonnegative_fit(ops @ _STAT_OF, total, self.weighting)
+        predicted = all_design[:, 2:] @ per_feature
+        scale_and_overhead = _nonnegative_fit(np.column_stack([predicted, all_design[:, :2]]), all_target,
+                                              self.weighting)
+        scale, overhead = scale_and_overhead[0], scale_and_overhead[1:]
+        return (np.concatenate([overhead, scale * per_feature]),
+                np.concatenate([overhead, scale * pooled_ops]), seen)
