@@ -139,10 +139,12 @@ def measure_rounds(configs: pd.DataFrame, device: str, device_cfg: dict[str, Any
     with tempfile.TemporaryDirectory() as folder:
         for r in range(repeats):
             order = (configs if r % 2 == 0 else configs.iloc[::-1]).reset_index(drop=True)
-            traces, _, _ = profile_shard(order, device, device_cfg, settings, Path(folder) / f"round{r}.jsonl",
-                                         progress=False, hardware=hardware)
+            journal = Path(folder) / f"round{r}.jsonl"
+            traces, _, _ = profile_shard(order, device, device_cfg, settings, journal, progress=False,
+                                         hardware=hardware)
             frames.append(traces.assign(repeat=r, device=device, trace_file=f"round {r}"))
-            print(f"  round {r + 1}/{repeats} measured ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+            elapsed = time.perf_counter() - started
+            print(f"  round {r + 1}/{repeats} measured ({elapsed:.0f} s)", file=sys.stderr)
     return pd.concat(frames, ignore_index=True), time.perf_counter() - started
 
 
@@ -153,7 +155,8 @@ def measured(configs: pd.DataFrame, traces: pd.DataFrame) -> pd.DataFrame:
     config has no value at all."""
     runs = aggregate_runs(traces)
     clean_keys = set(zip(*drop_flagged_runs(runs, traces)[["config_id", "repeat"]].to_numpy().T))
-    reasons = traces.drop_duplicates(["config_id", "repeat"]).set_index(["config_id", "repeat"])["interference"]
+    per_run = traces.drop_duplicates(["config_id", "repeat"]).set_index(["config_id", "repeat"])
+    reasons = per_run["interference"]
     rows = []
     for c in configs.itertuples():
         mine = runs[runs["config_id"] == c.config_id]
@@ -168,10 +171,11 @@ def measured(configs: pd.DataFrame, traces: pd.DataFrame) -> pd.DataFrame:
             values = used[target].to_numpy(float)
             median = float(np.median(values)) if len(values) else np.nan
             row[f"meas_{target}"] = median
-            row[f"spread_{target}_pct"] = 100 * (values.max() - values.min()) / median if len(values) > 1 else np.nan
+            spread = 100 * (values.max() - values.min()) / median if len(values) > 1 else np.nan
+            row[f"spread_{target}_pct"] = spread
         failed = mine[mine["status"] != "ok"]
-        row["measure_missing"] = ("; ".join(f"{s}: {m}" for s, m in zip(failed["status"], failed["message"],
-                                                                           strict=True)) if not len(ok) else "")
+        why = "; ".join(f"{s}: {m}" for s, m in zip(failed["status"], failed["message"], strict=True))
+        row["measure_missing"] = why if not len(ok) else ""
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -183,14 +187,18 @@ def with_errors(table: pd.DataFrame) -> pd.DataFrame:
         meas = table[f"meas_{target}"]
         table[f"err_{target}_pct"] = 100 * (table[f"pred_{target}"] - meas) / meas
         table[f"baseline_err_{target}_pct"] = 100 * (table[f"baseline_{target}"] - meas) / meas
-        table[f"in_interval_{target}"] = ((table[f"pred_{target}_lo"] <= meas) & (meas <= table[f"pred_{target}_hi"]))
+        hi = pd.to_numeric(table[f"pred_{target}_hi"]).fillna(np.inf)  # no upper end: out of range, unbounded
+        table[f"in_interval_{target}"] = (table[f"pred_{target}_lo"] <= meas) & (meas <= hi)
     return table
 
 
 def markdown(table: pd.DataFrame) -> str:
     """The README's table; † marks a config whose every measurement was flagged as disturbed."""
     def interval(row: pd.Series, target: str) -> str:
-        return f"{row[f'pred_{target}']:.1f} [{row[f'pred_{target}_lo']:.1f}, {row[f'pred_{target}_hi']:.1f}]"
+        value, lo, hi = (pd.to_numeric(row[f"pred_{target}{end}"]) for end in ("", "_lo", "_hi"))
+        if not np.isfinite(value):
+            return "missing"
+        return f"{value:.1f} [{lo:.1f}, {f'{hi:.1f}' if np.isfinite(hi) else 'unbounded'}]"
 
     def error(value: float, mark: str) -> str:
         return "missing" if not np.isfinite(value) else f"{value:+.0f} %{mark}"
@@ -203,7 +211,9 @@ def markdown(table: pd.DataFrame) -> str:
         mark = " †" if r["basis"] == "flagged" else ""
         cells = [r["config"]]
         for target in TARGETS:
-            meas = (f"{r[f'meas_{target}']:.1f} ({r[f'spread_{target}_pct']:.0f} %){mark}"
+            spread = r[f"spread_{target}_pct"]
+            spread_text = f"{spread:.0f} %" if np.isfinite(spread) else "one measurement"
+            meas = (f"{r[f'meas_{target}']:.1f} ({spread_text}){mark}"
                     if np.isfinite(r[f"meas_{target}"]) else f"missing: {r['measure_missing']}")
             cells += [interval(r, target), meas, error(r[f"err_{target}_pct"], mark),
                       error(r[f"baseline_err_{target}_pct"], mark)]
@@ -220,8 +230,9 @@ def summary(table: pd.DataFrame) -> list[str]:
     for target, label in TARGETS.items():
         for basis, ok in table[np.isfinite(table[f"err_{target}_pct"])].groupby("basis", sort=True):
             within = int((ok[f"err_{target}_pct"].abs() <= 20).sum())
-            out.append(f"{label}, {len(ok)} configs measured {basis}: MAPE {ok[f'err_{target}_pct'].abs().mean():.1f} % "
-                       f"(baseline flops_nearest {ok[f'baseline_err_{target}_pct'].abs().mean():.1f} %), {within} "
+            mape, base = ok[f"err_{target}_pct"].abs().mean(), ok[f"baseline_err_{target}_pct"].abs().mean()
+            out.append(f"{label}, {len(ok)} configs measured {basis}: MAPE {mape:.1f} % "
+                       f"(baseline flops_nearest {base:.1f} %), {within} "
                        f"within 20 %, {int(ok[f'in_interval_{target}'].sum())} inside the 90 % interval, "
                        f"median spread of the repeats {ok[f'spread_{target}_pct'].median():.1f} %")
     flagged = table[table["flagged"] > 0]
@@ -292,8 +303,8 @@ def main() -> None:
     table = with_errors(predictions.merge(measured(configs, traces), on=["mode", "batch"], how="left"))
 
     print(f"{args.model} (input {args.input}) on {args.device}: {header}; measuring took {wall:.0f} s")
-    print(f"predictors: {'; '.join(sorted(set(table['predictor_latency_ms']) | set(table['predictor_peak_mem_mb'])))}"
-          f" ({table['predictor_choice'].iloc[0]})")
+    used = sorted(set(table["predictor_latency_ms"]) | set(table["predictor_peak_mem_mb"]))
+    print(f"predictors: {'; '.join(used)} ({table['predictor_choice'].iloc[0]})")
     print(f"warning: {table['family_warning'].iloc[0]}" if table["family_warning"].iloc[0] else "")
     print(markdown(table))
     print()

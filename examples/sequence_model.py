@@ -10,7 +10,8 @@ from torch import Tensor, nn
 
 
 class ConvGRUClassifier(nn.Module):
-    """Conv1d front end (stride 2, twice) -> GRU over the shortened sequence -> linear head on its last state."""
+    """Conv1d front end (stride 2, twice), a GRU over the shortened sequence, a linear head on its last
+    state."""
 
     def __init__(self, channels: int, width: int, hidden: int, layers: int, num_classes: int) -> None:
         super().__init__()

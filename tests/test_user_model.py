@@ -49,7 +49,9 @@ def test_rnn_views_are_free_operators() -> None:
 
 
 @pytest.mark.parametrize("mode", ["inference", "training"])
-def test_predict_gives_finite_latency_and_memory_with_the_predictor(run_dir: Path, mode: str) -> None:  # noqa: F811
+def test_predict_gives_finite_latency_and_memory_with_the_predictor(
+    run_dir: Path, mode: str  # noqa: F811
+) -> None:
     from perfzoo.prediction import predict
 
     result = predict(f"{EXAMPLE}:build", batch=2, input_shape="12,32", mode=mode, devices=["cpu"])
