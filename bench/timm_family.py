@@ -17,7 +17,16 @@ another device) do not apply: a held-out family has no row on this file.
 MAPE in % pooled over every row of the file (each row predicted once, when its family is held out);
 also the median over families of the per-family MAPE. The per-file summary is written to ``--out``.
 
-Usage: ``PYTHONPATH=src python bench/timm_family.py [DIR] [--regressors linear extra_trees [xgboost poly_lasso]]``
+With ``--op-features FILE`` (made by ``bench/timm_ops.py``: perfzoo's operator trace of every workload
+on the meta device, at batch 1 and 2), the rows are those whose trace exists (the others are counted and
+left out of every method, so all methods score the same rows), and more methods use the operator kinds:
+``<regressor>+ops`` for every regressor asked for (the CSV features plus, per sample, FLOPs, bytes and calls
+of every operator kind at the row's batch, exact from the two probes) and ``composed`` (perfzoo's composed
+regressor: the step time as a non-negative sum over kinds of time per FLOP, per byte and per call plus a
+step overhead, fitted on the step time ``latency × batch`` and the step's operator totals).
+
+Usage: ``PYTHONPATH=src python bench/timm_family.py [DIR] [--regressors linear extra_trees [xgboost poly_lasso]]
+[--op-features bench/timm_ops.parquet]``
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from perfzoo.dataset.timm import timm_family
+from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURES
 from perfzoo.regressors import make_regressor
 from perfzoo.regressors.baselines import flops_nearest
 from perfzoo.stats import mape
@@ -59,15 +69,52 @@ def with_families(data: pd.DataFrame) -> pd.DataFrame:
     return data.assign(family=name.map(families), resolution=size.astype(float)).query("family != ''")
 
 
+PER_SAMPLE_OPS = [f"{f}_per_sample" for f in OP_FEATURES]
+
+
+def with_op_features(data: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """Rows with their operator totals at their own batch (``q(B) = q(1) + (q(2) - q(1))(B - 1)``) and per
+    sample; rows whose workload has no trace are left out, counted and named by reason."""
+    ops = pd.read_parquet(path)
+    failed = ops[ops[OP_ERROR_COLUMN].fillna("") != ""].drop_duplicates("model_id")
+    ok = ops[~ops["model_id"].isin(failed["model_id"])]
+    one = ok[ok["batch"] == 1].set_index("model_id")[list(OP_FEATURES)]
+    two = ok[ok["batch"] == 2].set_index("model_id")[list(OP_FEATURES)]
+    kept = data[data["model_id"].isin(one.index.intersection(two.index))].copy()
+    b = kept["batch"].to_numpy()[:, None]
+    q1, q2 = one.loc[kept["model_id"]].to_numpy(), two.loc[kept["model_id"]].to_numpy()
+    step = q1 + (q2 - q1) * (b - 1)
+    kept[list(OP_FEATURES)] = step
+    kept[PER_SAMPLE_OPS] = step / b
+    missing = data[~data.index.isin(kept.index)]
+    print(f"operator features: {kept['model_id'].nunique()} workloads kept, "
+          f"{missing['model_id'].nunique()} left out ({len(missing)} rows): "
+          f"{len(failed)} not traceable, {missing['model_id'].nunique() - len(failed)} not in {path}")
+    for reason, models in failed.groupby(OP_ERROR_COLUMN)["model_id"]:
+        print(f"  {len(models)} x {reason[:160]}: {', '.join(sorted(models)[:6])}{' ...' if len(models) > 6 else ''}")
+    return kept
+
+
+def composed_per_sample(train: pd.DataFrame, test: pd.DataFrame) -> np.ndarray:
+    """perfzoo's composed regressor on step times and step operator totals, returned per sample."""
+    def frame(rows: pd.DataFrame) -> pd.DataFrame:
+        return rows[list(OP_FEATURES)].assign(is_training=0.0, **{OP_ERROR_COLUMN: ""})
+
+    reg = make_regressor("composed", group_col=None)
+    reg.fit(frame(train), train["latency_ms"] * train["batch"])
+    return np.asarray(reg.predict(frame(test)), float) / test["batch"].to_numpy()
+
+
 def time_per_flop(train: pd.DataFrame, test: pd.DataFrame) -> np.ndarray:
     """One constant time per FLOP (geometric mean over the training rows) times the test FLOPs."""
     per_flop = np.exp(np.mean(np.log(train["latency_ms"] / train["flops"])))
     return per_flop * test["flops"].to_numpy()
 
 
-def predict_file(rows: pd.DataFrame, regressors: list[str]) -> pd.DataFrame:
+def predict_file(rows: pd.DataFrame, regressors: list[str], op_methods: bool = False) -> pd.DataFrame:
     """Leave-one-family-out predictions of every row of one file, one column per method."""
     out = pd.DataFrame(index=rows.index, dtype=float)
+    with_ops = [*FEATURES, *PER_SAMPLE_OPS]
     for family in sorted(rows["family"].unique()):
         test_mask = (rows["family"] == family).to_numpy()
         train, test = rows[~test_mask], rows[test_mask]
@@ -75,6 +122,11 @@ def predict_file(rows: pd.DataFrame, regressors: list[str]) -> pd.DataFrame:
         for kind in regressors:
             reg = make_regressor(kind, features=FEATURES, **REGRESSORS[kind]).fit(train[FEATURES], y)
             out.loc[test.index, kind] = reg.predict(test[FEATURES])
+        if op_methods:
+            for kind in regressors:
+                reg = make_regressor(kind, features=with_ops, **REGRESSORS[kind]).fit(train[with_ops], y)
+                out.loc[test.index, f"{kind}+ops"] = reg.predict(test[with_ops])
+            out.loc[test.index, "composed"] = composed_per_sample(train, test)
         out.loc[test.index, "baseline_flops_nearest_config"] = flops_nearest(train, test, "latency_ms")
         out.loc[test.index, "baseline_time_per_flop"] = time_per_flop(train, test)
         roof = make_regressor("roofline", group_col=None, log_target=True).fit(train, y)
@@ -100,13 +152,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("directory", nargs="?", default="../shared/data/timm-benchmark", type=Path)
     parser.add_argument("--regressors", nargs="+", default=["linear", "extra_trees"], choices=list(REGRESSORS))
     parser.add_argument("--out", type=Path, default=Path("bench/timm_family.csv"))
+    parser.add_argument("--op-features", type=Path, default=None, help="operator features from bench/timm_ops.py")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     data = with_families(load(args.directory))
+    if args.op_features:
+        data = with_op_features(data, args.op_features)
     print(f"{len(data)} rows, {data['family'].nunique()} families, {data['device'].nunique()} files")
-    summaries = [summarise(rows, predict_file(rows, args.regressors))
+    summaries = [summarise(rows, predict_file(rows, args.regressors, bool(args.op_features)))
                  for _, rows in data.groupby("device", sort=True)]
     table = pd.DataFrame(summaries)
+    op_methods = [*(f"{kind}+ops" for kind in args.regressors), "composed"] if args.op_features else []
+    args.regressors = [*args.regressors, *op_methods]
     methods = [*args.regressors, "baseline_flops_nearest_config", "baseline_time_per_flop", "baseline_roofline"]
     table["best_baseline"] = table[[m for m in methods if m.startswith("baseline_")]].min(axis=1)
     ratios = [f"best_baseline / {kind}" for kind in args.regressors]

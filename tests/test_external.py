@@ -325,3 +325,14 @@ def test_batch_scaled_features_equal_a_direct_featurisation() -> None:
     assert scale_features(shifted, 64)["flops"] == result.features[64]["flops"] + 6  # affine: exact
     bent = (*shifted[:2], {**shifted[2], "flops": shifted[2]["flops"] + 4})  # not on one line
     assert scale_features(bent, 64) is None
+
+
+def test_timm_model_whose_module_mentions_img_size_but_whose_class_takes_none_is_built_at_any_size() -> None:
+    import torch
+
+    with torch.device("meta"):  # hieradet's module mentions img_size; its class rejects the argument
+        model = build_model("timm", "hieradet_small", {}, 10, (3, 256, 256))
+        out = model(torch.empty(1, 3, 256, 256))
+    assert tuple(out.shape) == (1, 10)
+    with pytest.raises(TypeError, match="img_size"):  # a size the user passes explicitly is never dropped
+        build_model("timm", "hieradet_small", {"img_size": 256}, 10, (3, 256, 256))

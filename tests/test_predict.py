@@ -58,7 +58,7 @@ CONFIG: dict[str, Any] = {
         },
     },
     "shards": {"size": 16},
-    "splits": {"schemes": ["random", "leave_one_family_out"], "seed": 1337, "random_fractions": [0.7, 0.15, 0.15]},
+    "splits": {"schemes": ["random", "leave_one_family_out"], "seed": 1337, "random_fractions": [0.5, 0.25, 0.25]},
     "fit": {
         "targets": ["latency_ms", "peak_mem_mb", "energy_per_sample_j"],
         "regressors": ["linear", "random_forest"],
@@ -127,7 +127,7 @@ def _synthetic_traces(manifest: pd.DataFrame, features: pd.DataFrame, device: st
 def build_workflow_outputs(workdir: Path) -> Path:
     """Write config.yaml and results/ of a finished (tiny) workflow run into ``workdir``."""
     from perfzoo.dataset.build import build_dataset
-    from perfzoo.evaluate import metrics_table
+    from perfzoo.evaluate import metrics_table, with_intervals
     from perfzoo.features.meta import featurise_manifest
     from perfzoo.fitting import fit_split, save_models
     from perfzoo.io import write_json
@@ -190,7 +190,7 @@ def build_workflow_outputs(workdir: Path) -> Path:
         frames = [pd.read_parquet(p) for p in held]
         write_table(
             "results/evaluate/metrics.parquet",
-            metrics_table(pd.concat(frames, ignore_index=True), noise),
+            metrics_table(with_intervals(pd.concat(frames, ignore_index=True)), noise),
             provenance([*held, "results/dataset/noise_floor.parquet"]),
         )
     finally:
@@ -265,13 +265,13 @@ def test_predict_module_instance_per_device_with_intervals(run_dir: Path) -> Non
     assert table.loc["a100", "latency_ms"] < table.loc["cpu", "latency_ms"]
     assert _assert_intervals_bracket(result.table) >= 10
     lat = result.record["devices"]["cpu"]["quantities"]["latency_ms"]
-    # an anonymous nn.Sequential matches no profiled family: leave-one-family-out predictors, and intervals
-    # from their residuals on that split (split-conformal) or from the trees of the winning forest
+    # an anonymous nn.Sequential matches no profiled family: leave-one-family-out predictors, and conformal
+    # intervals calibrated on the held-out residuals of that split
     assert lat["lo"] < lat["hi"] and lat["source"].endswith("/leave_one_family_out")
-    assert "split leave_one_family_out" in lat["interval"] or "tree predictions" in lat["interval"]
+    assert "held-out rows of split leave_one_family_out" in lat["interval"]
     named = perfzoo.predict("mlp:mlp_small", batch=4, input_shape=(64,))
     lat = named.record["devices"]["cpu"]["quantities"]["latency_ms"]
-    assert lat["lo"] < lat["hi"] and "tree predictions" in lat["interval"]  # random forest wins on this data
+    assert lat["lo"] < lat["hi"] and "held-out rows of split random" in lat["interval"]
     # the user's module is not touched: weights stay real, on the CPU
     assert all(p.device.type == "cpu" for p in model.parameters())
     assert result.record["features"]["params"] == sum(p.numel() for p in model.parameters())
@@ -569,6 +569,7 @@ class _Stub:
 def test_power_cap_sweep_picks_lowest_energy_meeting_the_target() -> None:
     from dataclasses import replace
 
+    from perfzoo.evaluate import Calibration
     from perfzoo.prediction import (
         DeviceSettings,
         PredictionContext,
@@ -589,8 +590,7 @@ def test_power_cap_sweep_picks_lowest_energy_meeting_the_target() -> None:
             {},
             5.0,
             10,
-            np.array([0.9, 1.0, 1.1]),
-            "test",
+            Calibration(0.1, 30),
         )
 
     predictors = {
@@ -629,16 +629,26 @@ def test_power_cap_sweep_picks_lowest_energy_meeting_the_target() -> None:
     assert none["power_cap_w"] is None and "latency target" in none["reason"]
 
 
-def test_fold_average_residual_interval_and_split_choice(tmp_path: Path) -> None:
+def test_fold_average_conformal_interval_and_split_choice(tmp_path: Path) -> None:
+    from perfzoo.evaluate import Calibration
     from perfzoo.prediction import Predictor, choose_file
+    from perfzoo.prediction.predictors import MeasuredCoverage
 
     folds = {"a": _Stub(lambda w: np.full_like(w, 1.0)), "b": _Stub(lambda w: np.full_like(w, 3.0))}
-    ratios = np.linspace(0.8, 1.25, 50)  # y_pred / y_true on held-out rows
-    p = Predictor("latency_ms", "linear", "random", tmp_path / "m.json", folds, {}, 5.0, 50, ratios, "test")
-    point, lo, hi, method = p.predict(pd.DataFrame({"power_limit_w": [300.0]}))
-    r05, r95 = np.quantile(ratios, [0.05, 0.95])
+    X = pd.DataFrame({"power_limit_w": [300.0]})
+    calibrated = Calibration(math.log(1.5), 40)  # conformal half-width in log space over 40 held-out rows
+    p = Predictor("latency_ms", "linear", "random", tmp_path / "m.json", folds, {}, 5.0, 50, calibrated,
+                  MeasuredCoverage(0.8, 30, ""))
+    point, lo, hi, method = p.predict(X)
     assert point[0] == pytest.approx(2.0)  # the mean of the fold predictions
-    assert lo[0] == pytest.approx(2.0 / r95) and hi[0] == pytest.approx(2.0 / r05) and "held-out" in method
+    assert lo[0] == pytest.approx(2.0 / 1.5) and hi[0] == pytest.approx(3.0)
+    assert "40 held-out rows of split random" in method
+    assert "measured coverage 80% of 30 held-out test rows" in method and "outside the 85%–95% band" in method
+    # too few residuals: no interval, with the reason, never a number
+    few = Calibration(math.nan, 7, "7 calibration residuals, fewer than the 20 required")
+    p = Predictor("latency_ms", "linear", "random", tmp_path / "m.json", folds, {}, 5.0, 50, few)
+    point, lo, hi, method = p.predict(X)
+    assert np.isnan(lo[0]) and np.isnan(hi[0]) and "no interval: 7 calibration residuals" in method
     # the lowest MAPE of the random split wins; without a random score, the best of any split
     metrics = pd.DataFrame({"target": "latency_ms", "regressor": ["linear", "random_forest", "xgboost"],
                             "split": ["random", "random", "leave_one_family_out"], "mape": [9.0, 7.0, 1.0],

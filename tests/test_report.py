@@ -162,15 +162,25 @@ def test_page_shows_baseline_coverage_and_flags_when_other_stages_write_them(tmp
     predictions = held_out(data)
     noise = pd.DataFrame({"target": ["latency_ms", "peak_mem_mb"], "noise_mape": [4.0, 0.5]})
     metrics = metrics_table(predictions, noise).assign(
-        best_baseline="baseline:flops_nearest", best_baseline_mape=1000.0, coverage90=0.9)
+        best_baseline="baseline:flops_nearest", best_baseline_mape=1000.0, coverage90=0.9, n_interval=40)
     baseline_row = metrics.iloc[:1].assign(regressor="baseline:flops_nearest", mape=0.001)
     metrics = pd.concat([metrics, baseline_row], ignore_index=True)  # never reported as the best regressor
     tables = tables_for(data, predictions, metrics, flagged=[1, 0])
     top = first_screen(render_index(tmp_path, tables, [record()], [], PROV))
     assert "best baseline (baseline:flops_nearest) 1,000%" in top and "(beats it)" in top
     assert "best MAPE 0.001" not in top
-    assert "90.0% of held-out values inside the interval" in top
+    assert "90.0% of 40 held-out values inside the 90 % interval" in top and "outside the" not in top
     assert "1 flagged for interference" in top and NOT_COMPUTED not in top
+
+
+def test_coverage_outside_the_band_or_missing_is_said_so() -> None:
+    from perfzoo.report.page import _coverage_text
+
+    metrics = pd.DataFrame({"coverage90": [0.8, np.nan], "n_interval": [15, 0],
+                            "interval_missing": ["", "15 of 15 test rows without an interval: 14 calibration residuals"]})
+    low, missing = (_coverage_text(metrics, row) for _, row in metrics.iterrows())
+    assert low == "80.0% of 15 held-out values inside the 90 % interval, outside the 85%–95% band of a calibrated interval"
+    assert missing == f"interval coverage {NOT_COMPUTED} (15 of 15 test rows without an interval: 14 calibration residuals)"
 
 
 def test_figures_keep_one_colour_per_regressor_across_panels() -> None:

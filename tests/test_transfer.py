@@ -150,7 +150,7 @@ def test_predict_prints_the_conformal_interval_of_a_device_transfer_predictor() 
     train, test = held_out(roofline_panel(noise=0.05), "A")
     reg = DeviceTransferRegressor(alpha=0.5).fit(train, train["latency_ms"])
     predictor = Predictor("latency_ms", "device_transfer", "leave_one_device_out", Path("unused"),
-                          {"0": reg}, {}, None, None, None, "")
+                          {"0": reg}, {}, None, None)
     point, lo, hi, method = predictor.predict(test)
     expected_lo, expected_hi = reg.predict_interval(test)
     np.testing.assert_allclose(lo, expected_lo)

@@ -1,15 +1,131 @@
-"""Evaluate stage: accuracy metrics of every (target, regressor, split) on held-out test rows."""
+"""Evaluate stage: accuracy metrics of every (target, regressor, split) on held-out test rows, and the
+empirical coverage of the 90 % prediction intervals on them.
+
+Intervals. Every held-out row of a split was predicted by a fold model that did not see it, so its
+residual ``|log(y / pred)|`` is an honest calibration point for the others. A held-out row's interval is
+``pred × exp(±q)``, ``q`` the split-conformal quantile (:func:`perfzoo.stats.conformal_halfwidth`, level
+0.9) of the residuals of the held-out rows of the *other* folds of the split (cross-conformal; the rows of
+one fold, often one family, are correlated, so a fold never calibrates itself), or, for a split with a
+single fold, of the other held-out rows (leave one row out); a row held out in several folds (the repeats
+of a Monte-Carlo split) never calibrates itself either. No refit is needed. With fewer than
+``MIN_CALIBRATION_ROWS`` residuals the interval is missing, with that reason. Regressors with intervals of
+their own (``device_transfer``: conformal, calibrated by an inner leave-one-GPU-out) keep them.
+``perfzoo predict`` uses the same :func:`calibrate` over all held-out rows of its predictor's split, so the
+coverage in the metrics table is the coverage of the intervals it prints.
+
+Why not MAPIE or crepes: MAPIE's cross-conformal regressor refits the estimator on folds of its own, while
+here the folds are the workflow's splits and are already fitted; crepes' ``ConformalRegressor`` takes
+residuals as they are, but computes exactly :func:`perfzoo.stats.conformal_halfwidth` and is not a
+dependency of the package.
+"""
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from perfzoo.stats import METRICS, all_metrics, mape, rmse
+from perfzoo.stats import METRICS, all_metrics, conformal_halfwidth, mape, rmse
 
 GROUP = ["target", "regressor", "split"]
 BASELINE_PREFIX = "baseline:"
-METRIC_COLUMNS = [*GROUP, "n", "folds", *METRICS, "noise_floor_mape"]
+INTERVAL_COLUMNS = ["n_interval", "coverage90", "interval_method", "interval_missing"]
+METRIC_COLUMNS = [*GROUP, "n", "folds", *METRICS, *INTERVAL_COLUMNS, "noise_floor_mape"]
+#: nominal level of the prediction intervals, the fewest residuals one is calibrated on, and the band of
+#: measured coverage that counts as calibrated
+INTERVAL_LEVEL = 0.9
+MIN_CALIBRATION_ROWS = 20
+COVERAGE_BAND = (0.85, 0.95)
+OWN_INTERVALS = "the regressor's own intervals"
+LEAVE_ONE_FOLD_OUT = "cross-conformal: residuals of the held-out rows of the other folds"
+LEAVE_ONE_ROW_OUT = "conformal, leave one row out: residuals of the other held-out rows of the single fold"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A conformal half-width ``q`` in log space (the interval is ``pred × exp(±q)``) from ``n`` residuals;
+    ``q`` is NaN, with ``reason``, when there are too few."""
+
+    q: float
+    n: int
+    reason: str = ""
+
+    def interval(self, pred: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        pred = np.asarray(pred, dtype=float)
+        return pred * math.exp(-self.q), pred * math.exp(self.q)
+
+
+def log_residuals(y_true: np.ndarray, y_pred: np.ndarray) -> np.ndarray:
+    """``|log(y_true / y_pred)|``; NaN where either is not a positive finite number."""
+    y, p = np.asarray(y_true, dtype=float), np.asarray(y_pred, dtype=float)
+    ok = np.isfinite(y) & np.isfinite(p) & (y > 0) & (p > 0)
+    out = np.full(y.shape, np.nan)
+    out[ok] = np.abs(np.log(y[ok] / p[ok]))
+    return out
+
+
+def calibrate(abs_log_residuals: np.ndarray) -> Calibration:
+    """The 90 % conformal half-width of the finite residuals; NaN with a reason below
+    ``MIN_CALIBRATION_ROWS`` of them."""
+    r = np.asarray(abs_log_residuals, dtype=float)
+    r = r[np.isfinite(r)]
+    if r.size < MIN_CALIBRATION_ROWS:
+        return Calibration(math.nan, int(r.size),
+                           f"{r.size} calibration residuals, fewer than the {MIN_CALIBRATION_ROWS} required")
+    return Calibration(conformal_halfwidth(r, INTERVAL_LEVEL), int(r.size))
+
+
+def calibration_groups(held: pd.DataFrame) -> tuple[np.ndarray, str]:
+    """(group of every held-out row, method): a row is calibrated without the rows of its group, its fold
+    when the split has several, else itself."""
+    folds = held["fold"].astype(str).to_numpy()
+    if len(set(folds)) > 1:
+        return folds, LEAVE_ONE_FOLD_OUT
+    return np.arange(len(held)), LEAVE_ONE_ROW_OUT
+
+
+def cross_conformal(held: pd.DataFrame) -> pd.DataFrame:
+    """The held-out rows of one (target, regressor, split) with ``y_lo``, ``y_hi`` (90 % cross-conformal
+    intervals), ``interval_method``, ``interval_missing`` (the reason for a missing one) and
+    ``calibration_rows``."""
+    residuals = log_residuals(held["y_true"], held["y_pred"])
+    pred = held["y_pred"].to_numpy(dtype=float)
+    groups, method = calibration_groups(held)
+    lo, hi, n_cal = np.full(len(held), np.nan), np.full(len(held), np.nan), np.zeros(len(held), dtype=int)
+    missing = np.full(len(held), "", dtype=object)
+    rows = held["row_id"].to_numpy() if "row_id" in held.columns else np.arange(len(held))
+    for group in np.unique(groups):
+        own = groups == group
+        # nor the same rows held out by another fold (the repeats of a Monte-Carlo split overlap)
+        cal = calibrate(residuals[~own & ~np.isin(rows, rows[own])])
+        lo[own], hi[own] = cal.interval(pred[own])
+        n_cal[own], missing[own] = cal.n, cal.reason
+    missing[~np.isfinite(pred)] = "no point prediction"
+    return held.assign(y_lo=lo, y_hi=hi, interval_method=method, interval_missing=missing,
+                       calibration_rows=n_cal)
+
+
+def own_intervals(held: pd.DataFrame) -> pd.DataFrame:
+    """Held-out rows whose regressor wrote intervals of its own in the fit stage, kept as they are."""
+    has = held["y_lo"].notna() & held["y_hi"].notna()
+    return held.assign(interval_method=OWN_INTERVALS, calibration_rows=np.nan,
+                       interval_missing=np.where(has, "", "the regressor gave no interval for this row"))
+
+
+def with_intervals(predictions: pd.DataFrame) -> pd.DataFrame:
+    """Every held-out prediction with its 90 % interval: the regressor's own where the fit stage wrote one
+    (``y_lo``/``y_hi``), else cross-conformal (:func:`cross_conformal`), per (target, regressor, split)."""
+    predictions = predictions.reset_index(drop=True)
+    for column in ("y_lo", "y_hi"):
+        if column not in predictions.columns:
+            predictions[column] = np.nan
+    parts = [own_intervals(g) if g["y_lo"].notna().any() else cross_conformal(g)
+             for _, g in predictions.groupby(GROUP, sort=False, dropna=False)]
+    if not parts:
+        return predictions.assign(interval_method="", interval_missing="", calibration_rows=np.nan)
+    return pd.concat(parts).sort_index()
 FAMILY_COLUMNS = [*GROUP, "family", "n", "mape", "rmse"]
 
 
@@ -17,21 +133,36 @@ def test_rows(predictions: pd.DataFrame) -> pd.DataFrame:
     return predictions[predictions["set"] == "test"]
 
 
-def interval_coverage(rows: pd.DataFrame) -> dict[str, float]:
-    """Share of rows whose ``y_true`` lies in ``[y_lo, y_hi]``, over the rows that have an interval."""
+def interval_coverage(rows: pd.DataFrame) -> dict[str, object]:
+    """Share of rows whose ``y_true`` lies in ``[y_lo, y_hi]`` over the rows that have an interval, how
+    the intervals were made, and why rows have none (counted)."""
     if not {"y_lo", "y_hi"} <= set(rows.columns):
-        return {"n_interval": 0, "coverage90": np.nan}
+        return {"n_interval": 0, "coverage90": np.nan, "interval_method": "",
+                "interval_missing": "no intervals in the predictions"}
     has = rows["y_lo"].notna() & rows["y_hi"].notna()
     inside = (rows["y_true"] >= rows["y_lo"]) & (rows["y_true"] <= rows["y_hi"])
-    return {"n_interval": int(has.sum()), "coverage90": float(inside[has].mean()) if has.any() else np.nan}
+    methods = rows.get("interval_method", pd.Series(dtype=str)).dropna()
+    reasons = rows.get("interval_missing", pd.Series("", index=rows.index))[~has].fillna("").astype(str)
+    reasons = sorted({r for r in reasons if r} or ({"no interval"} if (~has).any() else set()))
+    missing = f"{int((~has).sum())} of {len(rows)} test rows without an interval: {'; '.join(reasons)}"
+    return {"n_interval": int(has.sum()), "coverage90": float(inside[has].mean()) if has.any() else np.nan,
+            "interval_method": "; ".join(sorted(set(methods.astype(str)) - {""})),
+            "interval_missing": missing if reasons else ""}
+
+
+def outside_coverage_band(coverage: float) -> bool:
+    """Whether a measured coverage of the 90 % intervals lies outside :data:`COVERAGE_BAND`."""
+    low, high = COVERAGE_BAND
+    return math.isfinite(coverage) and not low <= coverage <= high
 
 
 def metrics_table(predictions: pd.DataFrame, noise: pd.DataFrame) -> pd.DataFrame:
     """MAPE, RMSE, Kendall tau, R2, share within 10 %, pooled over folds, with the noise floor.
 
     Rows without a prediction (a baseline without a source row) are left out and counted in
-    ``n_missing``; ``coverage90`` is the empirical coverage of the 90 % intervals where the
-    predictions carry them. With baseline rows present (regressor ``baseline:*``), every other row
+    ``n_missing``; ``coverage90`` is the empirical coverage of the 90 % intervals (:func:`with_intervals`)
+    on the ``n_interval`` test rows that have one, ``interval_missing`` says why others have none.
+    With baseline rows present (regressor ``baseline:*``), every other row
     names the best baseline of its (target, split) and whether it beats it (``beats_baseline``).
     """
     rows = []
@@ -44,7 +175,7 @@ def metrics_table(predictions: pd.DataFrame, noise: pd.DataFrame) -> pd.DataFram
         return pd.DataFrame(columns=METRIC_COLUMNS)
     table = pd.DataFrame(rows)
     if not table["regressor"].str.startswith(BASELINE_PREFIX).any():
-        table = table.drop(columns=["n_missing", "n_interval", "coverage90"])
+        table = table.drop(columns=["n_missing"])
     else:
         table = compare_with_baselines(table)
     floor = noise.groupby("target")["noise_mape"].mean().rename("noise_floor_mape")

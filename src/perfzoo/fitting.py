@@ -13,7 +13,7 @@ from perfzoo.dataset.build import feature_columns, finite_target_rows
 from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURES
 from perfzoo.io import InputError, write_text
 from perfzoo.regressors import Regressor, make_regressor, regressor_from_document
-from perfzoo.stats import all_metrics, conformal_halfwidth
+from perfzoo.stats import all_metrics
 
 MIN_TRAIN_ROWS = 3
 # Config names that are a registered regressor with preset parameters.
@@ -41,9 +41,6 @@ def unsupported_reason(regressor: str, target: str) -> str | None:
 ID_COLUMNS = ["row_id", "model_id", "device", "mode", "batch", "family", "label"]
 PREDICTION_COLUMNS = ["split", "fold", "set", *ID_COLUMNS, "target", "regressor", "y_true", "y_pred",
                       "y_lo", "y_hi"]
-#: level of the prediction intervals and the fewest validation rows a split-conformal interval is built from
-INTERVAL_LEVEL = 0.9
-MIN_CALIBRATION_ROWS = 20
 
 
 def featurised_rows(data: pd.DataFrame) -> pd.Series:
@@ -109,7 +106,7 @@ def fit_split(
             train_inputs = regressor_inputs(train, feature_set, ops)
             model = build_regressor(regressor, params).fit(train_inputs, train[target])
             pred = model.predict(inputs)
-            lo, hi = prediction_intervals(model, inputs, test[target], held["set"], pred)
+            lo, hi = own_intervals(model, inputs)
         except InputError as exc:  # e.g. a fold without the per-layer timings a method needs
             notes["skipped_folds"][str(fold)] = str(exc)
             continue
@@ -123,26 +120,14 @@ def fit_split(
     return frame[PREDICTION_COLUMNS], models, notes
 
 
-def prediction_intervals(model: Regressor, inputs: pd.DataFrame, y: pd.Series, sets: pd.Series,
-                         pred: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """90 % intervals of held-out rows: the regressor's own (conformal) ones, else split-conformal.
-
-    Split-conformal: the half-width is the conformal quantile of ``|log(y / pred)|`` over the fold's
-    validation rows (never its test rows, on which coverage is measured); NaN when the fold has fewer
-    than ``MIN_CALIBRATION_ROWS`` validation rows.
-    """
+def own_intervals(model: Regressor, inputs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The regressor's own 90 % intervals of held-out rows (``device_transfer``: conformal, calibrated by an
+    inner leave-one-GPU-out), else NaN: the evaluate stage calibrates those on the held-out residuals of
+    the whole split (:func:`perfzoo.evaluate.with_intervals`), which one fold alone cannot do."""
     if hasattr(model, "predict_interval"):
         lo, hi = model.predict_interval(inputs)
         return np.asarray(lo, float), np.asarray(hi, float)
-    pred = np.asarray(pred, float)
-    y_arr, val = y.to_numpy(dtype=float), sets.to_numpy() == "val"
-    with np.errstate(divide="ignore", invalid="ignore"):
-        residual = np.abs(np.log(y_arr / pred))
-    usable = val & np.isfinite(residual)
-    if usable.sum() < MIN_CALIBRATION_ROWS:
-        return np.full(len(pred), np.nan), np.full(len(pred), np.nan)
-    q = conformal_halfwidth(residual[usable], INTERVAL_LEVEL)
-    return pred * np.exp(-q), pred * np.exp(q)
+    return np.full(len(inputs), np.nan), np.full(len(inputs), np.nan)
 
 
 def skipped_fit(reason: str) -> tuple[pd.DataFrame, dict[str, Regressor], dict[str, Any]]:

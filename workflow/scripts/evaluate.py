@@ -1,7 +1,7 @@
 """Rule evaluate: metrics of every prediction file on held-out rows."""
 import pandas as pd
 
-from perfzoo.evaluate import best_per_target, metrics_table, per_family_table
+from perfzoo.evaluate import best_per_target, metrics_table, per_family_table, with_intervals
 from perfzoo.io import read_parquet
 from perfzoo.provenance import provenance, write_table
 from perfzoo.regressors.baselines import baseline_predictions
@@ -10,11 +10,11 @@ from perfzoo.workflow import run_step
 
 def main() -> None:
     files = list(snakemake.input.predictions)
-    predictions = pd.concat([read_parquet(p) for p in files], ignore_index=True)
+    predictions = with_intervals(pd.concat([read_parquet(p) for p in files], ignore_index=True))
     dataset = read_parquet(snakemake.input.dataset)
     baselines = [baseline_predictions(dataset, read_parquet(s), t)
                  for s in snakemake.input.splits for t in snakemake.params.targets if t in dataset.columns]
-    scored = pd.concat([predictions, *[b for b in baselines if len(b)]], ignore_index=True)
+    scored = pd.concat([predictions, *[with_intervals(b) for b in baselines if len(b)]], ignore_index=True)
     metrics = metrics_table(scored, read_parquet(snakemake.input.noise))
     prov = provenance([*files, snakemake.input.noise, snakemake.input.dataset, *snakemake.input.splits])
     write_table(snakemake.output.metrics, metrics, prov)

@@ -147,8 +147,20 @@ def build_model(
     """Construct the model with random weights on the current default device."""
     kwargs = dict(kwargs)
     if builder in ("timm", "torchvision") and len(input_shape) == 3:
-        kwargs = _with_image_size(builder, name, kwargs, input_shape[-1])
+        sized = _with_image_size(builder, name, dict(kwargs), input_shape[-1])
+        try:
+            return _BUILDERS[builder](name, sized, num_classes)
+        except TypeError as exc:
+            if "img_size" in kwargs or not _rejects_argument(exc, "img_size"):
+                raise
+            # the module mentions img_size but this model's class takes none (timm's hieradet_*): it is
+            # resolution-agnostic, so it is built as it is and runs at the input's size
     return _BUILDERS[builder](name, kwargs, num_classes)
+
+
+def _rejects_argument(exc: TypeError, argument: str) -> bool:
+    """Whether ``exc`` is Python's "got an unexpected keyword argument '<argument>'"."""
+    return f"unexpected keyword argument '{argument}'" in str(exc)
 
 
 def _with_image_size(builder: str, name: str, kwargs: dict[str, Any], side: int) -> dict[str, Any]:

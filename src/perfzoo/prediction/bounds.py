@@ -126,11 +126,11 @@ def bound_predictions(tp: dict[str, Any], X: pd.DataFrame, check: RangeCheck) ->
             lo, hi = lo / factor, hi * factor
             method = f"{method}; widened x{factor:.3g} outside the profiled range ({check.text()})"
         if floor is not None:
-            point, lo, hi = (np.fmax(a, floor) for a in (point, lo, hi))
+            point, lo, hi = (_kept_missing(a, np.fmax(a, floor)) for a in (point, lo, hi))
             method = _floored(method, floor, value[0])
         if target == "throughput":
             ceiling = batch * 1000 / floors["latency_ms"]
-            point, lo, hi = (np.fmin(a, ceiling) for a in (point, lo, hi))
+            point, lo, hi = (_kept_missing(a, np.fmin(a, ceiling)) for a in (point, lo, hi))
         if check.out_of_range:
             lo = (
                 np.where(np.isfinite(floor), floor, np.nan)
@@ -156,8 +156,14 @@ def _capped_at_device_memory(
         method = (
             f"{method}; above the device's {gib:.3g} GiB of memory: the step would not fit (out of memory)"
         )
-    lo, hi = np.fmin(lo, ceiling), np.fmin(hi, ceiling)
+    lo, hi = _kept_missing(lo, np.fmin(lo, ceiling)), _kept_missing(hi, np.fmin(hi, ceiling))
     return point, lo, hi, method
+
+
+def _kept_missing(value: np.ndarray, bounded: np.ndarray) -> np.ndarray:
+    """``bounded`` where ``value`` is known; a missing value (an interval without calibration) stays
+    missing instead of becoming the bound."""
+    return np.where(np.isnan(value), np.nan, bounded)
 
 
 def _floored(method: Any, floor: np.ndarray, raw: Any) -> Any:

@@ -1,5 +1,5 @@
 """The fitted predictors a prediction uses: for each target, the file with the best held-out score, its
-fold models, and the held-out ratios its interval is estimated from.
+fold models, and the held-out residuals its interval is calibrated on.
 
 Choice of predictor. For each target, the row of ``results/evaluate/metrics.parquet`` with the lowest
 MAPE on the ``random`` split (else on any split) whose ``results/fit/{target}/{regressor}/{split}
@@ -7,21 +7,32 @@ MAPE on the ``random`` split (else on any split) whose ``results/fit/{target}/{r
 ``leave_one_family_out`` split instead (the score of predicting families held out of training), with
 that split's fitted models and residuals. The prediction is the mean of that file's fold models.
 
-Intervals (nominal 90 %). Tree ensembles: 5th-95th percentile of the member (tree) predictions of all
-folds. Regressors with their own calibrated intervals (``device_transfer``): those (mean over folds).
-Other regressors: the 5th-95th percentile ratios r = y_pred / y_true on the held-out test rows of
-the predictor's split, applied as [p / r95, p / r05]. Intervals always contain the point prediction.
+Intervals (nominal 90 %). Regressors with their own calibrated intervals (``device_transfer``): those
+(mean over folds). Every other regressor: ``p × exp(±q)``, ``q`` the conformal quantile
+(:func:`perfzoo.evaluate.calibrate`) of ``|log(y / y_pred)|`` over all held-out rows of the predictor's
+split, the function whose per-fold (cross-conformal) intervals give the ``coverage90`` of
+``results/evaluate/metrics.parquet``; the method text quotes that measured coverage. Intervals always
+contain the point prediction; :mod:`perfzoo.prediction.bounds` widens them outside the profiled range.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from perfzoo.evaluate import (
+    COVERAGE_BAND,
+    INTERVAL_LEVEL,
+    Calibration,
+    calibrate,
+    log_residuals,
+    outside_coverage_band,
+)
 from perfzoo.io import InputError, read_parquet
 
 TARGETS = (
@@ -33,9 +44,6 @@ TARGETS = (
     "energy_per_sample_j",
     "edp",
 )
-
-
-QUANTILES = (0.05, 0.95)
 
 
 PREFERRED_SPLIT = "random"
@@ -51,9 +59,28 @@ RUN_WORKFLOW = (
 )
 
 
+@dataclass(frozen=True)
+class MeasuredCoverage:
+    """The coverage of a predictor's intervals measured in the evaluate stage (``coverage90`` of the metrics
+    table) on ``n`` held-out test rows; NaN with ``reason`` when not measured."""
+
+    coverage: float = math.nan
+    n: int = 0
+    reason: str = "not in the metrics table"
+
+    def text(self, split: str) -> str:
+        if not math.isfinite(self.coverage):
+            return f"coverage on split {split} not measured ({self.reason})"
+        low, high = COVERAGE_BAND
+        verdict = (f", outside the {low:.0%}–{high:.0%} band of a calibrated 90 % interval"
+                   if outside_coverage_band(self.coverage) else "")
+        return (f"measured coverage {self.coverage:.0%} of {self.n} held-out test rows of split {split}"
+                f"{verdict}")
+
+
 @dataclass
 class Predictor:
-    """The fitted models of one (target, regressor, split) file, with the data for its intervals."""
+    """The fitted models of one (target, regressor, split) file, with the calibration of its intervals."""
 
     target: str
     regressor: str
@@ -63,41 +90,53 @@ class Predictor:
     meta: dict[str, Any]
     mape: float | None
     n_scored: int | None
-    ratios: np.ndarray | None
-    ratio_set: str
+    calibration: Calibration | None = None
+    coverage: MeasuredCoverage = field(default_factory=MeasuredCoverage)
 
     @property
     def feature_names(self) -> list[str]:
         return sorted({c for m in self.folds.values() for c in getattr(m, "feature_names_", [])})
 
     @property
-    def is_ensemble(self) -> bool:
-        return all(hasattr(m, "predict_members") for m in self.folds.values())
+    def has_own_intervals(self) -> bool:
+        return bool(self.folds) and all(hasattr(m, "predict_interval") for m in self.folds.values())
+
+    @property
+    def interval_source(self) -> str:
+        """How the intervals are made, in a few words (the prediction's provenance record)."""
+        if self.has_own_intervals:
+            return "the regressor's own conformal intervals"
+        return f"conformal, held-out residuals of split {self.split}"
+
+    @property
+    def calibrated(self) -> Calibration:
+        return self.calibration or Calibration(math.nan, 0, "no held-out predictions")
+
+    def interval_text(self) -> str:
+        """The interval method as printed: calibration, its rows, and the coverage measured on them."""
+        cal = self.calibrated
+        if not math.isfinite(cal.q):
+            return f"no interval: {cal.reason} on split {self.split}"
+        return (f"conformal {INTERVAL_LEVEL * 100:.0f} % interval: point ×/÷ {math.exp(cal.q):.3g}, the "
+                f"conformal quantile of |log(measured/predicted)| over {cal.n} held-out rows of split "
+                f"{self.split}; {self.coverage.text(self.split)}")
 
     def predict(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
         """(point, lo, hi, interval method): mean of the fold predictions and its nominal 90 % interval."""
         point = np.mean([np.asarray(m.predict(X), float) for m in self.folds.values()], axis=0)
-        if self.is_ensemble:
-            members = np.concatenate([np.asarray(m.predict_members(X), float) for m in self.folds.values()])
-            lo, hi = np.quantile(members, QUANTILES, axis=0)
-            method = f"5th-95th percentile of {members.shape[0]} tree predictions"
-        elif all(hasattr(m, "predict_interval") for m in self.folds.values()):
+        if self.has_own_intervals:
             bounds = [m.predict_interval(X) for m in self.folds.values()]
             lo, hi = (np.mean([np.asarray(b[i], float) for b in bounds], axis=0) for i in (0, 1))
-            method = "conformal 90 % interval (leave-one-device-out calibration residuals), mean over folds"
-        elif self.ratios is not None and len(self.ratios):
-            r05, r95 = np.quantile(self.ratios, QUANTILES)
-            lo, hi = point / r95, point / r05
             method = (
-                f"5th-95th percentile of y_pred/y_true on {len(self.ratios)} held-out {self.ratio_set} "
-                f"rows of split {self.split}"
+                "conformal 90 % interval (leave-one-device-out calibration residuals), mean over folds; "
+                + self.coverage.text(self.split)
             )
-        else:
-            lo = hi = np.full_like(point, np.nan)
-            method = "no held-out rows to estimate an interval"
+        else:  # NaN, with the reason in the text, when there were too few residuals to calibrate on
+            lo, hi = self.calibrated.interval(point)
+            method = self.interval_text()
         notes = [n for m in self.folds.values() if hasattr(m, "prediction_notes") for n in m.prediction_notes(X)]
         method = "; ".join([method, *dict.fromkeys(notes)])  # e.g. composed: unseen operator kinds, its fallback
-        return point, np.fmin(lo, point), np.fmax(hi, point), method
+        return point, np.minimum(lo, point), np.maximum(hi, point), method  # a missing interval stays NaN
 
 
 def require_outputs(results: Path) -> None:
@@ -173,8 +212,11 @@ def load_predictors(
         if not folds:
             missing[target] = f"{path} holds no fitted fold ({meta.get('config', {}).get('notes', '')})"
             continue
-        ratios, ratio_set = _held_out_ratios(path.with_name(f"{split}.predictions.parquet"))
-        found[target] = Predictor(target, regressor, split, path, folds, meta, score, n, ratios, ratio_set)
+        calibration = held_out_calibration(path.with_name(f"{split}.predictions.parquet"))
+        coverage = measured_coverage(metrics, target, regressor, split)
+        found[target] = Predictor(
+            target, regressor, split, path, folds, meta, score, n, calibration, coverage
+        )
     return found, missing
 
 
@@ -193,15 +235,28 @@ def _no_predictor_reason(results: Path, data: pd.DataFrame, target: str) -> str:
     return f"no fitted predictor under {results / 'fit' / target}/; {RUN_WORKFLOW}"
 
 
-def _held_out_ratios(path: Path) -> tuple[np.ndarray | None, str]:
-    """y_pred / y_true of the test rows (else validation rows) of a fit's held-out predictions."""
+def held_out_calibration(path: Path) -> Calibration:
+    """The conformal half-width over all held-out rows (validation and test, every fold) of a fit's
+    predictions file."""
     if not path.is_file():
-        return None, ""
-    held = pd.read_parquet(path, columns=["set", "y_true", "y_pred"])
-    for which in ("test", "val"):
-        rows = held[held["set"] == which]
-        y, p = rows["y_true"].to_numpy(float), rows["y_pred"].to_numpy(float)
-        ok = np.isfinite(y) & np.isfinite(p) & (y > 0) & (p > 0)
-        if ok.any():
-            return p[ok] / y[ok], which
-    return None, ""
+        return Calibration(math.nan, 0, f"no held-out predictions file {path.name}")
+    held = pd.read_parquet(path, columns=["y_true", "y_pred"])
+    return calibrate(log_residuals(held["y_true"], held["y_pred"]))
+
+
+def measured_coverage(metrics: pd.DataFrame, target: str, regressor: str, split: str) -> MeasuredCoverage:
+    """``coverage90`` of the (target, regressor, split) row of the metrics table, with its row count or the
+    reason it is missing."""
+    if "coverage90" not in metrics.columns:
+        return MeasuredCoverage(reason="the metrics table has no coverage90 column")
+    rows = metrics[
+        (metrics["target"] == target) & (metrics["regressor"] == regressor) & (metrics["split"] == split)
+    ]
+    if rows.empty:
+        return MeasuredCoverage(reason="no row in the metrics table")
+    row = rows.iloc[0]
+    coverage = pd.to_numeric(row.get("coverage90"), errors="coerce")
+    n = pd.to_numeric(row.get("n_interval"), errors="coerce")
+    reason = str(row.get("interval_missing") or "no held-out row has an interval")
+    n_rows = 0 if pd.isna(n) else int(n)
+    return MeasuredCoverage(float(coverage), n_rows, "" if pd.notna(coverage) else reason)

@@ -67,7 +67,7 @@ def _predictor_record(
         "folds": sorted(p.folds),
         "validation_mape": p.mape,
         "validation_n": p.n_scored,
-        "interval": "tree members" if p.is_ensemble else "held-out residual ratios",
+        "interval": p.interval_source,
         "fitted_on": fitted_on,
         "dataset_sha256": dataset_sha,
         "code_version": p.meta.get("code_version"),

@@ -18,6 +18,7 @@ from typing import Any
 import jinja2
 import pandas as pd
 
+from perfzoo.evaluate import COVERAGE_BAND, outside_coverage_band
 from perfzoo.plotting import quantity_label
 from perfzoo.report.registry import CATEGORY_ORDER, REPORT_OUTPUTS, ReportOutput
 
@@ -147,11 +148,21 @@ def _baseline_text(metrics: pd.DataFrame, row: pd.Series) -> str:
 
 
 def _coverage_text(metrics: pd.DataFrame, row: pd.Series) -> str:
+    """The measured coverage of the row's 90 % intervals, on how many held-out rows, and whether it lies
+    outside the band of a calibrated interval; the reason when it was not measured."""
     column = next((c for c in COVERAGE_COLUMNS if c in metrics), None)
     if column is None or pd.isna(row.get(column)):
-        return "interval coverage " + NOT_COMPUTED
-    value = float(row[column]) * (100 if float(row[column]) <= 1 else 1)
-    return f"{fmt(value, '%')} of held-out values inside the interval"
+        reason = row.get("interval_missing")
+        why = f" ({reason})" if isinstance(reason, str) and reason else ""
+        return f"interval coverage {NOT_COMPUTED}{why}"
+    share = float(row[column]) / (1 if float(row[column]) <= 1 else 100)
+    n = pd.to_numeric(row.get("n_interval"), errors="coerce")
+    rows = f" of {int(n)}" if pd.notna(n) else ""
+    text = f"{fmt(share * 100, '%')}{rows} held-out values inside the 90 % interval"
+    if outside_coverage_band(share):
+        low, high = COVERAGE_BAND
+        text += f", outside the {low:.0%}–{high:.0%} band of a calibrated interval"
+    return text
 
 
 def trust_lines(metrics: pd.DataFrame) -> list[str]:

@@ -1,0 +1,91 @@
+"""Benchmark helper: perfzoo's operator-trace features of every timm workload in timm's AMP inference files.
+
+For each (model, image size) of the ``*benchmark-infer-amp-*.csv`` files (read by
+``bench/device_transfer.py``'s ``load``), the inference step is traced on the meta device at batch 1 and
+batch 2 in float16 (``perfzoo.features.ops.traced_op_features``: per operator kind, FLOPs, bytes read
+and written, calls). Every traced quantity is linear in the batch size for these models' inference
+steps (weights are read once per step, activations scale), so the two probes give each quantity at any
+batch exactly: ``q(B) = q(1) + (q(2) - q(1)) (B - 1)``; ``bench/timm_family.py --op-features`` uses that.
+
+A model that cannot be built or traced keeps its row with the one-line reason in ``op_trace_error`` and
+NaN features (never zeros). Results are appended to ``--out`` (parquet) every ``--save-every`` workloads,
+so an interrupted run resumes where it stopped.
+
+Usage: ``PYTHONPATH=src python bench/timm_ops.py [DIR] --out bench/timm_ops.parquet [--limit N]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURES
+from perfzoo.features.ops import traced_op_features
+from perfzoo.io import one_line, write_parquet
+from perfzoo.models.builders import build_model
+
+sys.path.insert(0, str(Path(__file__).parent))
+from device_transfer import load  # noqa: E402  (the bench scripts share the CSV reader)
+
+PROBE_BATCHES = (1, 2)
+
+
+def workloads(directory: Path) -> list[tuple[str, int]]:
+    """Unique (timm model name, image size) pairs of the inference files, in a stable order."""
+    ids = sorted(load(directory)["model_id"].unique())
+    return [(name, int(size)) for name, size in (i.rsplit("@", 1) for i in ids)]
+
+
+def trace(name: str, size: int, batch: int, registry: dict) -> dict:
+    """Operator-trace aggregates of one inference step, or NaN features with the reason."""
+    def build():
+        with torch.device("meta"):
+            return build_model("timm", name, {}, 1000, (3, size, size)).half()
+
+    try:
+        x = torch.empty(batch, 3, size, size, device="meta", dtype=torch.half)
+        features, _ = traced_op_features(build, x, "inference", registry, f"{name}@{size}")
+    except Exception as exc:  # the builder's own error, named with the model
+        features = {**dict.fromkeys(OP_FEATURES, float("nan")), OP_ERROR_COLUMN: f"build failed: {one_line(exc)}"}
+    return {"model_id": f"{name}@{size}", "batch": batch, **features}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directory", nargs="?", default="../shared/data/timm-benchmark", type=Path)
+    parser.add_argument("--out", type=Path, default=Path("bench/timm_ops.parquet"))
+    parser.add_argument("--limit", type=int, default=None, help="only the first N workloads")
+    parser.add_argument("--save-every", type=int, default=25)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    todo = workloads(args.directory)[: args.limit]
+    done = pd.read_parquet(args.out) if args.out.exists() else pd.DataFrame(columns=["model_id", "batch"])
+    seen = set(done["model_id"])
+    rows: list[dict] = []
+    registry = FlopCounterMode().flop_registry
+    start, cpu0 = time.perf_counter(), time.process_time()
+    pending = [(n, s) for n, s in todo if f"{n}@{s}" not in seen]
+    print(f"{len(todo)} workloads, {len(todo) - len(pending)} already traced, {len(pending)} to trace", flush=True)
+    for i, (name, size) in enumerate(pending, 1):
+        rows += [trace(name, size, b, registry) for b in PROBE_BATCHES]
+        if i % args.save_every == 0 or i == len(pending):
+            done = pd.concat([done, pd.DataFrame(rows)], ignore_index=True)
+            rows = []
+            write_parquet(args.out, done)
+            print(f"{i}/{len(pending)} traced, {time.perf_counter() - start:.0f} s wall, "
+                  f"{time.process_time() - cpu0:.0f} s CPU", flush=True)
+    failed = done[done[OP_ERROR_COLUMN].fillna("") != ""].drop_duplicates("model_id")
+    print(f"{done['model_id'].nunique()} workloads, {len(failed)} not traced:")
+    for _, row in failed.iterrows():
+        print(f"  {row['model_id']}: {row[OP_ERROR_COLUMN]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
