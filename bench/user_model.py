@@ -187,8 +187,9 @@ def with_errors(table: pd.DataFrame) -> pd.DataFrame:
         meas = table[f"meas_{target}"]
         table[f"err_{target}_pct"] = 100 * (table[f"pred_{target}"] - meas) / meas
         table[f"baseline_err_{target}_pct"] = 100 * (table[f"baseline_{target}"] - meas) / meas
-        hi = pd.to_numeric(table[f"pred_{target}_hi"]).fillna(np.inf)  # no upper end: out of range, unbounded
-        table[f"in_interval_{target}"] = (table[f"pred_{target}_lo"] <= meas) & (meas <= hi)
+        lo = pd.to_numeric(table[f"pred_{target}_lo"])  # missing: no interval
+        hi = pd.to_numeric(table[f"pred_{target}_hi"]).where(lo.isna(), lambda h: h.fillna(np.inf))  # unbounded
+        table[f"in_interval_{target}"] = (lo <= meas) & (meas <= hi)
     return table
 
 
@@ -198,6 +199,8 @@ def markdown(table: pd.DataFrame) -> str:
         value, lo, hi = (pd.to_numeric(row[f"pred_{target}{end}"]) for end in ("", "_lo", "_hi"))
         if not np.isfinite(value):
             return "missing"
+        if not np.isfinite(lo):
+            return f"{value:.1f} (no interval)"
         return f"{value:.1f} [{lo:.1f}, {f'{hi:.1f}' if np.isfinite(hi) else 'unbounded'}]"
 
     def error(value: float, mark: str) -> str:
