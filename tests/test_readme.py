@@ -31,6 +31,8 @@ NOT_RUN = {
     ".venv/bin/snakemake --cores all": "the default run (~10 min); its tiny equivalent runs in the fixture",
     "source .venv/bin/activate": "emulated: the interpreter's bin/ is put first on PATH",
     "snakemake --profile slurm": "needs a SLURM cluster (tests/test_slurm.py)",
+    "python bench/user_model.py": "measures a model with the profiler (minutes; tests/test_user_model.py "
+    "runs its prediction)",
 }
 OUT_OF_RANGE = re.compile(
     r"outside the profiled range|beyond the largest profiled batch|below the smallest profiled batch"

@@ -125,6 +125,7 @@ _KIND_NAMES: dict[str, frozenset[str]] = {
         "as_strided", "unfold", "flatten", "view_as", "lift_fresh", "empty", "empty_like", "empty_strided",
         "new_empty", "new_empty_strided", "_reshape_alias", "diagonal", "movedim", "expand_as", "real",
         "_unsafe_view_copy", "set_", "resize_", "_has_compatible_shallow_copy_type", "is_same_size",
+        "unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk",  # views without autograd's tracking (RNNs)
     }),
 }
 # Operators that query metadata only and return no tensor: not recorded.
@@ -158,7 +159,7 @@ def op_kind(func: torch._ops.OpOverload, args: tuple = ()) -> str:
     for kind, names in _KIND_NAMES.items():
         if name in names:
             return kind.replace("conv", "conv_grouped", 1) if _is_grouped(name, args) else kind
-    if getattr(func, "is_view", False):
+    if getattr(func, "is_view", False) or torch.Tag.inplace_view in getattr(func, "tags", ()):  # transpose_
         return FREE_KIND
     if torch.Tag.pointwise in getattr(func, "tags", ()):
         return "elementwise"
