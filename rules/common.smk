@@ -199,14 +199,22 @@ def layer_timing_files():
     return expand("results/layers/{device}.parquet", device=CPU_DEVICES)
 
 
+OP_TIMES = "results/features/op_times.parquet"
+
+
 def layer_inputs(wildcards):
-    """Per-layer timings and complexities, needed only by the per-layer (Gianniti) regressor."""
+    """Per-layer timings and complexities, needed only by the per-layer (Gianniti) regressor; measured
+    per-kind operator times, needed only by composed_optime."""
+    if wildcards.regressor == "composed_optime":
+        return [OP_TIMES]
     if wildcards.regressor != "gianniti_layer":
         return []
     return ["results/features/layers.parquet", *layer_timing_files()]
 
 
 def regressor_params(wildcards):
+    if wildcards.regressor == "composed_optime":
+        return {"op_times_path": OP_TIMES}
     if wildcards.regressor != "gianniti_layer":
         return {}
     return {"layers_path": "results/features/layers.parquet", "timings_path": layer_timing_files()}

@@ -213,3 +213,39 @@ def test_coverage_names_the_held_out_familys_kinds_unseen_in_training() -> None:
     assert coverage.loc["B", "unseen_kinds"] == "matmul 0.500" and coverage.loc["B", "configs"] == 1
     assert coverage.loc["B", "configs_without_op_times"] == 1  # the config that ran out of memory
     assert coverage.loc["A", "unseen_kinds"] == "norm 0.200"
+
+
+def test_composed_on_op_times_reads_the_op_times_table_the_fit_rule_gives_it(tmp_path: Path) -> None:
+    from perfzoo.features.op_kinds import OP_FEATURES
+    from perfzoo.features.op_times import KIND_TIME_COLUMNS
+    from perfzoo.fitting import fit_split
+    from perfzoo.regressors.base import regressor_from_document
+
+    rng = np.random.default_rng(1)
+    n = 30
+    data = pd.DataFrame(0.0, index=range(n), columns=list(OP_FEATURES))
+    data["op_matmul_flops"], data["op_matmul_count"] = rng.uniform(1e8, 1e10, n), rng.integers(1, 50, n)
+    matmul_ms = 2e-9 * data["op_matmul_flops"]
+    data = data.assign(row_id=[f"r{i}" for i in range(n)], model_id=[f"m{i}" for i in range(n)], device="cpu",
+                       mode="inference", batch=rng.integers(1, 64, n), family="f", label="x", is_training=0.0,
+                       flops=data["op_matmul_flops"], params=1.0, latency_ms=1.5 * matmul_ms + 0.25)
+    times = pd.DataFrame({"device": "cpu", "config_id": data["row_id"], "model_id": data["model_id"],
+                          "mode": "inference", "batch": data["batch"], "power_limit_w": math.nan, "kind": "matmul",
+                          "time_ms": matmul_ms, "calls": 1.0, "step_ms": 1.0, "ops_ms": 1.0, "n_steps": 2.0,
+                          "status": "ok", "message": ""})[list(KIND_TIME_COLUMNS)]
+    times = times[times["model_id"] != "m0"]  # a config without per-op times: left out of the per-kind fit
+    path = tmp_path / "op_times.parquet"
+    times.to_parquet(path)
+    split = pd.DataFrame({"split": "random", "fold": 0, "row_id": data["row_id"],
+                          "set": ["test" if i < 6 else "train" for i in range(n)]})
+    predictions, models, _ = fit_split(data, split, "latency_ms", "composed_optime",
+                                       {"op_times_path": str(path), "weighting": "none"})
+    np.testing.assert_allclose(predictions["y_pred"], predictions["y_true"], rtol=1e-6)
+    coef = models["0"].coefficients("cpu")
+    assert coef["op_matmul_flops"] == pytest.approx(1.5 * 2e-9, rel=1e-6)
+    stored = regressor_from_document(models["0"].to_document(), "test")
+    assert stored.op_times_path == str(path)
+    empty = tmp_path / "empty.parquet"
+    times.iloc[:0].to_parquet(empty)
+    _, none_fitted, notes = fit_split(data, split, "latency_ms", "composed_optime", {"op_times_path": str(empty)})
+    assert not none_fitted and "no measured per-op times" in notes["skipped_folds"]["0"]

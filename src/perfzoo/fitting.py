@@ -24,11 +24,11 @@ FEATURE_SETS = ("all", "model")
 # Regressors that also see the operator aggregates (op_<kind>_*). The others keep the end-to-end features: with
 # the aggregates, poly_lasso fitted about 4x slower, and bench/RESULTS.md ("Composed operator-level predictor")
 # has the accuracy of linear, extra_trees and xgboost with and without them.
-OPERATOR_FEATURE_REGRESSORS = frozenset({"composed"})
+OPERATOR_FEATURE_REGRESSORS = frozenset({"composed", "composed_optime"})
 # Methods that model one quantity only: execution time (roofline bound, sum of per-layer times, sum over the
 # operator trace) or peak memory (the simulated live tensor bytes of the step).
 ONLY_TARGETS = {"roofline": ("latency_ms",), "gianniti_layer": ("latency_ms",), "composed": ("latency_ms",),
-                "memory_sim": ("peak_mem_mb",)}
+                "composed_optime": ("latency_ms",), "memory_sim": ("peak_mem_mb",)}
 WHAT_IT_MODELS = {"latency_ms": "execution time", "peak_mem_mb": "peak memory"}
 
 

@@ -60,7 +60,8 @@ from perfzoo.features.op_kinds import (
     OP_STATS,
     OP_TIME_PREFIX,
 )
-from perfzoo.io import InputError
+from perfzoo.features.op_times import kind_time_labels
+from perfzoo.io import InputError, read_parquet
 from perfzoo.regressors.base import (
     REGISTRY,
     Regressor,
@@ -256,10 +257,18 @@ class ComposedRegressor(Regressor):
 
 
 COSTED_TIME_LABELS = tuple(f"{OP_TIME_PREFIX}{kind}_ms" for kind in COSTED_KINDS)
+TIME_LABEL_KEY = ("device", "model_id", "mode", "batch")
+
+
+def _label_key(frame: pd.DataFrame) -> pd.MultiIndex:
+    """(device, model_id, mode, batch) of each row, with one dtype per level whatever the table's."""
+    return pd.MultiIndex.from_arrays([frame[c].astype(float) if c == "batch" else frame[c].astype(str)
+                                      for c in TIME_LABEL_KEY])
 """Measured time of each costed kind in one step (:func:`perfzoo.features.op_times.kind_time_labels`):
 auxiliary labels that :class:`ComposedOpTimeRegressor` fits its per-kind models on, never features."""
 
 
+@register_regressor
 class ComposedOpTimeRegressor(ComposedRegressor):
     """The composed predictor with each kind's cost fitted on *measured* operator times.
 
@@ -274,8 +283,27 @@ class ComposedOpTimeRegressor(ComposedRegressor):
 
     kind = "composed_optime"
 
+    def __init__(self, group_col: str | None = "device", weighting: str = "relative", fallback: str = "linear",
+                 log_target: bool = False, op_times_path: str | None = None) -> None:
+        super().__init__(group_col, weighting, fallback, log_target)
+        self.op_times_path = op_times_path
+
+    def _with_time_labels(self, X: pd.DataFrame) -> pd.DataFrame:
+        """``X`` with the measured per-kind times of its configs joined from ``op_times_path`` (the
+        ``op_times`` rule's table), unless ``X`` carries them already; a config without per-op times gets
+        NaN (left out of the per-kind fits, never zero)."""
+        if self.op_times_path is None or all(c in X.columns for c in COSTED_TIME_LABELS):
+            return X
+        require_columns(X, list(TIME_LABEL_KEY), what="composed_optime")
+        labels = kind_time_labels(read_parquet(self.op_times_path))
+        if labels.empty:
+            raise InputError(f"composed_optime: {self.op_times_path} has no measured per-op times")
+        times = labels.set_axis(_label_key(labels))[list(COSTED_TIME_LABELS)]
+        times = times[~times.index.duplicated()].reindex(_label_key(X))
+        return X.assign(**{c: times[c].to_numpy(dtype=float) for c in COSTED_TIME_LABELS})
+
     def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> ComposedOpTimeRegressor:
-        X = check_frame(X)
+        X = self._with_time_labels(check_frame(X))
         require_columns(X, COSTED_TIME_LABELS, what="measured per-kind time (results/features/op_times.parquet)")
         # checks, the fallback and the end-to-end-only fit (replaced below), none of them seeing a label
         super().fit(X.drop(columns=[c for c in X.columns if str(c).startswith(OP_TIME_PREFIX)]), y)
