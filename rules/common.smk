@@ -202,6 +202,16 @@ def layer_timing_files():
 OP_TIMES = "results/features/op_times.parquet"
 
 
+def op_trace_files(wildcards=None):
+    return expand("results/traces/{device}/{shard}.ops.parquet", device=DEVICES, shard=SHARDS)
+
+
+def op_time_targets(wildcards=None):
+    """Outputs of the op_times rules for ``rule all`` (coverage only with leave_one_family_out)."""
+    coverage = ["results/evaluate/op_coverage.parquet"] if "leave_one_family_out" in SPLITS else []
+    return [OP_TIMES, *coverage]
+
+
 def layer_inputs(wildcards):
     """Per-layer timings and complexities, needed only by the per-layer (Gianniti) regressor; measured
     per-kind operator times, needed only by composed_optime."""

@@ -2,23 +2,13 @@
 # operator trace's kinds, and the share of each held-out family's step in kinds its training families ran.
 
 
-def op_trace_files(wildcards=None):
-    return expand("results/traces/{device}/{shard}.ops.parquet", device=DEVICES, shard=SHARDS)
-
-
-def op_time_targets(wildcards=None):
-    """Outputs of the op_times rules for ``rule all`` (coverage only with leave_one_family_out)."""
-    coverage = ["results/evaluate/op_coverage.parquet"] if "leave_one_family_out" in SPLITS else []
-    return ["results/features/op_times.parquet", *coverage]
-
-
 rule op_times:
     """Per (config, kind) measured operator time of one step: auxiliary labels, never features."""
     input:
         pkg("op_times.py"),
         ops=op_trace_files,
     output:
-        "results/features/op_times.parquet",
+        OP_TIMES,
     log:
         "logs/features/op_times.log",
     benchmark:
