@@ -59,3 +59,19 @@ def test_memory_above_the_device_capacity_says_it_would_not_fit() -> None:
     fits = {"peak_mem_mb": (np.array([500.0]), np.array([300.0]), np.array([800.0]), "random_forest")}
     point, lo, hi, method = bound_predictions(fits, X, RangeCheck())["peak_mem_mb"]
     assert (lo[0], hi[0]) == (300.0, 800.0) and "would not fit" not in method
+
+
+def test_a_model_calling_a_kind_more_often_than_any_profiled_config_is_outside_the_range() -> None:
+    """A recurrent net's many small matrix products: beyond the profiled calls per step of its mode."""
+    from perfzoo.prediction.bounds import range_check
+
+    data = pd.DataFrame({"mode": ["inference", "inference", "training"], "flops": [1e9, 4e9, 8e9],
+                         "params": [1e6, 2e6, 2e6], "batch": [1, 8, 8], "op_matmul_count": [10.0, 73.0, 300.0],
+                         "op_attention_count": [0.0, 0.0, 0.0]})
+    inside = {"flops": 2e9, "params": 1.5e6, "op_matmul_count": 73.0, "op_attention_count": 4.0}
+    assert range_check(inside, 4, "inference", data).reasons == []  # a kind no profiled config ran: not compared
+    beyond = range_check({**inside, "op_matmul_count": 257.0}, 4, "inference", data)
+    assert beyond.widened and beyond.decades == pytest.approx(np.log10(257 / 73))
+    assert beyond.reasons == ["matmul operators: 257 calls per step, profiled at most 73"]  # its own mode only
+    assert range_check({**inside, "flops": 8e9, "op_matmul_count": 257.0}, 4, "training", data).reasons == []
+    assert range_check({**inside, "op_matmul_count": 1e4}, 4, "inference", data).out_of_range

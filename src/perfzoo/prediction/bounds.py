@@ -12,7 +12,9 @@ bound what is said:
   capped there, and a point prediction above it says that the step would not fit (it would run out of
   memory) instead of quoting a number the device cannot hold.
 - **Training range**: the regressor's 90 % interval was calibrated on held-out rows inside the profiled
-  range of FLOPs, parameters and batch. Up to one decade beyond it the interval is widened by the
+  range of FLOPs, parameters and batch, and of operator calls per step of each kind (a model calling a kind
+  more often than any profiled config of its mode, e.g. a recurrent net's many small matrix products,
+  lies outside it; a kind no profiled config ran is named by ``composed`` itself). Up to one decade beyond it the interval is widened by the
   factor the model lies outside (both ends, the floor still holding); further out, or for a mode never
   profiled, the prediction is *out of range*: its interval is replaced by ``[physical floor,
   unbounded)`` and marked, and a recommendation resting on such a number says so in its reason.
@@ -31,11 +33,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfzoo.features.op_kinds import OP_FEATURE_KINDS
 from perfzoo.prediction.spec import ModelSpec
 
 MIB = float(1 << 20)
 RANGE_COLUMNS = ("flops", "params", "batch")
 WIDEN_UP_TO_DECADES = 1.0  # beyond this distance from the profiled range: out of range
+OP_CALL_COLUMNS = {name: kind for name, (kind, stat) in OP_FEATURE_KINDS.items() if stat == "count"}
 
 
 @dataclass
@@ -103,7 +107,26 @@ def range_check(feats: Mapping[str, Any], batch: int, mode: str, data: pd.DataFr
             check.reasons.append(f"{col} {v:.3g} outside the profiled [{lo:.3g}, {hi:.3g}]")
             ratio = v / hi if v > hi else (lo / v if v > 0 else math.inf)
             check.decades = max(check.decades, math.log10(ratio) if ratio > 0 else math.inf)
+    for reason, decades in operator_call_excess(feats, same_mode):
+        check.reasons.append(reason)
+        check.decades = max(check.decades, decades)
     return check
+
+
+def operator_call_excess(feats: Mapping[str, Any], profiled: pd.DataFrame) -> list[tuple[str, float]]:
+    """(reason, decades beyond) for each operator kind the model calls more often per step than any
+    profiled config of ``profiled``; kinds the model does not call, or no profiled config called, are
+    not compared."""
+    excess = []
+    for column, kind in OP_CALL_COLUMNS.items():
+        calls = _num(feats.get(column))
+        if column not in profiled.columns or not calls > 0:
+            continue
+        most = float(pd.to_numeric(profiled[column], errors="coerce").max())
+        if math.isfinite(most) and 0 < most < calls:
+            excess.append((f"{kind} operators: {calls:.0f} calls per step, profiled at most {most:.0f}",
+                           math.log10(calls / most)))
+    return excess
 
 
 def bound_predictions(tp: dict[str, Any], X: pd.DataFrame, check: RangeCheck) -> dict[str, Any]:
