@@ -56,7 +56,7 @@ import pandas as pd
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_flatten, tree_leaves
 
 from perfzoo.features.op_kinds import (
     FLOP_KINDS,
@@ -178,21 +178,50 @@ def _shapes(tensors: list[torch.Tensor]) -> str:
     return json.dumps([list(t.shape) for t in tensors])
 
 
-class _OpRecorder(TorchDispatchMode):
-    """Dispatch mode that runs every aten operator and records one row per call."""
+def _decomposable(func: torch._ops.OpOverload) -> bool:
+    """Whether ``func.decompose`` has a decomposition to run (a Python or CompositeImplicitAutograd kernel)."""
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    return key in func.py_kernels or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), key)
 
-    def __init__(self, model_id: str, flop_registry: dict[Any, Callable[..., int]]) -> None:
+
+def _metadata(out: Any) -> tuple:
+    """What later operators and their records see of an output: its structure and, per tensor, shape, strides,
+    offset and dtype."""
+    leaves, spec = tree_flatten(out)
+    return spec, [(tuple(v.shape), v.stride(), v.storage_offset(), v.dtype) if isinstance(v, torch.Tensor) else v
+                  for v in leaves]
+
+
+class OpRecorder(TorchDispatchMode):
+    """Dispatch mode that runs every aten operator and records one row per call (and the FLOPs of all)."""
+
+    def __init__(self, model_id: str, flop_registry: dict[Any, Callable[..., int]], record_rows: bool = True
+                 ) -> None:
         super().__init__()
         self.model_id = model_id
         self.flop_registry = flop_registry
+        self.record_rows = record_rows
         self.phase = "forward"
         self.rows: list[dict[str, Any]] = []
         self.last_op = ""
+        self.total_flops = 0
+        """FLOPs of every operator recorded so far (the running total FlopCounterMode keeps)."""
+        self.differs = ""
+        """Why operators run by :meth:`run` with ``keep_kernel`` were recorded differently from this mode alone
+        (empty when they were not)."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
+        return self.run(func, args, kwargs or {})
+
+    def run(self, func: Any, args: tuple, kwargs: dict, keep_kernel: bool = False) -> Any:
+        """Run and record one operator as this mode does; with ``keep_kernel`` (the operator is also seen by an
+        outer mode, such as the memory simulation's) a decomposed operator returns its own kernel's output,
+        not the decomposition's, and :attr:`differs` says when the two outputs' metadata differ or when
+        ``FlopCounterMode`` would have counted the operator differently."""
         name = func._overloadpacket.__name__
         untraced = name in _METADATA_OPS or func.namespace == "profiler"
+        if isinstance(func, torch._ops.HigherOrderOperator) and keep_kernel:
+            self.differs = f"{func} is a higher-order operator"
         if untraced or isinstance(func, torch._ops.HigherOrderOperator):
             return func(*args, **kwargs)
         if name in _DATA_DEPENDENT_OPS:
@@ -204,7 +233,9 @@ class _OpRecorder(TorchDispatchMode):
             with self:
                 out = func.decompose(*args, **kwargs)
             if out is not NotImplemented:
-                return out
+                return self._kernel_output(func, args, kwargs, out) if keep_kernel else out
+        elif keep_kernel and _decomposable(func):
+            self.differs = f"FlopCounterMode decomposes {func}, which has a FLOP formula"
         self.last_op = str(func)
         try:
             out = func(*args, **kwargs)
@@ -216,12 +247,23 @@ class _OpRecorder(TorchDispatchMode):
         self._record(func, args, kwargs, out)
         return out
 
+    def _kernel_output(self, func: Any, args: tuple, kwargs: dict, decomposed: Any) -> Any:
+        """The operator's own output, after its decomposition ran for the record; notes in :attr:`differs`
+        when the later operators would see other metadata than the decomposition's output gives them."""
+        out = func(*args, **kwargs)
+        if _metadata(out) != _metadata(decomposed):
+            self.differs = f"{func} and its decomposition give outputs of different shapes, strides or dtypes"
+        return out
+
     def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        formula = self.flop_registry.get(func._overloadpacket)
+        flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
+        self.total_flops += flops
+        if not self.record_rows:
+            return
         kind = op_kind(func, args)
         inputs, outputs = tensors_in((args, kwargs)), tensors_in(out)
         free = kind == FREE_KIND
-        formula = self.flop_registry.get(func._overloadpacket)
-        flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
         read, written = (0, 0) if free else (tensor_bytes(inputs), tensor_bytes(outputs))
         self.rows.append({
             "op": str(func), "kind": "optimizer" if self.phase == "optimizer" and not free else kind,
@@ -230,6 +272,10 @@ class _OpRecorder(TorchDispatchMode):
             "flops": flops, "bytes_read": read, "bytes_written": written,
         })  # fmt: skip
 
+    def table(self, mode: str, batch: int) -> pd.DataFrame:
+        """The per-operator table (:data:`OP_COLUMNS`) of the rows recorded so far."""
+        return _op_table(self.rows, self.model_id, mode, batch)
+
     @contextmanager
     def in_phase(self, phase: str) -> Iterator[None]:
         self.phase = phase
@@ -237,7 +283,7 @@ class _OpRecorder(TorchDispatchMode):
             yield
 
 
-def _targets(output: Any, model_id: str) -> torch.Tensor:
+def class_targets(output: Any, model_id: str) -> torch.Tensor:
     """Class targets (index 0) for the cross-entropy loss of the profiled training step: one per sample of the
     (batch, classes) or (batch, tokens, vocab) logits (:func:`perfzoo.profiling.core.step_loss`)."""
     logits = tensors_in(output)
@@ -251,7 +297,7 @@ def _targets(output: Any, model_id: str) -> torch.Tensor:
 
 
 def _training_step(
-    model: nn.Module, x: torch.Tensor, optimizer: str, recorder: _OpRecorder, model_id: str
+    model: nn.Module, x: torch.Tensor, optimizer: str, recorder: OpRecorder, model_id: str
 ) -> None:
     """forward + cross-entropy + backward + optimizer step, each phase under ``recorder``. The optimizer steps
     once untraced first, so the traced step is the steady state the profiler times (optimizer state exists)."""
@@ -259,7 +305,7 @@ def _training_step(
     opt.zero_grad(set_to_none=True)
     with recorder.in_phase("forward"):
         output = model(x)
-        loss = step_loss(nn.functional.cross_entropy, output, _targets(output, model_id))
+        loss = step_loss(nn.functional.cross_entropy, output, class_targets(output, model_id))
     with recorder.in_phase("backward"):
         loss.backward()
     opt.step()
@@ -276,7 +322,7 @@ def trace_step(model: nn.Module, x: torch.Tensor, mode: str, flop_registry: dict
     """
     if optimizer not in OPTIMIZERS:
         raise InputError(f"model {model_id}: unknown optimizer {optimizer!r} (expected one of {OPTIMIZERS})")
-    recorder = _OpRecorder(model_id, flop_registry)
+    recorder = OpRecorder(model_id, flop_registry)
     try:
         if mode == "inference":
             model.eval()
