@@ -87,6 +87,7 @@ from perfzoo.features.memory import (
 )
 from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURES
 from perfzoo.features.ops import (
+    MetaKernelCache,
     OpRecorder,
     class_targets,
     op_aggregates,
@@ -575,8 +576,10 @@ class _SharedSteps:
     def __init__(self, model: nn.Module, mode: str, batch: int, model_id: str) -> None:
         self.model, self.mode, self.batch, self.model_id = model, mode, batch, model_id
         registry = _flop_counter().flop_registry
+        self.kernels = MetaKernelCache()
         self.counter = OpRecorder(model_id, registry, record_rows=False)
         self.trace = OpRecorder(model_id, registry)
+        self.counter.kernel = self.trace.kernel = self.kernels
         self.layers = _Recorder({id(m): name for name, m in model.named_modules()}, self._counted)
         self.flops_fw: int | None = None
         self.flops: int | None = None
@@ -613,7 +616,7 @@ class _SharedSteps:
         def run(func: Any, args: tuple, kwargs: dict) -> Any:
             if self.flops is None:
                 return self.counter.run(func, args, kwargs, keep_kernel=True)
-            return func(*args, **kwargs)
+            return self.kernels(func, args, kwargs)
 
         handles = [*self.layers.attach(self.model), self.model.register_forward_hook(forward_done),
                    register_optimizer_step_pre_hook(optimizer_starts)]

@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -56,7 +57,7 @@ import pandas as pd
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_leaves
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from perfzoo.features.op_kinds import (
     FLOP_KINDS,
@@ -178,6 +179,10 @@ def _shapes(tensors: list[torch.Tensor]) -> str:
     return json.dumps([list(t.shape) for t in tensors])
 
 
+def _run_kernel(func: Any, args: tuple, kwargs: dict) -> Any:
+    return func(*args, **kwargs)
+
+
 def _decomposable(func: torch._ops.OpOverload) -> bool:
     """Whether ``func.decompose`` has a decomposition to run (a Python or CompositeImplicitAutograd kernel)."""
     key = torch._C.DispatchKey.CompositeImplicitAutograd
@@ -206,6 +211,8 @@ class OpRecorder(TorchDispatchMode):
         self.last_op = ""
         self.total_flops = 0
         """FLOPs of every operator recorded so far (the running total FlopCounterMode keeps)."""
+        self.kernel: Callable[[Any, tuple, dict], Any] = _run_kernel
+        """Runs an operator's kernel: plainly, or through a :class:`MetaKernelCache`."""
         self.differs = ""
         """Why operators run by :meth:`run` with ``keep_kernel`` were recorded differently from this mode alone
         (empty when they were not)."""
@@ -223,7 +230,7 @@ class OpRecorder(TorchDispatchMode):
         if isinstance(func, torch._ops.HigherOrderOperator) and keep_kernel:
             self.differs = f"{func} is a higher-order operator"
         if untraced or isinstance(func, torch._ops.HigherOrderOperator):
-            return func(*args, **kwargs)
+            return self.kernel(func, args, kwargs)
         if name in _DATA_DEPENDENT_OPS:
             raise OpTraceError(
                 f"model {self.model_id}: {func} depends on tensor values (data-dependent control flow, e.g. "
@@ -238,7 +245,7 @@ class OpRecorder(TorchDispatchMode):
             self.differs = f"FlopCounterMode decomposes {func}, which has a FLOP formula"
         self.last_op = str(func)
         try:
-            out = func(*args, **kwargs)
+            out = self.kernel(func, args, kwargs)
         except OpTraceError:
             raise
         except Exception as exc:  # noqa: BLE001 - any kernel failure names the operator
@@ -250,7 +257,7 @@ class OpRecorder(TorchDispatchMode):
     def _kernel_output(self, func: Any, args: tuple, kwargs: dict, decomposed: Any) -> Any:
         """The operator's own output, after its decomposition ran for the record; notes in :attr:`differs`
         when the later operators would see other metadata than the decomposition's output gives them."""
-        out = func(*args, **kwargs)
+        out = self.kernel(func, args, kwargs)
         if _metadata(out) != _metadata(decomposed):
             self.differs = f"{func} and its decomposition give outputs of different shapes, strides or dtypes"
         return out
@@ -281,6 +288,98 @@ class OpRecorder(TorchDispatchMode):
         self.phase = phase
         with self:
             yield
+
+
+class MetaKernelCache:
+    """Runs aten operators on meta tensors, answering a functional operator (no argument it aliases or
+    mutates, no random draw) seen before with the same argument metadata from its earlier output's metadata,
+    without running its meta kernel again (most are Python code, and the step's cost on the meta device).
+
+    A meta kernel's output is a function of its arguments' shapes, strides, offsets, dtypes and non-tensor
+    values; an output is only reused as new tensors of its shapes, strides and dtypes when those tensors are
+    indistinguishable from it (each output its own storage, of the size ``empty_strided`` gives, at offset 0).
+    """
+
+    def __init__(self) -> None:
+        self.outputs: dict[tuple, Any] = {}
+        self.functional: dict[Any, bool] = {}
+        self.hits = 0
+
+    def __call__(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        key = self._key(func, args, kwargs)
+        entry = self.outputs.get(key, _UNSEEN) if key is not None else None
+        if entry is _UNSEEN:
+            out = func(*args, **kwargs)
+            self.outputs[key] = _rebuildable(out, (args, kwargs))
+            return out
+        if entry is None:
+            return func(*args, **kwargs)
+        self.hits += 1
+        spec, leaves = entry
+        return tree_unflatten([torch.empty_strided(leaf.shape, leaf.stride, dtype=leaf.dtype, device="meta")
+                               if isinstance(leaf, _TensorMeta) else leaf for leaf in leaves], spec)
+
+    def _key(self, func: Any, args: tuple, kwargs: dict) -> tuple | None:
+        functional = self.functional.get(func)
+        if functional is None:
+            functional = self.functional[func] = _is_functional(func)
+        if not functional:
+            return None
+        leaves, spec = tree_flatten((args, kwargs))
+        key: list[Any] = [func, spec]
+        for leaf in leaves:
+            if isinstance(leaf, torch.Tensor):
+                if leaf.device.type != "meta":
+                    return None
+                key.append((tuple(leaf.shape), leaf.stride(), leaf.storage_offset(), leaf.dtype))
+            elif isinstance(leaf, (int, float, bool, str, torch.dtype, torch.device, torch.memory_format,
+                                   torch.layout)) or leaf is None:
+                key.append((type(leaf), leaf))
+            else:
+                return None
+        return tuple(key)
+
+
+_UNSEEN = object()
+
+
+@dataclass(frozen=True)
+class _TensorMeta:
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _is_functional(func: Any) -> bool:
+    if not isinstance(func, torch._ops.OpOverload) or func.namespace != "aten":
+        return False
+    schema = func._schema
+    return (not schema.is_mutable and torch.Tag.nondeterministic_seeded not in func.tags
+            and all(a.alias_info is None for a in (*schema.arguments, *schema.returns)))
+
+
+def _rebuildable(out: Any, inputs: Any) -> tuple | None:
+    """(tree spec, leaves with each tensor's :class:`_TensorMeta`) of an output that new tensors of its shapes,
+    strides and dtypes stand in for exactly (an output sharing storage with an input, as ``_unsafe_view``'s,
+    does not); else None."""
+    leaves, spec = tree_flatten(out)
+    storages = {t.untyped_storage()._cdata for t in tensors_in(inputs)}
+    described: list[Any] = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            storage = leaf.untyped_storage()
+            fresh = torch.empty_strided(leaf.shape, leaf.stride(), dtype=leaf.dtype, device="meta")
+            if (leaf.device.type != "meta" or type(leaf) is not torch.Tensor or leaf.storage_offset() != 0
+                    or storage.nbytes() != fresh.untyped_storage().nbytes() or storage._cdata in storages
+                    or leaf.is_conj() or leaf.is_neg()):
+                return None
+            storages.add(storage._cdata)
+            described.append(_TensorMeta(tuple(leaf.shape), leaf.stride(), leaf.dtype))
+        elif isinstance(leaf, (int, float, bool)) or leaf is None:
+            described.append(leaf)
+        else:
+            return None
+    return spec, described
 
 
 def class_targets(output: Any, model_id: str) -> torch.Tensor:
