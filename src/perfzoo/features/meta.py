@@ -81,6 +81,7 @@ from perfzoo.features.memory import (
     SIM_COLUMNS,
     Runner,
     SimulatedMemory,
+    StepRider,
     feature_row,
     simulate_peak_memory,
     simulated_memory_features,
@@ -90,7 +91,6 @@ from perfzoo.features.ops import (
     MetaKernelCache,
     OpRecorder,
     class_targets,
-    op_aggregates,
     tensor_bytes,
     tensors_in,
     traced_op_features,
@@ -666,10 +666,9 @@ def _two_steps(model: nn.Module, x: torch.Tensor, mode: str, optimizer: str, mod
         simulated = simulate_peak_memory(model, x, mode, optimizer, model_id, rider=shared)
     except InputError:
         return None
-    if shared.differs or shared.flops is None or shared.flops_fw is None:
+    if shared.differs or shared.counter.failure or shared.flops is None or shared.flops_fw is None:
         return None
-    table = shared.trace.table(mode, int(x.shape[0]))
-    op_features = {**op_aggregates(table), OP_ERROR_COLUMN: ""}
+    op_features, table = shared.trace.features(mode, int(x.shape[0]))
     memory = feature_row(lambda: simulated)
     return _Recorded(model, shared.layers, shared.flops, shared.flops_fw, shared.loss_values, op_features, table,
                      memory)
@@ -779,14 +778,25 @@ def simulated_memory(build: Callable[[], nn.Module], input_shape: tuple[int, ...
                      input_dtype: str = "float32", optimizer: str = "sgd", model_id: str = ""
                      ) -> SimulatedMemory:
     """The memory simulation alone (:func:`perfzoo.features.memory.simulate_peak_memory`) of a fresh meta
-    build."""
+    build, its operators' kernels run through a :class:`~perfzoo.features.ops.MetaKernelCache`."""
     with torch.device("meta"):
         try:
             model = _build_on_meta(build)
             x = _make_input(tuple(int(d) for d in input_shape), int(batch), input_dtype)
         except Exception as exc:  # noqa: BLE001 - any builder error becomes a one-line InputError
             raise InputError(f"model {model_id}: build failed: {one_line(exc)}") from None
-    return simulate_peak_memory(model, x, mode, optimizer, model_id)
+    return simulate_peak_memory(model, x, mode, optimizer, model_id, rider=_through_kernel_cache())
+
+
+def _through_kernel_cache() -> StepRider:
+    """A rider that runs the operators of both replayed steps through one :class:`MetaKernelCache`."""
+    kernels = MetaKernelCache()
+
+    @contextlib.contextmanager
+    def ride(index: int, untracked: Callable[[], contextlib.AbstractContextManager[None]]) -> Iterator[Runner]:
+        yield kernels
+
+    return ride
 
 
 def simulate_manifest(manifest: pd.DataFrame, num_classes: int, optimizer: str = "sgd") -> pd.DataFrame:

@@ -213,6 +213,9 @@ class OpRecorder(TorchDispatchMode):
         """FLOPs of every operator recorded so far (the running total FlopCounterMode keeps)."""
         self.kernel: Callable[[Any, tuple, dict], Any] = _run_kernel
         """Runs an operator's kernel: plainly, or through a :class:`MetaKernelCache`."""
+        self.failure: OpTraceError | None = None
+        """The operator :meth:`run` with ``keep_kernel`` could not follow (the trace stopped there and the
+        step ran on untraced)."""
         self.differs = ""
         """Why operators run by :meth:`run` with ``keep_kernel`` were recorded differently from this mode alone
         (empty when they were not)."""
@@ -225,6 +228,8 @@ class OpRecorder(TorchDispatchMode):
         outer mode, such as the memory simulation's) a decomposed operator returns its own kernel's output,
         not the decomposition's, and :attr:`differs` says when the two outputs' metadata differ or when
         ``FlopCounterMode`` would have counted the operator differently."""
+        if self.failure is not None:
+            return self.kernel(func, args, kwargs)
         name = func._overloadpacket.__name__
         untraced = name in _METADATA_OPS or func.namespace == "profiler"
         if isinstance(func, torch._ops.HigherOrderOperator) and keep_kernel:
@@ -232,10 +237,14 @@ class OpRecorder(TorchDispatchMode):
         if untraced or isinstance(func, torch._ops.HigherOrderOperator):
             return self.kernel(func, args, kwargs)
         if name in _DATA_DEPENDENT_OPS:
-            raise OpTraceError(
+            error = OpTraceError(
                 f"model {self.model_id}: {func} depends on tensor values (data-dependent control flow, e.g. "
                 "Tensor.item() or `if tensor:`); it cannot be traced on the meta device"
             )
+            if not keep_kernel:
+                raise error
+            self.failure = error  # an outer mode needs the step to go on (a CPU tensor's value can be read)
+            return self.kernel(func, args, kwargs)
         if func._overloadpacket not in self.flop_registry:  # as FlopCounterMode: count a decomposition's ops
             with self:
                 out = func.decompose(*args, **kwargs)
@@ -279,9 +288,13 @@ class OpRecorder(TorchDispatchMode):
             "flops": flops, "bytes_read": read, "bytes_written": written,
         })  # fmt: skip
 
-    def table(self, mode: str, batch: int) -> pd.DataFrame:
-        """The per-operator table (:data:`OP_COLUMNS`) of the rows recorded so far."""
-        return _op_table(self.rows, self.model_id, mode, batch)
+    def features(self, mode: str, batch: int) -> tuple[dict[str, Any], pd.DataFrame | None]:
+        """(``op_*`` aggregates and ``op_trace_error``, per-operator table) of the rows recorded, as
+        :func:`traced_op_features` gives them (missing, with the reason, after a :attr:`failure`)."""
+        if self.failure is not None:
+            return _untraced(self.failure), None
+        table = _op_table(self.rows, self.model_id, mode, batch)
+        return {**op_aggregates(table), OP_ERROR_COLUMN: ""}, table
 
     @contextmanager
     def in_phase(self, phase: str) -> Iterator[None]:
@@ -469,6 +482,10 @@ def op_aggregates(table: pd.DataFrame) -> dict[str, float]:
     return {name: float(totals[stat].get(kind, 0)) for name, (kind, stat) in OP_FEATURE_KINDS.items()}
 
 
+def _untraced(error: OpTraceError) -> dict[str, Any]:
+    return {**dict.fromkeys(OP_FEATURES, float("nan")), OP_ERROR_COLUMN: str(error)}
+
+
 def traced_op_features(build: Callable[[], nn.Module], x: torch.Tensor, mode: str,
                        flop_registry: dict[Any, Callable[..., int]], model_id: str = "", optimizer: str = "sgd",
                        ) -> tuple[dict[str, Any], pd.DataFrame | None]:
@@ -480,5 +497,6 @@ def traced_op_features(build: Callable[[], nn.Module], x: torch.Tensor, mode: st
     try:
         table = trace_step(build(), x, mode, flop_registry, model_id, optimizer)
     except OpTraceError as exc:
-        return {**dict.fromkeys(OP_FEATURES, float("nan")), OP_ERROR_COLUMN: str(exc)}, None
+        return _untraced(exc), None
     return {**op_aggregates(table), OP_ERROR_COLUMN: ""}, table
+
