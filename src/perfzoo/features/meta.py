@@ -72,7 +72,7 @@ from typing import Any
 import pandas as pd
 import torch
 from torch import nn
-from torch.nn.modules.module import register_module_forward_hook
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 from tqdm import tqdm
@@ -618,8 +618,16 @@ class _SharedSteps:
                 return self.counter.run(func, args, kwargs, keep_kernel=True)
             return self.kernels(func, args, kwargs)
 
+        def tracked_module(module: nn.Module, args: tuple, output: Any = None) -> None:
+            # FlopCounterMode's ModuleTracker hooks the gradient of every module's inputs and outputs; it fails
+            # on a tensor that needs a gradient but has no gradient function (a view made under no_grad)
+            tensors = tensors_in(args if output is None else output)
+            if self.flops is None and any(t.requires_grad and t.grad_fn is None for t in tensors):
+                self.counter.differs = f"a tensor of {type(module).__name__} needs grad but has no grad_fn"
+
         handles = [*self.layers.attach(self.model), self.model.register_forward_hook(forward_done),
-                   register_optimizer_step_pre_hook(optimizer_starts)]
+                   register_optimizer_step_pre_hook(optimizer_starts),
+                   register_module_forward_pre_hook(tracked_module), register_module_forward_hook(tracked_module)]
         try:
             yield run
         finally:
