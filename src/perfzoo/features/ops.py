@@ -213,6 +213,9 @@ class OpRecorder(TorchDispatchMode):
         """FLOPs of every operator recorded so far (the running total FlopCounterMode keeps)."""
         self.kernel: Callable[[Any, tuple, dict], Any] = _run_kernel
         """Runs an operator's kernel: plainly, or through a :class:`MetaKernelCache`."""
+        self.decompositions: dict[tuple, tuple[list[dict[str, Any]], int]] = {}
+        """Rows and FLOPs a decomposition recorded, by phase and argument metadata (:meth:`run` with
+        ``keep_kernel`` replays them instead of decomposing again)."""
         self.failure: OpTraceError | None = None
         """The operator :meth:`run` with ``keep_kernel`` could not follow (the trace stopped there and the
         step ran on untraced)."""
@@ -246,10 +249,22 @@ class OpRecorder(TorchDispatchMode):
             self.failure = error  # an outer mode needs the step to go on (a CPU tensor's value can be read)
             return self.kernel(func, args, kwargs)
         if func._overloadpacket not in self.flop_registry:  # as FlopCounterMode: count a decomposition's ops
+            key = _metadata_key(func, args, kwargs) if keep_kernel else None
+            recorded = self.decompositions.get((self.phase, key)) if key is not None else None
+            if recorded is not None:  # the same decomposition on the same metadata: the same records
+                self.rows.extend(dict(row) for row in recorded[0])
+                self.total_flops += recorded[1]
+                return self.kernel(func, args, kwargs)
+            rows, flops = len(self.rows), self.total_flops
             with self:
                 out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented and not keep_kernel:
+                return out
             if out is not NotImplemented:
-                return self._kernel_output(func, args, kwargs, out) if keep_kernel else out
+                out = self._kernel_output(func, args, kwargs, out)
+                if key is not None and not self.differs and self.failure is None:
+                    self.decompositions[(self.phase, key)] = (self.rows[rows:], self.total_flops - flops)
+                return out
         elif keep_kernel and _decomposable(func):
             self.differs = f"FlopCounterMode decomposes {func}, which has a FLOP formula"
         self.last_op = str(func)
@@ -336,21 +351,25 @@ class MetaKernelCache:
         functional = self.functional.get(func)
         if functional is None:
             functional = self.functional[func] = _is_functional(func)
-        if not functional:
-            return None
-        leaves, spec = tree_flatten((args, kwargs))
-        key: list[Any] = [func, spec]
-        for leaf in leaves:
-            if isinstance(leaf, torch.Tensor):
-                if leaf.device.type != "meta":
-                    return None
-                key.append((tuple(leaf.shape), leaf.stride(), leaf.storage_offset(), leaf.dtype))
-            elif isinstance(leaf, (int, float, bool, str, torch.dtype, torch.device, torch.memory_format,
-                                   torch.layout)) or leaf is None:
-                key.append((type(leaf), leaf))
-            else:
+        return _metadata_key(func, args, kwargs) if functional else None
+
+
+def _metadata_key(func: Any, args: tuple, kwargs: dict) -> tuple | None:
+    """What a meta kernel or a decomposition of ``func`` sees of its arguments: their structure, each meta
+    tensor's shape, strides, offset and dtype, and the other values; None when an argument is anything else."""
+    leaves, spec = tree_flatten((args, kwargs))
+    key: list[Any] = [func, spec]
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            if leaf.device.type != "meta":
                 return None
-        return tuple(key)
+            key.append((tuple(leaf.shape), leaf.stride(), leaf.storage_offset(), leaf.dtype))
+        elif isinstance(leaf, (int, float, bool, str, torch.dtype, torch.device, torch.memory_format,
+                               torch.layout)) or leaf is None:
+            key.append((type(leaf), leaf))
+        else:
+            return None
+    return tuple(key)
 
 
 _UNSEEN = object()
