@@ -155,9 +155,9 @@ def _run_plainly(func: Any, args: tuple, kwargs: dict) -> Any:
 def _dispatch_mode(tracker: _LiveBytes, run: Runner = _run_plainly) -> Any:
     """A ``TorchDispatchMode`` that registers every operator and every tensor it returns with ``tracker``;
     ``run`` runs the operator."""
-    import torch  # lazy: the column names are imported by stages that never run a model
     from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
+
+    from perfzoo.features.ops import tensors_in  # lazy: the column names are imported by stages without torch
 
     class Recording(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
@@ -165,9 +165,8 @@ def _dispatch_mode(tracker: _LiveBytes, run: Runner = _run_plainly) -> Any:
                 return run(func, args, kwargs or {})
             tracker.operators.add(str(func.overloadpacket))
             out = run(func, args, kwargs or {})
-            for leaf in tree_leaves(out):
-                if isinstance(leaf, torch.Tensor):
-                    tracker.add(leaf, tracker.phase)
+            for tensor in tensors_in(out):
+                tracker.add(tensor, tracker.phase)
             return out
 
     return Recording()

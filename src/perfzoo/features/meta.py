@@ -4,6 +4,21 @@
 forward + loss + backward step (training) under ``FlopCounterMode`` with hooks on every module,
 and returns a model-level feature dict plus a per-layer table.
 
+How the step is replayed
+------------------------
+The numbers are those of three separate passes over the step: ``FlopCounterMode`` with the module hooks
+(the model's first call), the operator trace of :mod:`perfzoo.features.ops` (its second call) and the memory
+simulation of :mod:`perfzoo.features.memory` (two steps). They are recorded in the memory simulation's two
+steps instead (:class:`_SharedSteps`): the FLOPs and layer rows in the first, the operator trace in the
+second, each operator's kernel run once for all of them (through a
+:class:`~perfzoo.features.ops.MetaKernelCache`, which answers an operator seen before on the same argument
+metadata without rerunning its meta kernel). The training FLOPs are then those of the profiled
+cross-entropy loss's backward rather than of the summed outputs': they differ only in the loss's own
+operators, which have no FLOP formula. Where the shared steps cannot stand in exactly (a step that fails,
+an operator decomposed into outputs of other metadata than its kernel's, a higher-order operator, a model
+``FlopCounterMode``'s module tracker fails on, more than one output tensor) the separate passes run
+(:func:`_separate_passes`), and give the features or the error they always gave.
+
 Definitions
 -----------
 layer

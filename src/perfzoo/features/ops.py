@@ -57,7 +57,7 @@ import pandas as pd
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_leaves
 
 from perfzoo.features.op_kinds import (
     FLOP_KINDS,
@@ -166,8 +166,29 @@ def op_kind(func: torch._ops.OpOverload, args: tuple = ()) -> str:
 
 
 def tensors_in(obj: Any) -> list[torch.Tensor]:
-    """The tensors among the leaves of ``obj`` (nested tuples, lists, dicts of them)."""
-    return [leaf for leaf in tree_leaves(obj) if isinstance(leaf, torch.Tensor)]
+    """The tensors among the leaves of ``obj`` (nested tuples, lists, dicts of them), in pytree order."""
+    found: list[torch.Tensor] = []
+    _collect_tensors(obj, found)
+    return found
+
+
+_PLAIN_LEAVES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
+
+
+def _collect_tensors(obj: Any, found: list[torch.Tensor]) -> None:
+    """Plain tuples, lists and dicts walked directly (an operator's arguments and outputs), anything else by
+    ``tree_leaves`` (registered containers such as named tuples); the order is ``tree_leaves``'s."""
+    kind = type(obj)
+    if isinstance(obj, torch.Tensor):
+        found.append(obj)
+    elif kind is tuple or kind is list:
+        for item in obj:
+            _collect_tensors(item, found)
+    elif kind is dict:
+        for item in obj.values():
+            _collect_tensors(item, found)
+    elif kind not in _PLAIN_LEAVES:
+        found.extend(leaf for leaf in tree_leaves(obj) if isinstance(leaf, torch.Tensor))
 
 
 def tensor_bytes(obj: Any) -> int:
@@ -213,6 +234,7 @@ class OpRecorder(TorchDispatchMode):
         """FLOPs of every operator recorded so far (the running total FlopCounterMode keeps)."""
         self.kernel: Callable[[Any, tuple, dict], Any] = _run_kernel
         """Runs an operator's kernel: plainly, or through a :class:`MetaKernelCache`."""
+        self.decomposable: dict[Any, bool] = {}
         self.decompositions: dict[tuple, tuple[list[dict[str, Any]], int]] = {}
         """Rows and FLOPs a decomposition recorded, by phase and argument metadata (:meth:`run` with
         ``keep_kernel`` replays them instead of decomposing again)."""
@@ -248,7 +270,8 @@ class OpRecorder(TorchDispatchMode):
                 raise error
             self.failure = error  # an outer mode needs the step to go on (a CPU tensor's value can be read)
             return self.kernel(func, args, kwargs)
-        if func._overloadpacket not in self.flop_registry:  # as FlopCounterMode: count a decomposition's ops
+        formula = func._overloadpacket in self.flop_registry
+        if not formula and self._decomposable(func):  # as FlopCounterMode: count a decomposition's ops
             key = _metadata_key(func, args, kwargs) if keep_kernel else None
             recorded = self.decompositions.get((self.phase, key)) if key is not None else None
             if recorded is not None:  # the same decomposition on the same metadata: the same records
@@ -265,7 +288,7 @@ class OpRecorder(TorchDispatchMode):
                 if key is not None and not self.differs and self.failure is None:
                     self.decompositions[(self.phase, key)] = (self.rows[rows:], self.total_flops - flops)
                 return out
-        elif keep_kernel and _decomposable(func):
+        elif formula and keep_kernel and self._decomposable(func):
             self.differs = f"FlopCounterMode decomposes {func}, which has a FLOP formula"
         self.last_op = str(func)
         try:
@@ -277,6 +300,12 @@ class OpRecorder(TorchDispatchMode):
                                ) from None
         self._record(func, args, kwargs, out)
         return out
+
+    def _decomposable(self, func: Any) -> bool:
+        decomposable = self.decomposable.get(func)
+        if decomposable is None:
+            decomposable = self.decomposable[func] = _decomposable(func)
+        return decomposable
 
     def _kernel_output(self, func: Any, args: tuple, kwargs: dict, decomposed: Any) -> Any:
         """The operator's own output, after its decomposition ran for the record; notes in :attr:`differs`
@@ -343,9 +372,7 @@ class MetaKernelCache:
         if entry is None:
             return func(*args, **kwargs)
         self.hits += 1
-        spec, leaves = entry
-        return tree_unflatten([torch.empty_strided(leaf.shape, leaf.stride, dtype=leaf.dtype, device="meta")
-                               if isinstance(leaf, _TensorMeta) else leaf for leaf in leaves], spec)
+        return _rebuilt(entry)
 
     def _key(self, func: Any, args: tuple, kwargs: dict) -> tuple | None:
         functional = self.functional.get(func)
@@ -357,19 +384,33 @@ class MetaKernelCache:
 def _metadata_key(func: Any, args: tuple, kwargs: dict) -> tuple | None:
     """What a meta kernel or a decomposition of ``func`` sees of its arguments: their structure, each meta
     tensor's shape, strides, offset and dtype, and the other values; None when an argument is anything else."""
-    leaves, spec = tree_flatten((args, kwargs))
-    key: list[Any] = [func, spec]
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            if leaf.device.type != "meta":
-                return None
-            key.append((tuple(leaf.shape), leaf.stride(), leaf.storage_offset(), leaf.dtype))
-        elif isinstance(leaf, (int, float, bool, str, torch.dtype, torch.device, torch.memory_format,
-                               torch.layout)) or leaf is None:
-            key.append((type(leaf), leaf))
-        else:
-            return None
-    return tuple(key)
+    try:
+        return func, _argument_key(args), _argument_key(kwargs)
+    except _NotKeyed:
+        return None
+
+
+class _NotKeyed(Exception):
+    """An argument that is neither a meta tensor, a plain value nor a tuple, list or dict of them."""
+
+
+_SEQUENCES = (tuple, list, torch.Size)
+_VALUES = (int, float, bool, str, torch.dtype, torch.device, torch.memory_format, torch.layout, type(None))
+
+
+def _argument_key(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        if not value.is_meta:
+            raise _NotKeyed
+        return value.shape, value.stride(), value.storage_offset(), value.dtype
+    kind = type(value)
+    if kind in _SEQUENCES:
+        return kind, *map(_argument_key, value)
+    if kind is dict:
+        return dict, *((name, _argument_key(item)) for name, item in value.items())
+    if kind in _VALUES:
+        return kind, value
+    raise _NotKeyed
 
 
 _UNSEEN = object()
@@ -382,6 +423,21 @@ class _TensorMeta:
     dtype: torch.dtype
 
 
+@dataclass(frozen=True)
+class _Items:
+    kind: type
+    items: tuple[Any, ...]
+
+
+def _rebuilt(described: Any) -> Any:
+    """New tensors (and values) of the structure :func:`_described` recorded."""
+    if isinstance(described, _TensorMeta):
+        return torch.empty_strided(described.shape, described.stride, dtype=described.dtype, device="meta")
+    if isinstance(described, _Items):
+        return described.kind(map(_rebuilt, described.items))
+    return described
+
+
 def _is_functional(func: Any) -> bool:
     if not isinstance(func, torch._ops.OpOverload) or func.namespace != "aten":
         return False
@@ -390,28 +446,31 @@ def _is_functional(func: Any) -> bool:
             and all(a.alias_info is None for a in (*schema.arguments, *schema.returns)))
 
 
-def _rebuildable(out: Any, inputs: Any) -> tuple | None:
-    """(tree spec, leaves with each tensor's :class:`_TensorMeta`) of an output that new tensors of its shapes,
-    strides and dtypes stand in for exactly (an output sharing storage with an input, as ``_unsafe_view``'s,
-    does not); else None."""
-    leaves, spec = tree_flatten(out)
-    storages = {t.untyped_storage()._cdata for t in tensors_in(inputs)}
-    described: list[Any] = []
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            storage = leaf.untyped_storage()
-            fresh = torch.empty_strided(leaf.shape, leaf.stride(), dtype=leaf.dtype, device="meta")
-            if (leaf.device.type != "meta" or type(leaf) is not torch.Tensor or leaf.storage_offset() != 0
-                    or storage.nbytes() != fresh.untyped_storage().nbytes() or storage._cdata in storages
-                    or leaf.is_conj() or leaf.is_neg()):
-                return None
-            storages.add(storage._cdata)
-            described.append(_TensorMeta(tuple(leaf.shape), leaf.stride(), leaf.dtype))
-        elif isinstance(leaf, (int, float, bool)) or leaf is None:
-            described.append(leaf)
-        else:
-            return None
-    return spec, described
+def _rebuildable(out: Any, inputs: Any) -> Any:
+    """The output's structure with each tensor's :class:`_TensorMeta`, when new tensors of its shapes, strides
+    and dtypes stand in for it exactly (an output sharing storage with an input, as ``_unsafe_view``'s, does
+    not); else None."""
+    try:
+        return _described(out, {t.untyped_storage()._cdata for t in tensors_in(inputs)})
+    except _NotKeyed:
+        return None
+
+
+def _described(value: Any, storages: set[int]) -> Any:
+    if isinstance(value, torch.Tensor):
+        storage = value.untyped_storage()
+        fresh = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        if (not value.is_meta or type(value) is not torch.Tensor or value.storage_offset() != 0
+                or storage.nbytes() != fresh.untyped_storage().nbytes() or storage._cdata in storages
+                or value.is_conj() or value.is_neg()):
+            raise _NotKeyed
+        storages.add(storage._cdata)
+        return _TensorMeta(tuple(value.shape), value.stride(), value.dtype)
+    if type(value) in (tuple, list):
+        return _Items(type(value), tuple(_described(item, storages) for item in value))
+    if type(value) in (int, float, bool, type(None)):
+        return value
+    raise _NotKeyed
 
 
 def class_targets(output: Any, model_id: str) -> torch.Tensor:
