@@ -35,11 +35,12 @@ def default_zoo() -> None:
     config = load_config(ROOT / "config.yaml")
     manifest = manifest_frame(expand_zoo(config))
     featurise_manifest(manifest.head(2), config["zoo"]["num_classes"], progress=False)  # warm imports
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_seconds()
     models, layers = featurise_manifest(manifest, config["zoo"]["num_classes"], progress=False)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     print(f"featurised {len(models)} (model, mode, batch) configs, {len(layers)} layer rows "
-          f"in {elapsed:.1f} s: {len(models) / elapsed:.2f} configs/s")
+          f"in {elapsed:.1f} s: {len(models) / elapsed:.2f} configs/s; {cpu:.1f} CPU s = "
+          f"{cpu / len(models):.3f} CPU s per config")
     for mode, g in models.groupby("mode"):
         print(f"  {mode}: {len(g)} configs")
 

@@ -9,14 +9,18 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from perfzoo.features import meta
 from perfzoo.features.meta import MODEL_COLUMNS, featurise
 from perfzoo.features.op_kinds import COSTED_KINDS, OP_COLUMNS, OP_ERROR_COLUMN, OP_FEATURES
 from perfzoo.features.ops import (
+    MetaKernelCache,
     OpTraceError,
     op_aggregates,
     trace_step,
     traced_op_features,
 )
+from perfzoo.io import InputError
+from perfzoo.models.builders import build_model
 from perfzoo.regressors import ComposedRegressor, load_regressor, make_regressor
 
 REGISTRY = FlopCounterMode(display=False).flop_registry
@@ -129,6 +133,81 @@ def synthetic(n: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
     X["device"], X["is_training"] = "cpu", 0.0
     y = TRUE["overhead"] + sum(coef * X[name] for name, coef in TRUE.items() if name != "overhead")
     return X, y.to_numpy()
+
+
+def bn_silu_cnn() -> nn.Module:  # BatchNorm and SiLU's backward run through decompositions in the trace
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.SiLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(4, 4, 3, groups=4), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 5))
+
+
+def small_encoder() -> nn.Module:
+    return build_model("transformer", "encoder", {"d_model": 32, "heads": 2, "layers": 2}, 5, (16,))
+
+
+def featurise_both_ways(monkeypatch, build, shape, mode, dtype, optimizer):
+    """featurise with its two shared steps, and with the separate passes they stand in for."""
+    separate = []
+    monkeypatch.setattr(meta, "_separate_passes", lambda *a: separate.append(1) or SEPARATE_PASSES(*a))
+    shared_tables: list = []
+    shared = featurise(build, shape, 4, mode, dtype, "m", optimizer=optimizer, op_tables=shared_tables)
+    assert not separate, "the shared steps gave way to the separate passes"
+    monkeypatch.setattr(meta, "_two_steps", lambda *a: None)
+    separate_tables: list = []
+    reference = featurise(build, shape, 4, mode, dtype, "m", optimizer=optimizer, op_tables=separate_tables)
+    return (shared, shared_tables), (reference, separate_tables)
+
+
+SEPARATE_PASSES = meta._separate_passes
+
+
+@pytest.mark.parametrize(("build", "shape", "dtype"), [(bn_silu_cnn, (3, 8, 8), "float32"),
+                                                       (small_encoder, (16,), "int64")])
+@pytest.mark.parametrize(("mode", "optimizer"), [("inference", "sgd"), ("training", "sgd"), ("training", "adam")])
+def test_shared_steps_record_what_the_separate_passes_record(monkeypatch, build, shape, dtype, mode, optimizer):
+    # the FLOP count with the layer hooks, the operator trace and the memory simulation in the memory
+    # simulation's two steps give the numbers of a pass each: model features, layer table and operator table
+    (shared, shared_ops), (reference, reference_ops) = featurise_both_ways(monkeypatch, build, shape, mode,
+                                                                           dtype, optimizer)
+    features, layers = shared
+    assert features.keys() == reference[0].keys()
+    assert all(features[k] == reference[0][k] or (features[k] != features[k] and reference[0][k] != reference[0][k])
+               for k in features), {k: (features[k], reference[0][k]) for k in features if features[k] != reference[0][k]}
+    assert layers.equals(reference[1])
+    assert len(shared_ops) == len(reference_ops) and all(a.equals(b) for a, b in zip(shared_ops, reference_ops))
+    assert features["flops"] > 0 and features["sim_peak_bytes"] > 0
+    if optimizer == "adam" and mode == "training":  # Adam reads its step count: the trace stops, missing
+        assert "_local_scalar_dense" in features[OP_ERROR_COLUMN] and not shared_ops
+    else:
+        assert features[OP_ERROR_COLUMN] == "" and len(shared_ops[0]) > 0
+
+
+def test_kernel_cache_reuses_fresh_outputs_and_never_a_view_of_an_input():
+    cache, aten = MetaKernelCache(), torch.ops.aten
+    a, b = torch.empty(4, 8, device="meta"), torch.empty(8, 3, device="meta")
+    first, again = cache(aten.mm.default, (a, b), {}), cache(aten.mm.default, (a, b), {})
+    assert cache.hits == 1 and again.shape == first.shape and again.stride() == first.stride()
+    assert again.untyped_storage()._cdata != first.untyped_storage()._cdata  # a tensor of its own, as a kernel's
+    x = torch.empty(2, 3, 4, device="meta")
+    for _ in range(2):  # _unsafe_view has no alias annotation, yet its output shares the input's storage
+        view = cache(aten._unsafe_view.default, (x, [6, 4]), {})
+        assert view.untyped_storage()._cdata == x.untyped_storage()._cdata
+    assert cache.hits == 1
+
+
+def test_a_model_flop_counter_mode_cannot_count_is_left_to_the_separate_passes(monkeypatch):
+    class NoGradView(nn.Module):  # hands a module a view made under no_grad of a parameter
+        def __init__(self) -> None:
+            super().__init__()
+            self.latent, self.proj = nn.Parameter(torch.empty(1, 4)), nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.proj(self.latent.expand(x.shape[0], -1))
+
+    separate = []
+    monkeypatch.setattr(meta, "_separate_passes", lambda *a: separate.append(1) or SEPARATE_PASSES(*a))
+    with pytest.raises(InputError, match="model odd: inference step failed on meta device: AssertionError"):
+        featurise(NoGradView, (4,), 2, "inference", model_id="odd")
+    assert separate
 
 
 @pytest.mark.parametrize("weighting", ["none", "relative", "mape"])

@@ -101,6 +101,7 @@ class _LiveBytes:
         self.at_peak: dict[str, int] = dict(self.totals)
         self.operators: set[str] = set()
         self.phase = "activation"
+        self.paused = False
 
     def add(self, tensor: torch.Tensor, category: str) -> None:
         storage = tensor.untyped_storage()
@@ -129,19 +130,43 @@ class _LiveBytes:
             self.totals[category] += nbytes
 
 
-def _dispatch_mode(tracker: _LiveBytes) -> Any:
-    """A ``TorchDispatchMode`` that registers every operator and every tensor it returns with ``tracker``."""
-    import torch  # lazy: the column names are imported by stages that never run a model
+    @contextlib.contextmanager
+    def untracked(self) -> Iterator[None]:
+        """Operators run inside are neither counted nor their outputs registered (still passed to a runner)."""
+        self.paused = True
+        try:
+            yield
+        finally:
+            self.paused = False
+
+
+Runner = Callable[[Any, tuple, dict], Any]
+"""Runs one operator ``(func, args, kwargs)`` and returns its output; plainly ``func(*args, **kwargs)``."""
+StepRider = Callable[[int, Callable[[], contextlib.AbstractContextManager[None]]],
+                     contextlib.AbstractContextManager["Runner | None"]]
+"""Called with a replayed step's index and the tracker's :meth:`_LiveBytes.untracked`: a context entered around
+that step, giving the :data:`Runner` that runs its operators (None: run them plainly)."""
+
+
+def _run_plainly(func: Any, args: tuple, kwargs: dict) -> Any:
+    return func(*args, **kwargs)
+
+
+def _dispatch_mode(tracker: _LiveBytes, run: Runner = _run_plainly) -> Any:
+    """A ``TorchDispatchMode`` that registers every operator and every tensor it returns with ``tracker``;
+    ``run`` runs the operator."""
     from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
+
+    from perfzoo.features.ops import tensors_in  # lazy: the column names are imported by stages without torch
 
     class Recording(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if tracker.paused:
+                return run(func, args, kwargs or {})
             tracker.operators.add(str(func.overloadpacket))
-            out = func(*args, **(kwargs or {}))
-            for leaf in tree_leaves(out):
-                if isinstance(leaf, torch.Tensor):
-                    tracker.add(leaf, tracker.phase)
+            out = run(func, args, kwargs or {})
+            for tensor in tensors_in(out):
+                tracker.add(tensor, tracker.phase)
             return out
 
     return Recording()
@@ -149,7 +174,8 @@ def _dispatch_mode(tracker: _LiveBytes) -> Any:
 
 @contextlib.contextmanager
 def _categorised(tracker: _LiveBytes, model: nn.Module) -> Iterator[None]:
-    """Optimizer-step outputs count as optimizer state; a parameter's accumulated gradient as gradient."""
+    """Optimizer-step outputs count as optimizer state; a parameter's accumulated gradient as gradient (the
+    dispatch mode is entered per step, by :func:`_replay`)."""
 
     def enter_optimizer(*_: Any) -> None:
         tracker.phase = "optimizer"
@@ -167,11 +193,18 @@ def _categorised(tracker: _LiveBytes, model: nn.Module) -> Iterator[None]:
                *(p.register_post_accumulate_grad_hook(gradient) for p in model.parameters()
                  if p.requires_grad)]
     try:
-        with _dispatch_mode(tracker):
-            yield
+        yield
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _replay(step: Callable[[], None], tracker: _LiveBytes, rider: StepRider | None) -> None:
+    """The :data:`SIM_STEPS` steps under the tracker's dispatch mode, each inside ``rider``'s context."""
+    for index in range(SIM_STEPS):
+        with rider(index, tracker.untracked) if rider else contextlib.nullcontext() as run:
+            with _dispatch_mode(tracker, run or _run_plainly):
+                step()
 
 
 def _check_on_meta(model: nn.Module, x: torch.Tensor, model_id: str) -> None:
@@ -183,12 +216,14 @@ def _check_on_meta(model: nn.Module, x: torch.Tensor, model_id: str) -> None:
 
 
 def simulate_peak_memory(model: nn.Module, x: torch.Tensor, mode: str, optimizer: str = "sgd",
-                         model_id: str = "") -> SimulatedMemory:
+                         model_id: str = "", rider: StepRider | None = None) -> SimulatedMemory:
     """Replay the profiled step of ``mode`` on the meta-device ``model`` and input ``x`` (module docstring).
 
     ``optimizer`` is the profiled training step's ("sgd": SGD with momentum, "adam"); it does not matter for
     inference. Gradients already held by the model are dropped first. A model whose step fails on the meta
     device (an operator without a meta kernel, a shape error) raises :class:`InputError` naming ``model_id``.
+    ``rider`` lets other recordings ride along in the replayed steps (:data:`StepRider`): the featuriser counts
+    FLOPs in the first and traces the operators of the second, so the step is not replayed again for them.
     """
     import torch  # lazy: the column names are imported by stages that never run a model
 
@@ -208,8 +243,7 @@ def simulate_peak_memory(model: nn.Module, x: torch.Tensor, mode: str, optimizer
     start_bytes = tracker.current
     try:
         with _categorised(tracker, model):
-            for _ in range(SIM_STEPS):
-                step()
+            _replay(step, tracker, rider)
     except Exception as exc:  # noqa: BLE001 - any operator or model error becomes a one-line InputError
         raise InputError(f"model {model_id}: {mode} step failed in the memory simulation on the meta device: "
                          f"{one_line(exc)}") from None

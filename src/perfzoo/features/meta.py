@@ -4,6 +4,21 @@
 forward + loss + backward step (training) under ``FlopCounterMode`` with hooks on every module,
 and returns a model-level feature dict plus a per-layer table.
 
+How the step is replayed
+------------------------
+The numbers are those of three separate passes over the step: ``FlopCounterMode`` with the module hooks
+(the model's first call), the operator trace of :mod:`perfzoo.features.ops` (its second call) and the memory
+simulation of :mod:`perfzoo.features.memory` (two steps). They are recorded in the memory simulation's two
+steps instead (:class:`_SharedSteps`): the FLOPs and layer rows in the first, the operator trace in the
+second, each operator's kernel run once for all of them (through a
+:class:`~perfzoo.features.ops.MetaKernelCache`, which answers an operator seen before on the same argument
+metadata without rerunning its meta kernel). The training FLOPs are then those of the profiled
+cross-entropy loss's backward rather than of the summed outputs': they differ only in the loss's own
+operators, which have no FLOP formula. Where the shared steps cannot stand in exactly (a step that fails,
+an operator decomposed into outputs of other metadata than its kernel's, a higher-order operator, a model
+``FlopCounterMode``'s module tracker fails on, more than one output tensor) the separate passes run
+(:func:`_separate_passes`), and give the features or the error they always gave.
+
 Definitions
 -----------
 layer
@@ -60,10 +75,11 @@ graph_nodes, graph_edges
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -71,18 +87,29 @@ from typing import Any
 import pandas as pd
 import torch
 from torch import nn
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 from tqdm import tqdm
 
 from perfzoo.features.memory import (
     SIM_COLUMNS,
+    Runner,
     SimulatedMemory,
+    StepRider,
     feature_row,
     simulate_peak_memory,
     simulated_memory_features,
 )
 from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURES
-from perfzoo.features.ops import tensor_bytes, tensors_in, traced_op_features
+from perfzoo.features.ops import (
+    MetaKernelCache,
+    OpRecorder,
+    class_targets,
+    tensor_bytes,
+    tensors_in,
+    traced_op_features,
+)
 from perfzoo.io import InputError, one_line
 from perfzoo.models.builders import build_model
 from perfzoo.hardware.precision import BUILD_DTYPES, normalise_precision
@@ -319,7 +346,8 @@ class _Recorder:
     """Forward hooks that record innermost module invocations and count attention blocks."""
 
     names: dict[int, str]
-    counter: FlopCounterMode
+    total_flops: Callable[[], int]
+    """FLOPs counted so far in the step (``FlopCounterMode.get_total_flops`` or a recorder's running total)."""
     rows: list[dict[str, Any]] = field(default_factory=list)
     stack: list[_Frame] = field(default_factory=list)
     n_attention: int = 0
@@ -339,7 +367,7 @@ class _Recorder:
             self.stack[-1].called_child = True
         if _is_attention(module) and not any(_is_attention(f.module) for f in self.stack):
             self.n_attention += 1
-        self.stack.append(_Frame(module, self.counter.get_total_flops()))
+        self.stack.append(_Frame(module, self.total_flops()))
 
     def _leave(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         if not self.active or not self.stack:
@@ -354,7 +382,7 @@ class _Recorder:
                 "in_shape": _first_shape((args, kwargs)),
                 "out_shape": _first_shape(output),
                 "out_bytes": tensor_bytes(output),
-                "flops": self.counter.get_total_flops() - frame.flops_before,
+                "flops": self.total_flops() - frame.flops_before,
             }
         )
 
@@ -390,9 +418,9 @@ def _sum_loss(output: Any) -> torch.Tensor:
     return sum(t.sum() for t in tensors)
 
 
-def _run_step(model: nn.Module, x: torch.Tensor, mode: str, recorder: _Recorder) -> tuple[int, int, Any]:
+def _run_step(model: nn.Module, x: torch.Tensor, mode: str, recorder: _Recorder, counter: FlopCounterMode
+              ) -> tuple[int, int, Any]:
     """Run the step of ``mode``; return (total FLOPs, forward FLOPs, model output)."""
-    counter = recorder.counter
     if mode == "inference":
         model.eval()
         with torch.no_grad(), counter:
@@ -432,8 +460,14 @@ def _unique_tensors(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
 # --------------------------------------------------------------------------- assembly
 
 
+def _loss_values(output: Any, batch: int) -> tuple[int, int]:
+    """(output values per sample, bytes of one value) of the training loss's input: its Gianniti row's size."""
+    floats = [t for t in tensors_in(output) if t.is_floating_point()]
+    return sum(t.numel() for t in floats) // batch, floats[0].element_size()
+
+
 def _layer_table(
-    rows: list[dict[str, Any]], output: Any, mode: str, batch: int, model_id: str
+    rows: list[dict[str, Any]], loss_values: tuple[int, int] | None, mode: str, batch: int, model_id: str
 ) -> pd.DataFrame:
     records = []
     for row in rows:
@@ -445,11 +479,11 @@ def _layer_table(
              "c_fw": c_fw, "c_bw": c_bw, "out_bytes": row["out_bytes"], "flops": row["flops"]}
         )  # fmt: skip
     if mode == "training":
-        floats = [t for t in tensors_in(output) if t.is_floating_point()]
-        c_fw, c_bw = _loss_complexity(sum(t.numel() for t in floats) // batch, batch)
+        out_per_sample, value_bytes = loss_values
+        c_fw, c_bw = _loss_complexity(out_per_sample, batch)
         records.append(
             {"name": "loss", "type": "Loss", "category": "other", "c_fw": c_fw, "c_bw": c_bw,
-             "out_bytes": floats[0].element_size(), "flops": 0}
+             "out_bytes": value_bytes, "flops": 0}
         )  # fmt: skip
     table = pd.DataFrame.from_records(records, columns=LAYER_COLUMNS[4:])
     table.insert(0, "layer_idx", range(len(table)))
@@ -510,10 +544,173 @@ def featurise(
             x = _make_input(tuple(int(d) for d in input_shape), batch, input_dtype)
         except (ValueError, TypeError, RuntimeError) as exc:
             raise InputError(f"model {model_id}: bad input spec: {one_line(exc)}") from None
-        recorder = _Recorder({id(m): name for name, m in model.named_modules()}, _flop_counter())
+    step = _two_steps(model, x, mode, optimizer, model_id)
+    if step is None:  # the shared steps could not stand in for the separate passes: run those
+        step = _separate_passes(build, x, mode, optimizer, model_id)
+        model = step.model
+    with torch.device("meta"):
+        graph_nodes, graph_edges, graph_error = (_graph_size(model) if trace_graph
+                                                 else (math.nan, math.nan, "not traced"))
+    table = _layer_table(step.layers.rows, step.loss_values, mode, batch, model_id)
+    counted = {"model_id": model_id, "mode": mode, "batch": batch, "flops": step.flops, "flops_fw": step.flops_fw,
+               **step.memory}
+    graph = {"graph_nodes": graph_nodes, "graph_edges": graph_edges, "graph_error": graph_error,
+             **step.op_features}
+    if op_tables is not None and step.op_table is not None:
+        op_tables.append(step.op_table)
+    return _model_features(model, x, step.layers, table, counted, graph), table
+
+
+@dataclass
+class _Recorded:
+    """What the steps of one config recorded: layer rows, FLOPs, operator trace and simulated memory."""
+
+    model: nn.Module
+    layers: _Recorder
+    flops: int
+    flops_fw: int
+    loss_values: tuple[int, int] | None
+    op_features: dict[str, Any]
+    op_table: pd.DataFrame | None
+    memory: dict[str, Any]
+
+
+class _SharedSteps:
+    """Rides along in the memory simulation's two replayed steps (:data:`perfzoo.features.memory.StepRider`),
+    recording in them what the separate passes record in steps of their own:
+
+    * step 1 (the model's first call, as the FlopCounterMode pass): the module hooks' layer rows and the FLOPs
+      of the forward and backward, counted with FlopCounterMode's formulas and decompositions;
+    * step 2 (the model's second call, with the optimizer state the first created, as the operator trace): one
+      row per aten operator, phase by phase, and the class targets the trace creates.
+
+    The memory simulation sees each operator's own kernel output; an operator the trace or the counter
+    decomposes also runs its decomposition for them, and :attr:`differs` says when that (or anything else)
+    makes the recordings differ from those of the separate passes."""
+
+    def __init__(self, model: nn.Module, mode: str, batch: int, model_id: str) -> None:
+        self.model, self.mode, self.batch, self.model_id = model, mode, batch, model_id
+        registry = _flop_counter().flop_registry
+        self.kernels = MetaKernelCache()
+        self.counter = OpRecorder(model_id, registry, record_rows=False)
+        self.trace = OpRecorder(model_id, registry)
+        self.counter.kernel = self.trace.kernel = self.kernels
+        self.layers = _Recorder({id(m): name for name, m in model.named_modules()}, self._counted)
+        self.flops_fw: int | None = None
+        self.flops: int | None = None
+        self.loss_values: tuple[int, int] | None = None
+
+    @property
+    def differs(self) -> str:
+        return self.counter.differs or self.trace.differs
+
+    def _counted(self) -> int:
+        return self.counter.total_flops
+
+    @contextlib.contextmanager
+    def __call__(self, index: int, untracked: Callable[[], contextlib.AbstractContextManager[None]]
+                 ) -> Iterator[Runner]:
+        riding = self._count_flops() if index == 0 else self._trace_ops(untracked)
+        with riding as run:
+            yield run
+
+    @contextlib.contextmanager
+    def _count_flops(self) -> Iterator[Runner]:
+        """Step 1: layer rows and FLOPs of the forward, and of the loss and backward in training (the
+        FlopCounterMode pass has no optimizer step: its operators run uncounted)."""
+
+        def forward_done(module: nn.Module, args: tuple, output: Any) -> None:
+            self.layers.active = False  # recomputed forwards (checkpointing) must not add rows
+            self.flops_fw = self.counter.total_flops
+            if self.mode == "training":
+                self.loss_values = _loss_values(output, self.batch)
+
+        def optimizer_starts(*_: Any) -> None:
+            self.flops = self.counter.total_flops
+
+        def run(func: Any, args: tuple, kwargs: dict) -> Any:
+            if self.flops is None:
+                return self.counter.run(func, args, kwargs, keep_kernel=True)
+            return self.kernels(func, args, kwargs)
+
+        def tracked_module(module: nn.Module, args: tuple, output: Any = None) -> None:
+            # FlopCounterMode's ModuleTracker hooks the gradient of every module's inputs and outputs; it fails
+            # on a tensor that needs a gradient but has no gradient function (a view made under no_grad)
+            tensors = tensors_in(args if output is None else output)
+            if self.flops is None and any(t.requires_grad and t.grad_fn is None for t in tensors):
+                self.counter.differs = f"a tensor of {type(module).__name__} needs grad but has no grad_fn"
+
+        handles = [*self.layers.attach(self.model), self.model.register_forward_hook(forward_done),
+                   register_optimizer_step_pre_hook(optimizer_starts),
+                   register_module_forward_pre_hook(tracked_module), register_module_forward_hook(tracked_module)]
+        try:
+            yield run
+        finally:
+            for handle in handles:
+                handle.remove()
+        if self.mode == "inference":
+            self.flops = self.counter.total_flops
+
+    @contextlib.contextmanager
+    def _trace_ops(self, untracked: Callable[[], contextlib.AbstractContextManager[None]]) -> Iterator[Runner]:
+        """Step 2: the operator trace; its phases change where the trace's change: after the loss module
+        (the first module outside the model to finish after the model's forward) and when the optimizer
+        steps."""
+        modules, model_done = {id(m) for m in self.model.modules()}, []
+
+        def forward_done(module: nn.Module, args: tuple, output: Any) -> None:
+            model_done.append(True)
+            if self.mode == "training":
+                with untracked():  # the trace's own class targets, not the simulated step's
+                    class_targets(output, self.model_id)
+
+        def loss_done(module: nn.Module, args: tuple, output: Any) -> None:
+            if model_done and id(module) not in modules:
+                self.trace.phase = "backward"
+
+        def optimizer_starts(*_: Any) -> None:
+            self.trace.phase = "optimizer"
+
+        handles = [self.model.register_forward_hook(forward_done), register_module_forward_hook(loss_done),
+                   register_optimizer_step_pre_hook(optimizer_starts)]
+        try:
+            yield partial(self.trace.run, keep_kernel=True)
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
+def _two_steps(model: nn.Module, x: torch.Tensor, mode: str, optimizer: str, model_id: str) -> _Recorded | None:
+    """Everything the separate passes record, from the memory simulation's two replayed steps with
+    :class:`_SharedSteps` riding along; None when the steps fail or the recordings could differ from the
+    separate passes' (the caller then runs those)."""
+    shared = _SharedSteps(model, mode, int(x.shape[0]), model_id)
+    try:
+        simulated = simulate_peak_memory(model, x, mode, optimizer, model_id, rider=shared)
+    except InputError:
+        return None
+    if shared.differs or shared.counter.failure or shared.flops is None or shared.flops_fw is None:
+        return None
+    op_features, table = shared.trace.features(mode, int(x.shape[0]))
+    memory = feature_row(lambda: simulated)
+    return _Recorded(model, shared.layers, shared.flops, shared.flops_fw, shared.loss_values, op_features, table,
+                     memory)
+
+
+def _separate_passes(build: Callable[[], nn.Module], x: torch.Tensor, mode: str, optimizer: str, model_id: str
+                     ) -> _Recorded:
+    """The recordings by separate passes over the step of a new build: FlopCounterMode with the module hooks,
+    the operator trace, the memory simulation (the reference :func:`_two_steps` stands in for)."""
+    with torch.device("meta"):
+        try:
+            model = _build_on_meta(build)
+        except Exception as exc:  # noqa: BLE001 - any builder error becomes a one-line InputError
+            raise InputError(f"model {model_id}: build failed: {one_line(exc)}") from None
+        counter = _flop_counter()
+        recorder = _Recorder({id(m): name for name, m in model.named_modules()}, counter.get_total_flops)
         handles = recorder.attach(model)
         try:
-            flops, flops_fw, output = _run_step(model, x, mode, recorder)
+            flops, flops_fw, output = _run_step(model, x, mode, recorder, counter)
         except Exception as exc:  # noqa: BLE001 - any model error becomes a one-line InputError
             raise InputError(
                 f"model {model_id}: {mode} step failed on meta device: {one_line(exc)}"
@@ -521,18 +718,11 @@ def featurise(
         finally:
             for handle in handles:
                 handle.remove()
-        registry = recorder.counter.flop_registry
-        op_features, op_table = traced_op_features(lambda: model, x, mode, registry, model_id, optimizer)
-        graph_nodes, graph_edges, graph_error = (_graph_size(model) if trace_graph
-                                                 else (math.nan, math.nan, "not traced"))
-
-    table = _layer_table(recorder.rows, output, mode, batch, model_id)
-    counted = {"model_id": model_id, "mode": mode, "batch": batch, "flops": flops, "flops_fw": flops_fw,
-               **simulated_memory_features(model, x, mode, optimizer, model_id)}
-    graph = {"graph_nodes": graph_nodes, "graph_edges": graph_edges, "graph_error": graph_error, **op_features}
-    if op_tables is not None and op_table is not None:
-        op_tables.append(op_table)
-    return _model_features(model, x, recorder, table, counted, graph), table
+        op_features, op_table = traced_op_features(lambda: model, x, mode, counter.flop_registry, model_id,
+                                                   optimizer)
+    loss_values = _loss_values(output, int(x.shape[0])) if mode == "training" else None
+    memory = simulated_memory_features(model, x, mode, optimizer, model_id)
+    return _Recorded(model, recorder, flops, flops_fw, loss_values, op_features, op_table, memory)
 
 
 def _model_features(model: nn.Module, x: torch.Tensor, recorder: _Recorder, table: pd.DataFrame,
@@ -611,14 +801,25 @@ def simulated_memory(build: Callable[[], nn.Module], input_shape: tuple[int, ...
                      input_dtype: str = "float32", optimizer: str = "sgd", model_id: str = ""
                      ) -> SimulatedMemory:
     """The memory simulation alone (:func:`perfzoo.features.memory.simulate_peak_memory`) of a fresh meta
-    build."""
+    build, its operators' kernels run through a :class:`~perfzoo.features.ops.MetaKernelCache`."""
     with torch.device("meta"):
         try:
             model = _build_on_meta(build)
             x = _make_input(tuple(int(d) for d in input_shape), int(batch), input_dtype)
         except Exception as exc:  # noqa: BLE001 - any builder error becomes a one-line InputError
             raise InputError(f"model {model_id}: build failed: {one_line(exc)}") from None
-    return simulate_peak_memory(model, x, mode, optimizer, model_id)
+    return simulate_peak_memory(model, x, mode, optimizer, model_id, rider=_through_kernel_cache())
+
+
+def _through_kernel_cache() -> StepRider:
+    """A rider that runs the operators of both replayed steps through one :class:`MetaKernelCache`."""
+    kernels = MetaKernelCache()
+
+    @contextlib.contextmanager
+    def ride(index: int, untracked: Callable[[], contextlib.AbstractContextManager[None]]) -> Iterator[Runner]:
+        yield kernels
+
+    return ride
 
 
 def simulate_manifest(manifest: pd.DataFrame, num_classes: int, optimizer: str = "sgd") -> pd.DataFrame:

@@ -50,6 +50,7 @@ import functools
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -57,7 +58,7 @@ import pandas as pd
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_flatten, tree_leaves
 
 from perfzoo.features.op_kinds import (
     FLOP_KINDS,
@@ -192,8 +193,29 @@ def recorded_op_kind(op: str, grouped: bool = False, phase: str = "forward") -> 
 
 
 def tensors_in(obj: Any) -> list[torch.Tensor]:
-    """The tensors among the leaves of ``obj`` (nested tuples, lists, dicts of them)."""
-    return [leaf for leaf in tree_leaves(obj) if isinstance(leaf, torch.Tensor)]
+    """The tensors among the leaves of ``obj`` (nested tuples, lists, dicts of them), in pytree order."""
+    found: list[torch.Tensor] = []
+    _collect_tensors(obj, found)
+    return found
+
+
+_PLAIN_LEAVES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
+
+
+def _collect_tensors(obj: Any, found: list[torch.Tensor]) -> None:
+    """Plain tuples, lists and dicts walked directly (an operator's arguments and outputs), anything else by
+    ``tree_leaves`` (registered containers such as named tuples); the order is ``tree_leaves``'s."""
+    kind = type(obj)
+    if isinstance(obj, torch.Tensor):
+        found.append(obj)
+    elif kind is tuple or kind is list:
+        for item in obj:
+            _collect_tensors(item, found)
+    elif kind is dict:
+        for item in obj.values():
+            _collect_tensors(item, found)
+    elif kind not in _PLAIN_LEAVES:
+        found.extend(leaf for leaf in tree_leaves(obj) if isinstance(leaf, torch.Tensor))
 
 
 def tensor_bytes(obj: Any) -> int:
@@ -205,36 +227,99 @@ def _shapes(tensors: list[torch.Tensor]) -> str:
     return json.dumps([list(t.shape) for t in tensors])
 
 
-class _OpRecorder(TorchDispatchMode):
-    """Dispatch mode that runs every aten operator and records one row per call."""
+def _run_kernel(func: Any, args: tuple, kwargs: dict) -> Any:
+    return func(*args, **kwargs)
 
-    def __init__(self, model_id: str, flop_registry: dict[Any, Callable[..., int]]) -> None:
+
+def _decomposable(func: torch._ops.OpOverload) -> bool:
+    """Whether ``func.decompose`` has a decomposition to run (a Python or CompositeImplicitAutograd kernel)."""
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    return key in func.py_kernels or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), key)
+
+
+def _metadata(out: Any) -> tuple:
+    """What later operators and their records see of an output: its structure and, per tensor, shape, strides,
+    offset and dtype."""
+    leaves, spec = tree_flatten(out)
+    return spec, [(tuple(v.shape), v.stride(), v.storage_offset(), v.dtype) if isinstance(v, torch.Tensor) else v
+                  for v in leaves]
+
+
+class OpRecorder(TorchDispatchMode):
+    """Dispatch mode that runs every aten operator and records one row per call (and the FLOPs of all)."""
+
+    def __init__(self, model_id: str, flop_registry: dict[Any, Callable[..., int]], record_rows: bool = True
+                 ) -> None:
         super().__init__()
         self.model_id = model_id
         self.flop_registry = flop_registry
+        self.record_rows = record_rows
         self.phase = "forward"
         self.rows: list[dict[str, Any]] = []
         self.last_op = ""
+        self.total_flops = 0
+        """FLOPs of every operator recorded so far (the running total FlopCounterMode keeps)."""
+        self.kernel: Callable[[Any, tuple, dict], Any] = _run_kernel
+        """Runs an operator's kernel: plainly, or through a :class:`MetaKernelCache`."""
+        self.decomposable: dict[Any, bool] = {}
+        self.decompositions: dict[tuple, tuple[list[dict[str, Any]], int]] = {}
+        """Rows and FLOPs a decomposition recorded, by phase and argument metadata (:meth:`run` with
+        ``keep_kernel`` replays them instead of decomposing again)."""
+        self.failure: OpTraceError | None = None
+        """The operator :meth:`run` with ``keep_kernel`` could not follow (the trace stopped there and the
+        step ran on untraced)."""
+        self.differs = ""
+        """Why operators run by :meth:`run` with ``keep_kernel`` were recorded differently from this mode alone
+        (empty when they were not)."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
+        return self.run(func, args, kwargs or {})
+
+    def run(self, func: Any, args: tuple, kwargs: dict, keep_kernel: bool = False) -> Any:
+        """Run and record one operator as this mode does; with ``keep_kernel`` (the operator is also seen by an
+        outer mode, such as the memory simulation's) a decomposed operator returns its own kernel's output,
+        not the decomposition's, and :attr:`differs` says when the two outputs' metadata differ or when
+        ``FlopCounterMode`` would have counted the operator differently."""
+        if self.failure is not None:
+            return self.kernel(func, args, kwargs)
         name = func._overloadpacket.__name__
         untraced = name in _METADATA_OPS or func.namespace == "profiler"
+        if isinstance(func, torch._ops.HigherOrderOperator) and keep_kernel:
+            self.differs = f"{func} is a higher-order operator"
         if untraced or isinstance(func, torch._ops.HigherOrderOperator):
-            return func(*args, **kwargs)
+            return self.kernel(func, args, kwargs)
         if name in _DATA_DEPENDENT_OPS:
-            raise OpTraceError(
+            error = OpTraceError(
                 f"model {self.model_id}: {func} depends on tensor values (data-dependent control flow, e.g. "
                 "Tensor.item() or `if tensor:`); it cannot be traced on the meta device"
             )
-        if func._overloadpacket not in self.flop_registry:  # as FlopCounterMode: count a decomposition's ops
+            if not keep_kernel:
+                raise error
+            self.failure = error  # an outer mode needs the step to go on (a CPU tensor's value can be read)
+            return self.kernel(func, args, kwargs)
+        formula = func._overloadpacket in self.flop_registry
+        if not formula and self._decomposable(func):  # as FlopCounterMode: count a decomposition's ops
+            key = _metadata_key(func, args, kwargs) if keep_kernel else None
+            recorded = self.decompositions.get((self.phase, key)) if key is not None else None
+            if recorded is not None:  # the same decomposition on the same metadata: the same records
+                self.rows.extend(dict(row) for row in recorded[0])
+                self.total_flops += recorded[1]
+                return self.kernel(func, args, kwargs)
+            rows, flops = len(self.rows), self.total_flops
             with self:
                 out = func.decompose(*args, **kwargs)
-            if out is not NotImplemented:
+            if out is not NotImplemented and not keep_kernel:
                 return out
+            if out is not NotImplemented:
+                out = self._kernel_output(func, args, kwargs, out)
+                if key is not None and not self.differs and self.failure is None:
+                    self.decompositions[(self.phase, key)] = (self.rows[rows:], self.total_flops - flops)
+                return out
+        elif formula and keep_kernel and self._decomposable(func):
+            self.differs = f"FlopCounterMode decomposes {func}, which has a FLOP formula"
         self.last_op = str(func)
         try:
-            out = func(*args, **kwargs)
+            out = self.kernel(func, args, kwargs)
         except OpTraceError:
             raise
         except Exception as exc:  # noqa: BLE001 - any kernel failure names the operator
@@ -243,12 +328,29 @@ class _OpRecorder(TorchDispatchMode):
         self._record(func, args, kwargs, out)
         return out
 
+    def _decomposable(self, func: Any) -> bool:
+        decomposable = self.decomposable.get(func)
+        if decomposable is None:
+            decomposable = self.decomposable[func] = _decomposable(func)
+        return decomposable
+
+    def _kernel_output(self, func: Any, args: tuple, kwargs: dict, decomposed: Any) -> Any:
+        """The operator's own output, after its decomposition ran for the record; notes in :attr:`differs`
+        when the later operators would see other metadata than the decomposition's output gives them."""
+        out = self.kernel(func, args, kwargs)
+        if _metadata(out) != _metadata(decomposed):
+            self.differs = f"{func} and its decomposition give outputs of different shapes, strides or dtypes"
+        return out
+
     def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        formula = self.flop_registry.get(func._overloadpacket)
+        flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
+        self.total_flops += flops
+        if not self.record_rows:
+            return
         kind = op_kind(func, args)
         inputs, outputs = tensors_in((args, kwargs)), tensors_in(out)
         free = kind == FREE_KIND
-        formula = self.flop_registry.get(func._overloadpacket)
-        flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
         read, written = (0, 0) if free else (tensor_bytes(inputs), tensor_bytes(outputs))
         self.rows.append({
             "op": str(func), "kind": phase_kind(kind, self.phase),
@@ -257,6 +359,14 @@ class _OpRecorder(TorchDispatchMode):
             "flops": flops, "bytes_read": read, "bytes_written": written,
         })  # fmt: skip
 
+    def features(self, mode: str, batch: int) -> tuple[dict[str, Any], pd.DataFrame | None]:
+        """(``op_*`` aggregates and ``op_trace_error``, per-operator table) of the rows recorded, as
+        :func:`traced_op_features` gives them (missing, with the reason, after a :attr:`failure`)."""
+        if self.failure is not None:
+            return _untraced(self.failure), None
+        table = _op_table(self.rows, self.model_id, mode, batch)
+        return {**op_aggregates(table), OP_ERROR_COLUMN: ""}, table
+
     @contextmanager
     def in_phase(self, phase: str) -> Iterator[None]:
         self.phase = phase
@@ -264,7 +374,133 @@ class _OpRecorder(TorchDispatchMode):
             yield
 
 
-def _targets(output: Any, model_id: str) -> torch.Tensor:
+class MetaKernelCache:
+    """Runs aten operators on meta tensors, answering a functional operator (no argument it aliases or
+    mutates, no random draw) seen before with the same argument metadata from its earlier output's metadata,
+    without running its meta kernel again (most are Python code, and the step's cost on the meta device).
+
+    A meta kernel's output is a function of its arguments' shapes, strides, offsets, dtypes and non-tensor
+    values; an output is only reused as new tensors of its shapes, strides and dtypes when those tensors are
+    indistinguishable from it (each output its own storage, of the size ``empty_strided`` gives, at offset 0).
+    """
+
+    def __init__(self) -> None:
+        self.outputs: dict[tuple, Any] = {}
+        self.functional: dict[Any, bool] = {}
+        self.hits = 0
+
+    def __call__(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        key = self._key(func, args, kwargs)
+        entry = self.outputs.get(key, _UNSEEN) if key is not None else None
+        if entry is _UNSEEN:
+            out = func(*args, **kwargs)
+            self.outputs[key] = _rebuildable(out, (args, kwargs))
+            return out
+        if entry is None:
+            return func(*args, **kwargs)
+        self.hits += 1
+        return _rebuilt(entry)
+
+    def _key(self, func: Any, args: tuple, kwargs: dict) -> tuple | None:
+        functional = self.functional.get(func)
+        if functional is None:
+            functional = self.functional[func] = _is_functional(func)
+        return _metadata_key(func, args, kwargs) if functional else None
+
+
+def _metadata_key(func: Any, args: tuple, kwargs: dict) -> tuple | None:
+    """What a meta kernel or a decomposition of ``func`` sees of its arguments: their structure, each meta
+    tensor's shape, strides, offset and dtype, and the other values; None when an argument is anything else."""
+    try:
+        return func, _argument_key(args), _argument_key(kwargs)
+    except _NotKeyed:
+        return None
+
+
+class _NotKeyed(Exception):
+    """An argument that is neither a meta tensor, a plain value nor a tuple, list or dict of them."""
+
+
+_SEQUENCES = (tuple, list, torch.Size)
+_VALUES = (int, float, bool, str, torch.dtype, torch.device, torch.memory_format, torch.layout, type(None))
+
+
+def _argument_key(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        if not value.is_meta:
+            raise _NotKeyed
+        return value.shape, value.stride(), value.storage_offset(), value.dtype
+    kind = type(value)
+    if kind in _SEQUENCES:
+        return kind, *map(_argument_key, value)
+    if kind is dict:
+        return dict, *((name, _argument_key(item)) for name, item in value.items())
+    if kind in _VALUES:
+        return kind, value
+    raise _NotKeyed
+
+
+_UNSEEN = object()
+
+
+@dataclass(frozen=True)
+class _TensorMeta:
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class _Items:
+    kind: type
+    items: tuple[Any, ...]
+
+
+def _rebuilt(described: Any) -> Any:
+    """New tensors (and values) of the structure :func:`_described` recorded."""
+    if isinstance(described, _TensorMeta):
+        return torch.empty_strided(described.shape, described.stride, dtype=described.dtype, device="meta")
+    if isinstance(described, _Items):
+        return described.kind(map(_rebuilt, described.items))
+    return described
+
+
+def _is_functional(func: Any) -> bool:
+    if not isinstance(func, torch._ops.OpOverload) or func.namespace != "aten":
+        return False
+    schema = func._schema
+    return (not schema.is_mutable and torch.Tag.nondeterministic_seeded not in func.tags
+            and all(a.alias_info is None for a in (*schema.arguments, *schema.returns)))
+
+
+def _rebuildable(out: Any, inputs: Any) -> Any:
+    """The output's structure with each tensor's :class:`_TensorMeta`, when new tensors of its shapes, strides
+    and dtypes stand in for it exactly (an output sharing storage with an input, as ``_unsafe_view``'s, does
+    not); else None."""
+    try:
+        return _described(out, {t.untyped_storage()._cdata for t in tensors_in(inputs)})
+    except _NotKeyed:
+        return None
+
+
+def _described(value: Any, storages: set[int]) -> Any:
+    if isinstance(value, torch.Tensor):
+        storage = value.untyped_storage()
+        fresh = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        if (not value.is_meta or type(value) is not torch.Tensor or value.storage_offset() != 0
+                or storage.nbytes() != fresh.untyped_storage().nbytes() or storage._cdata in storages
+                or value.is_conj() or value.is_neg()):
+            raise _NotKeyed
+        storages.add(storage._cdata)
+        return _TensorMeta(tuple(value.shape), value.stride(), value.dtype)
+    if type(value) in (tuple, list):
+        return _Items(type(value), tuple(_described(item, storages) for item in value))
+    if type(value) in (int, float, bool, type(None)):
+        return value
+    raise _NotKeyed
+
+
+def class_targets(output: Any, model_id: str) -> torch.Tensor:
     """Class targets (index 0) for the cross-entropy loss of the profiled training step: one per sample of the
     (batch, classes) or (batch, tokens, vocab) logits (:func:`perfzoo.profiling.core.step_loss`)."""
     logits = tensors_in(output)
@@ -278,7 +514,7 @@ def _targets(output: Any, model_id: str) -> torch.Tensor:
 
 
 def _training_step(
-    model: nn.Module, x: torch.Tensor, optimizer: str, recorder: _OpRecorder, model_id: str
+    model: nn.Module, x: torch.Tensor, optimizer: str, recorder: OpRecorder, model_id: str
 ) -> None:
     """forward + cross-entropy + backward + optimizer step, each phase under ``recorder``. The optimizer steps
     once untraced first, so the traced step is the steady state the profiler times (optimizer state exists)."""
@@ -286,7 +522,7 @@ def _training_step(
     opt.zero_grad(set_to_none=True)
     with recorder.in_phase("forward"):
         output = model(x)
-        loss = step_loss(nn.functional.cross_entropy, output, _targets(output, model_id))
+        loss = step_loss(nn.functional.cross_entropy, output, class_targets(output, model_id))
     with recorder.in_phase("backward"):
         loss.backward()
     opt.step()
@@ -303,7 +539,7 @@ def trace_step(model: nn.Module, x: torch.Tensor, mode: str, flop_registry: dict
     """
     if optimizer not in OPTIMIZERS:
         raise InputError(f"model {model_id}: unknown optimizer {optimizer!r} (expected one of {OPTIMIZERS})")
-    recorder = _OpRecorder(model_id, flop_registry)
+    recorder = OpRecorder(model_id, flop_registry)
     try:
         if mode == "inference":
             model.eval()
@@ -351,6 +587,10 @@ def op_aggregates(table: pd.DataFrame) -> dict[str, float]:
     return {name: float(totals[stat].get(kind, 0)) for name, (kind, stat) in OP_FEATURE_KINDS.items()}
 
 
+def _untraced(error: OpTraceError) -> dict[str, Any]:
+    return {**dict.fromkeys(OP_FEATURES, float("nan")), OP_ERROR_COLUMN: str(error)}
+
+
 def traced_op_features(build: Callable[[], nn.Module], x: torch.Tensor, mode: str,
                        flop_registry: dict[Any, Callable[..., int]], model_id: str = "", optimizer: str = "sgd",
                        ) -> tuple[dict[str, Any], pd.DataFrame | None]:
@@ -362,5 +602,6 @@ def traced_op_features(build: Callable[[], nn.Module], x: torch.Tensor, mode: st
     try:
         table = trace_step(build(), x, mode, flop_registry, model_id, optimizer)
     except OpTraceError as exc:
-        return {**dict.fromkeys(OP_FEATURES, float("nan")), OP_ERROR_COLUMN: str(exc)}, None
+        return _untraced(exc), None
     return {**op_aggregates(table), OP_ERROR_COLUMN: ""}, table
+
