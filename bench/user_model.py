@@ -90,7 +90,7 @@ def predicted(ref: str, shape: tuple[int, ...], case: Case, results: Path, confi
         q = quantities[target]
         row.update({f"pred_{target}": q.get("value"), f"pred_{target}_lo": q.get("lo"),
                     f"pred_{target}_hi": q.get("hi"), f"predictor_{target}": q.get("source")})
-        notes += [f"{label}: {n}" for n in str(q.get("interval", "")).split("; ")[1:]]
+        notes += [f"{label}: {n}" for n in top_level_parts(str(q.get("interval", "")))[1:]]
         row[f"baseline_{target}"] = float(flops_nearest(dataset, features, target)[0])
     row["breakdown"] = breakdown(record, results, device, features)
     warnings = record["warnings"]
@@ -98,6 +98,17 @@ def predicted(ref: str, shape: tuple[int, ...], case: Case, results: Path, confi
     row["family_warning"] = next((w for w in warnings if w.startswith(UNSEEN_FAMILY_WARNING)), "")
     row["predictor_choice"] = record["predictor_choice"]
     return row
+
+
+def top_level_parts(text: str) -> list[str]:
+    """``text`` split at its "; " separators outside parentheses (a range check lists its reasons inside)."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and text.startswith("; ", i):
+            parts.append(text[start:i])
+            start = i + 2
+    return [*parts, text[start:]]
 
 
 def breakdown(record: dict[str, Any], results: Path, device: str, features: pd.DataFrame) -> str:
