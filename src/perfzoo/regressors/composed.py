@@ -45,7 +45,9 @@ the workflow's ``composed``: on the default zoo it was compared side by side (``
 
 from __future__ import annotations
 
+import functools
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -260,6 +262,17 @@ COSTED_TIME_LABELS = tuple(f"{OP_TIME_PREFIX}{kind}_ms" for kind in COSTED_KINDS
 TIME_LABEL_KEY = ("device", "model_id", "mode", "batch")
 
 
+@functools.lru_cache(maxsize=4)
+def _time_labels(path: str, mtime_ns: int) -> pd.DataFrame:
+    """Measured per-kind times of the ``op_times`` table at ``path``, indexed by :data:`TIME_LABEL_KEY`: read
+    once per file version, not once per fold (``mtime_ns`` keys the version)."""
+    labels = kind_time_labels(read_parquet(path))
+    if labels.empty:
+        raise InputError(f"composed_optime: {path} has no measured per-op times")
+    times = labels.set_axis(_label_key(labels))[list(COSTED_TIME_LABELS)]
+    return times[~times.index.duplicated()]
+
+
 def _label_key(frame: pd.DataFrame) -> pd.MultiIndex:
     """(device, model_id, mode, batch) of each row, with one dtype per level whatever the table's."""
     return pd.MultiIndex.from_arrays([frame[c].astype(float) if c == "batch" else frame[c].astype(str)
@@ -295,11 +308,8 @@ class ComposedOpTimeRegressor(ComposedRegressor):
         if self.op_times_path is None or all(c in X.columns for c in COSTED_TIME_LABELS):
             return X
         require_columns(X, list(TIME_LABEL_KEY), what="composed_optime")
-        labels = kind_time_labels(read_parquet(self.op_times_path))
-        if labels.empty:
-            raise InputError(f"composed_optime: {self.op_times_path} has no measured per-op times")
-        times = labels.set_axis(_label_key(labels))[list(COSTED_TIME_LABELS)]
-        times = times[~times.index.duplicated()].reindex(_label_key(X))
+        path = Path(self.op_times_path)
+        times = _time_labels(str(path), path.stat().st_mtime_ns if path.exists() else 0).reindex(_label_key(X))
         return X.assign(**{c: times[c].to_numpy(dtype=float) for c in COSTED_TIME_LABELS})
 
     def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> ComposedOpTimeRegressor:
