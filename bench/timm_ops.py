@@ -51,8 +51,8 @@ def trace(name: str, size: int, batch: int, registry: dict) -> dict:
     try:
         x = torch.empty(batch, 3, size, size, device="meta", dtype=torch.half)
         features, _ = traced_op_features(build, x, "inference", registry, f"{name}@{size}")
-    except Exception as exc:  # the builder's own error, named with the model
-        features = {**dict.fromkeys(OP_FEATURES, float("nan")), OP_ERROR_COLUMN: f"build failed: {one_line(exc)}"}
+    except Exception as exc:  # the builder's (or an unexpected tracing) error, named with the model
+        features = {**dict.fromkeys(OP_FEATURES, float("nan")), OP_ERROR_COLUMN: f"failed: {one_line(exc)}"}
     return {"model_id": f"{name}@{size}", "batch": batch, **features}
 
 
