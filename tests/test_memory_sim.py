@@ -121,7 +121,7 @@ def test_a_step_without_meta_kernel_names_the_model() -> None:
 
 # --------------------------------------------------------------------------- the calibrated regressor
 
-COEF = {"cpu": [9.0, 2.0, 1.0, 0.4, 1.0, 35.0], "gpu": [300.0, 0.0, 1.0, 0.0, 0.0, 0.0]}
+COEF = {"cpu": [9.0, 1.0, 0.4, 0.3, 5.0, 35.0], "gpu": [30.0, 1.0, 1.2, 0.0, 0.0, 0.0]}
 
 
 def sim_frame(n: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
@@ -134,9 +134,10 @@ def sim_frame(n: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
         "sim_op_kinds": rng.integers(3, 40, n).astype(float),
         "sim_uses_conv": rng.integers(0, 2, n).astype(float),
         "flops": rng.uniform(1, 2, n)})
-    terms = np.column_stack([np.ones(n), frame["mode"] == "training", frame["sim_peak_bytes"] / 2**20,
-                             frame["sim_activation_bytes"] / 2**20, np.sqrt(frame["sim_op_kinds"]),
-                             frame["sim_uses_conv"]])
+    training = (frame["mode"] == "training").to_numpy(dtype=float)
+    activation = frame["sim_activation_bytes"] / 2**20
+    terms = np.column_stack([training, frame["sim_peak_bytes"] / 2**20, activation, training * activation,
+                             np.sqrt(frame["sim_op_kinds"]), frame["sim_uses_conv"]])
     coef = np.array([COEF[d] for d in frame["device"]])
     return frame, (terms * coef).sum(axis=1)
 
@@ -155,6 +156,26 @@ def test_regressor_recovers_per_device_calibration_and_round_trips(tmp_path: Pat
     unseen = test.assign(device="tpu")  # a device without training rows: the coefficients fitted on all rows
     np.testing.assert_array_equal(loaded.coefficients("tpu").to_numpy(), reg.global_coef_)
     assert not np.allclose(loaded.predict(unseen), loaded.predict(test))
+
+
+def test_a_step_that_allocates_and_runs_nothing_is_predicted_to_add_no_memory() -> None:
+    X, y = sim_frame(120)
+    reg = MemorySimRegressor().fit(X, y)
+    empty = X.iloc[:2].assign(mode="inference", sim_peak_bytes=0.0, sim_activation_bytes=0.0, sim_op_kinds=0.0,
+                              sim_uses_conv=0.0)
+    np.testing.assert_array_equal(reg.predict(empty), [0.0, 0.0])  # no constant term to carry over
+
+
+def test_coefficients_fitted_on_other_terms_are_refused(tmp_path: Path) -> None:
+    X, y = sim_frame(60)
+    doc = MemorySimRegressor().fit(X, y).to_document()
+    doc["state"]["terms_"] = ["intercept", *doc["state"]["terms_"][1:]]  # a file of a version with a constant
+    older = MemorySimRegressor.from_document(doc, "old.json")
+    with pytest.raises(InputError, match="memory_sim fitted on terms intercept, .*refit"):
+        older.predict(X)
+    del doc["state"]["terms_"]
+    with pytest.raises(InputError, match="old.json: 'memory_sim' regressor without fitted terms_"):
+        MemorySimRegressor.from_document(doc, "old.json")
 
 
 def test_regressor_gives_no_prediction_without_simulated_features() -> None:

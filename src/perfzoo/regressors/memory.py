@@ -24,7 +24,7 @@ MIB = 2.0**20
 
 @register_regressor
 class MemorySimRegressor(Regressor):
-    """``peak_mem_mb ≈ a + a_t·[training] + b·peak + c·activation + d·√op_kinds + e·uses_conv`` (sim_*).
+    """``peak_mem_mb ≈ a_t·[training] + b·peak + (c + c_t·[training])·activation + d·√op_kinds + e·uses_conv``.
 
     The ``sim_*`` features come from :func:`perfzoo.features.memory.simulate_peak_memory` (bytes, used in
     MiB): the peak of live tensor bytes of the profiled step replayed on the meta device, the activation
@@ -37,27 +37,35 @@ class MemorySimRegressor(Regressor):
     with fewer than ``min_group_rows`` training rows (or not seen in training) uses the coefficients
     fitted on all rows.
 
+    There is no constant term: a step that allocates nothing and runs no operator adds nothing to the
+    label, which is measured above a baseline taken in the same process. With a free constant, the
+    constant and the operator term are not identified by the few families of a zoo (a held-out family
+    of small models then inherits tens of MiB of someone else's constant; bench/RESULTS.md, "memory_sim
+    without a constant"). Training has its own activation coefficient ``c_t``: activations saved for the
+    backward pass and freed during it leave the allocator's heap fragmented, so the resident set grows
+    faster with them than in inference.
+
     What the calibration absorbs, on the CPU, whose label is the profiling worker's peak resident set size
-    above its baseline taken after ``gc`` and before the model is built (``perfzoo.profiling.core``): the
-    intercepts hold the runtime's own growth in the worker (code pages of the libtorch, BLAS and oneDNN
-    kernels touched for the first time, thread stacks, the interference probe's matrix product, which runs
-    in the same process), separately for training (autograd engine, backward and optimizer kernels);
-    ``e`` holds oneDNN's convolution code and JIT kernels; ``d`` the code of the operators; ``c`` the
-    workspaces that kernels allocate internally in proportion to the activations (convolution reorders,
-    im2col buffers, GEMM packing) and the allocator's fragmentation; ``b`` stays near 1 (weights,
-    gradients and optimizer state are allocated as simulated). On CUDA, whose label is
-    ``max_memory_allocated``, the same terms absorb the caching allocator's rounding and cuBLAS/cuDNN
-    workspaces. A row without simulated features (a model the simulation failed on) gets no prediction
-    (NaN), never an imputed one. Only the ``peak_mem_mb`` target is meaningful. The model is additive in
-    bytes, so ``log_target`` (a parameter of every regressor) must stay false.
+    above its baseline taken after ``gc`` and before the model is built (``perfzoo.profiling.core``):
+    ``a_t`` the autograd engine, backward and optimizer kernels touched by training; ``e`` oneDNN's
+    convolution code and JIT kernels; ``d`` the code of the operators (libtorch, BLAS and oneDNN pages
+    touched for the first time); ``c`` the workspaces that kernels allocate internally in proportion to
+    the activations (convolution reorders, im2col buffers, GEMM packing) and the allocator's
+    fragmentation; ``b`` stays near 1 (weights, gradients and optimizer state are allocated as
+    simulated). On CUDA, whose label is ``max_memory_allocated``, the same terms absorb the caching
+    allocator's rounding and cuBLAS/cuDNN workspaces. A row without simulated features (a model the
+    simulation failed on) gets no prediction (NaN), never an imputed one. Only the ``peak_mem_mb`` target
+    is meaningful. The model is additive in bytes, so ``log_target`` (a parameter of every regressor) must
+    stay false. The fitted state records its term names (``terms_``); a file fitted with other terms is
+    refused on loading.
     """
 
     kind = "memory_sim"
     FEATURES: ClassVar[tuple[str, ...]] = ("sim_peak_bytes", "sim_activation_bytes", "sim_op_kinds",
                                            "sim_uses_conv")
-    TERMS: ClassVar[tuple[str, ...]] = ("intercept", "training", "peak_mib", "activation_mib",
+    TERMS: ClassVar[tuple[str, ...]] = ("training", "peak_mib", "activation_mib", "training_activation_mib",
                                         "sqrt_op_kinds", "uses_conv")
-    _required_state: ClassVar[tuple[str, ...]] = ("feature_names_", "global_coef_", "group_coefs_")
+    _required_state: ClassVar[tuple[str, ...]] = ("feature_names_", "terms_", "global_coef_", "group_coefs_")
 
     def __init__(self, group_col: str | None = "device", min_group_rows: int = 24,
                  log_target: bool = False) -> None:
@@ -71,8 +79,8 @@ class MemorySimRegressor(Regressor):
         require_columns(X, [*self.FEATURES, "mode"], what="memory_sim")
         peak, activation, op_kinds, uses_conv = numeric_matrix(X, self.FEATURES).T
         training = (X["mode"].astype(str) == "training").to_numpy(dtype=float)
-        return np.column_stack([np.ones(len(X)), training, peak / MIB, activation / MIB, np.sqrt(op_kinds),
-                                uses_conv])
+        return np.column_stack([training, peak / MIB, activation / MIB, training * activation / MIB,
+                                np.sqrt(op_kinds), uses_conv])
 
     def _groups(self, X: pd.DataFrame) -> np.ndarray:
         return group_labels(X, self.group_col, "memory_sim group")
@@ -96,6 +104,7 @@ class MemorySimRegressor(Regressor):
             raise InputError(f"memory_sim: {int(usable.sum())} training rows with simulated features and a "
                              f"positive target; it needs at least {len(self.TERMS)}")
         self.feature_names_ = list(self.FEATURES)
+        self.terms_ = list(self.TERMS)
         self.n_features_in_ = len(self.FEATURES)
         self.global_coef_ = self._median_fit(D[usable], target[usable])
         self.group_coefs_ = {
@@ -108,10 +117,18 @@ class MemorySimRegressor(Regressor):
     def coefficients(self, group: str) -> pd.Series:
         """The fitted coefficient of every term for ``group`` (the global ones for an unseen group)."""
         check_is_fitted(self, "global_coef_")
+        self._check_terms()
         return pd.Series(self.group_coefs_.get(group, self.global_coef_), index=list(self.TERMS))
+
+    def _check_terms(self) -> None:
+        """Refuse coefficients fitted on other terms (a file written by another version of this class)."""
+        if list(self.terms_) != list(self.TERMS):
+            raise InputError(f"memory_sim fitted on terms {', '.join(self.terms_)}, not {', '.join(self.TERMS)} "
+                             "(written by another perfzoo version?); refit it with `snakemake --cores all`")
 
     def predict(self, X: pd.DataFrame) -> np.ndarray:
         check_is_fitted(self, "global_coef_")
+        self._check_terms()
         D, groups = self._design(X), self._groups(X)
         coef = np.array([self.group_coefs_.get(g, self.global_coef_) for g in groups], dtype=np.float64)
         return (D * coef.reshape(len(D), len(self.TERMS))).sum(axis=1)  # NaN where a feature is missing
