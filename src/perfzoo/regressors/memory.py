@@ -86,7 +86,7 @@ class MemorySimRegressor(Regressor):
         return group_labels(X, self.group_col, "memory_sim group")
 
     @staticmethod
-    def _median_fit(D: np.ndarray, y: np.ndarray) -> np.ndarray:
+    def median_fit(D: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Coefficients minimising the sum of |y - D·c| / y (the MAPE of the training rows)."""
         solver = QuantileRegressor(quantile=0.5, alpha=0.0, fit_intercept=False, solver="highs")
         return solver.fit(D, y, sample_weight=1.0 / y).coef_.astype(np.float64)
@@ -106,9 +106,9 @@ class MemorySimRegressor(Regressor):
         self.feature_names_ = list(self.FEATURES)
         self.terms_ = list(self.TERMS)
         self.n_features_in_ = len(self.FEATURES)
-        self.global_coef_ = self._median_fit(D[usable], target[usable])
+        self.global_coef_ = self.median_fit(D[usable], target[usable])
         self.group_coefs_ = {
-            str(g): self._median_fit(D[usable & (groups == g)], target[usable & (groups == g)])
+            str(g): self.median_fit(D[usable & (groups == g)], target[usable & (groups == g)])
             for g in sorted(set(groups[usable])) if (usable & (groups == g)).sum() >= self.min_group_rows
         }
         self.n_unusable_rows_ = int((~usable).sum())
