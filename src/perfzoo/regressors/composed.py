@@ -80,15 +80,25 @@ WEIGHTINGS = ("relative", "mape", "none")
 ALL_DEVICES = "*"
 """Key of the fit on every device's rows together, used for a device not seen in training."""
 OVERHEAD_TERMS = ("overhead", "overhead_training")
+WEIGHT_COLUMN = "weight_bytes"
+WEIGHT_TERMS = ("weight_bytes", "weight_bytes_training")
+"""Terms of ``weight_term``: a cost per byte of the model's parameters per step, and its extra in training."""
 # (operator features x kinds) and (operator features x statistics) indicator matrices
 _KIND_OF = np.array([[OP_FEATURE_KINDS[f][0] == k for k in COSTED_KINDS] for f in OP_FEATURES], dtype=float)
 _STAT_OF = np.array([[OP_FEATURE_KINDS[f][1] == st for st in OP_STATS] for f in OP_FEATURES], dtype=float)
 _COUNT_COLUMN = np.array([OP_FEATURES.index(f"op_{k}_count") for k in COSTED_KINDS])
 
 
-def _nonnegative_fit(A: np.ndarray, y: np.ndarray, weighting: str) -> np.ndarray:
+def _nonnegative_fit(A: np.ndarray, y: np.ndarray, weighting: str, prior: np.ndarray | None = None,
+                     strength: float = 0.0) -> np.ndarray:
     """Non-negative coefficients of ``y ≈ A·c`` under ``weighting`` (see the module docstring), each column
-    of ``A`` scaled to unit maximum first for conditioning."""
+    of ``A`` scaled to unit maximum first for conditioning; with ``strength > 0``, each coefficient whose
+    ``prior`` is finite is pulled towards it (:func:`_shrinkage_rows`)."""
+    if strength > 0 and prior is not None:
+        extra_A, extra_y = _shrinkage_rows(A, y, prior, strength, weighting)
+        w = 1.0 / y if weighting == "relative" else np.ones_like(y)
+        A, y = np.vstack([A * w[:, None], extra_A]), np.concatenate([y * w, extra_y])
+        weighting = "none"
     scale = np.abs(A).max(axis=0)
     scale[scale == 0] = 1.0
     B = A / scale
@@ -105,6 +115,20 @@ def _nonnegative_fit(A: np.ndarray, y: np.ndarray, weighting: str) -> np.ndarray
     return coef / scale
 
 
+def _shrinkage_rows(A: np.ndarray, y: np.ndarray, prior: np.ndarray, strength: float, weighting: str
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Penalty rows ``√(strength·n)·m_j·(c_j − prior_j)`` for the columns with a finite prior, appended to the
+    weighted least squares: ``m_j`` is the mean weighted contribution of a unit coefficient of column ``j``,
+    so the penalty prices moving a term's mean share of the step by as much as the same relative residual on
+    every row (``strength`` 1: equal)."""
+    w = 1.0 / y if weighting == "relative" else np.ones_like(y)
+    columns = np.flatnonzero(np.isfinite(prior))
+    mean_share = (A * w[:, None]).mean(axis=0)
+    rows = np.zeros((len(columns), A.shape[1]))
+    rows[np.arange(len(columns)), columns] = np.sqrt(strength * len(y)) * mean_share[columns]
+    return rows, rows[np.arange(len(columns)), columns] * prior[columns]
+
+
 @register_regressor
 class ComposedRegressor(Regressor):
     """Per-device sum of per-kind operator costs plus an overhead, non-negative, in linear space."""
@@ -112,11 +136,13 @@ class ComposedRegressor(Regressor):
     kind = "composed"
 
     def __init__(self, group_col: str | None = "device", weighting: str = "relative", fallback: str = "linear",
-                 log_target: bool = False) -> None:
+                 log_target: bool = False, weight_term: bool = False, shrinkage: float = 0.0) -> None:
         self.group_col = group_col
         self.weighting = weighting
         self.fallback = fallback
         self.log_target = log_target
+        self.weight_term = weight_term
+        self.shrinkage = shrinkage
 
     # -- design
 
@@ -129,17 +155,29 @@ class ComposedRegressor(Regressor):
             raise InputError(f"composed: is_training missing in {int(np.isnan(flag).sum())} row(s)")
         return flag
 
+    def _base_terms(self) -> tuple[str, ...]:
+        """The per-step terms before the operator features: the overheads, and the weight terms if asked."""
+        return (*OVERHEAD_TERMS, *WEIGHT_TERMS) if self.weight_term else OVERHEAD_TERMS
+
     def _design(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        """([1, is_training, op features...] per row, rows with a complete operator trace)."""
+        """([base terms..., op features...] per row, rows with a complete operator trace (and parameter
+        bytes, with ``weight_term``))."""
         ops = numeric_matrix(X, list(OP_FEATURES))
         traced = ~np.isnan(ops).any(axis=1)
-        design = np.column_stack([np.ones(len(X)), self._training_flag(X), np.nan_to_num(ops)])
+        flag = self._training_flag(X)
+        base = [np.ones(len(X)), flag]
+        if self.weight_term:
+            require_columns(X, [WEIGHT_COLUMN], what="composed with weight_term (a model feature)")
+            weights = numeric_matrix(X, [WEIGHT_COLUMN])[:, 0]
+            traced &= np.isfinite(weights)
+            base += [np.nan_to_num(weights), np.nan_to_num(weights) * flag]
+        design = np.column_stack([*base, np.nan_to_num(ops)])
         return design, traced
 
-    @staticmethod
-    def _pooled(design: np.ndarray) -> np.ndarray:
-        """[1, is_training, Σ flops, Σ bytes, Σ count] of a design matrix."""
-        return np.column_stack([design[:, :2], design[:, 2:] @ _STAT_OF])
+    def _pooled(self, design: np.ndarray) -> np.ndarray:
+        """[base terms..., Σ flops, Σ bytes, Σ count] of a design matrix."""
+        nb = len(self._base_terms())
+        return np.column_stack([design[:, :nb], design[:, nb:] @ _STAT_OF])
 
     def _groups(self, X: pd.DataFrame) -> np.ndarray:
         return group_labels(X, self.group_col, "composed group", pooled=ALL_DEVICES)
@@ -156,6 +194,8 @@ class ComposedRegressor(Regressor):
         require_columns(X, OP_FEATURES, what="operator feature (from the features rule)")
         if self.weighting not in WEIGHTINGS:
             raise InputError(f"composed: unknown weighting {self.weighting!r} (expected one of {WEIGHTINGS})")
+        if self.shrinkage < 0 or (self.shrinkage > 0 and self.weighting == "mape"):
+            raise InputError(f"composed: shrinkage {self.shrinkage!r} must be >= 0, and 0 with weighting 'mape'")
         if self.fallback not in REGISTRY or self.fallback == self.kind:
             raise InputError(f"composed: fallback {self.fallback!r} is not another registered regressor")
         target = self._encode_target(y, len(X))
@@ -166,17 +206,19 @@ class ComposedRegressor(Regressor):
         design, traced = self._design(X)
         if not traced.any():
             raise InputError("composed: no training row has an operator trace (op_* features all missing)")
-        self.feature_names_ = [*OVERHEAD_TERMS, *OP_FEATURES]
+        nb = len(self._base_terms())
+        self.feature_names_ = [*self._base_terms(), *OP_FEATURES]
         self.n_features_in_ = len(self.feature_names_)
         self.n_untraced_train_ = int((~traced).sum())
         groups = self._groups(X)
         self.coef_, self.pooled_coef_, self.seen_kinds_ = {}, {}, {}
         for group in [ALL_DEVICES, *sorted(set(groups[traced]))]:
             rows = traced & ((groups == group) if group != ALL_DEVICES else True)
-            self.coef_[group] = _nonnegative_fit(design[rows], target[rows], self.weighting)
-            pooled = self._pooled(design[rows])
-            self.pooled_coef_[group] = _nonnegative_fit(pooled, target[rows], self.weighting)
-            calls = design[rows][:, 2:][:, _COUNT_COLUMN].sum(axis=0)
+            pooled = _nonnegative_fit(self._pooled(design[rows]), target[rows], self.weighting)
+            prior = np.concatenate([np.full(nb, np.nan), _STAT_OF @ pooled[nb:]])
+            self.pooled_coef_[group] = pooled
+            self.coef_[group] = _nonnegative_fit(design[rows], target[rows], self.weighting, prior, self.shrinkage)
+            calls = design[rows][:, nb:][:, _COUNT_COLUMN].sum(axis=0)
             self.seen_kinds_[group] = [k for k, n in zip(COSTED_KINDS, calls, strict=True) if n > 0]
         self.fallback_model_ = REGISTRY[self.fallback]().fit(self._without_ops(X), y)
         return self
@@ -190,18 +232,19 @@ class ComposedRegressor(Regressor):
         require_columns(X, OP_FEATURES, what="operator feature (from the features rule)")
         design, traced = self._design(X)
         groups = self._groups(X)
+        nb = len(self._base_terms())
         overhead = np.zeros(len(X))
         costs = np.zeros((len(X), len(COSTED_KINDS)))
         unseen = np.zeros((len(X), len(COSTED_KINDS)), dtype=bool)
         for i, group in enumerate(groups):
             key = group if group in self.coef_ else ALL_DEVICES
             coef, pooled = np.asarray(self.coef_[key]), np.asarray(self.pooled_coef_[key])
-            ops = design[i, 2:]
-            overhead[i] = design[i, :2] @ coef[:2]
+            ops = design[i, nb:]
+            overhead[i] = design[i, :nb] @ coef[:nb]
             never_seen = np.array([k not in self.seen_kinds_[key] for k in COSTED_KINDS])
             unseen[i] = never_seen & (ops[_COUNT_COLUMN] > 0)
             of_unseen = _KIND_OF[:, unseen[i]].any(axis=1)
-            per_feature = np.where(of_unseen, ops * (_STAT_OF @ pooled[2:]), ops * coef[2:])
+            per_feature = np.where(of_unseen, ops * (_STAT_OF @ pooled[nb:]), ops * coef[nb:])
             costs[i] = per_feature @ _KIND_OF
         return overhead, costs, unseen, traced
 
@@ -338,7 +381,8 @@ class ComposedOpTimeRegressor(ComposedRegressor):
         """(coefficients, pooled coefficients, kinds seen) of one device: per-kind fits on the measured kind
         times of the ``timed`` rows, then the scale and overhead on every ``traced`` row's latency."""
         all_design, all_target = design[traced], target[traced]
-        ops, kind_times = design[timed, 2:], kind_times[timed]
+        nb = len(self._base_terms())
+        ops, kind_times = design[timed, nb:], kind_times[timed]
         per_feature = np.zeros(ops.shape[1])
         seen = []
         for j, kind in enumerate(COSTED_KINDS):
@@ -352,8 +396,8 @@ class ComposedOpTimeRegressor(ComposedRegressor):
                                                     self.weighting)
         total = kind_times.sum(axis=1)
         pooled_ops = _nonnegative_fit(ops @ _STAT_OF, total, self.weighting)
-        predicted = all_design[:, 2:] @ per_feature
-        scale_and_overhead = _nonnegative_fit(np.column_stack([predicted, all_design[:, :2]]), all_target,
+        predicted = all_design[:, nb:] @ per_feature
+        scale_and_overhead = _nonnegative_fit(np.column_stack([predicted, all_design[:, :nb]]), all_target,
                                               self.weighting)
         scale, overhead = scale_and_overhead[0], scale_and_overhead[1:]
         return (np.concatenate([overhead, scale * per_feature]),
