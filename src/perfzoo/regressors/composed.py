@@ -80,6 +80,11 @@ WEIGHTINGS = ("relative", "mape", "none")
 ALL_DEVICES = "*"
 """Key of the fit on every device's rows together, used for a device not seen in training."""
 OVERHEAD_TERMS = ("overhead", "overhead_training")
+SHRINKAGE_GRID = (0.0, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
+INNER_CV = "cv"
+"""``shrinkage="cv"``: the strength from :data:`SHRINKAGE_GRID` with the lowest leave-one-model-out MAPE on
+the training rows of each device."""
+INNER_GROUP_COLUMN = "model_id"
 WEIGHT_COLUMN = "weight_bytes"
 WEIGHT_TERMS = ("weight_bytes", "weight_bytes_training")
 """Terms of ``weight_term``: a cost per byte of the model's parameters per step, and its extra in training."""
@@ -136,7 +141,7 @@ class ComposedRegressor(Regressor):
     kind = "composed"
 
     def __init__(self, group_col: str | None = "device", weighting: str = "relative", fallback: str = "linear",
-                 log_target: bool = False, weight_term: bool = False, shrinkage: float = 0.0) -> None:
+                 log_target: bool = False, weight_term: bool = False, shrinkage: float | str = 0.0) -> None:
         self.group_col = group_col
         self.weighting = weighting
         self.fallback = fallback
@@ -194,8 +199,7 @@ class ComposedRegressor(Regressor):
         require_columns(X, OP_FEATURES, what="operator feature (from the features rule)")
         if self.weighting not in WEIGHTINGS:
             raise InputError(f"composed: unknown weighting {self.weighting!r} (expected one of {WEIGHTINGS})")
-        if self.shrinkage < 0 or (self.shrinkage > 0 and self.weighting == "mape"):
-            raise InputError(f"composed: shrinkage {self.shrinkage!r} must be >= 0, and 0 with weighting 'mape'")
+        self._check_shrinkage()
         if self.fallback not in REGISTRY or self.fallback == self.kind:
             raise InputError(f"composed: fallback {self.fallback!r} is not another registered regressor")
         target = self._encode_target(y, len(X))
@@ -211,17 +215,53 @@ class ComposedRegressor(Regressor):
         self.n_features_in_ = len(self.feature_names_)
         self.n_untraced_train_ = int((~traced).sum())
         groups = self._groups(X)
-        self.coef_, self.pooled_coef_, self.seen_kinds_ = {}, {}, {}
+        inner_groups = (X[INNER_GROUP_COLUMN].astype(str).to_numpy() if self.shrinkage == INNER_CV
+                        else np.zeros(len(X)))
+        self.coef_, self.pooled_coef_, self.seen_kinds_, self.shrinkage_ = {}, {}, {}, {}
         for group in [ALL_DEVICES, *sorted(set(groups[traced]))]:
             rows = traced & ((groups == group) if group != ALL_DEVICES else True)
-            pooled = _nonnegative_fit(self._pooled(design[rows]), target[rows], self.weighting)
-            prior = np.concatenate([np.full(nb, np.nan), _STAT_OF @ pooled[nb:]])
-            self.pooled_coef_[group] = pooled
-            self.coef_[group] = _nonnegative_fit(design[rows], target[rows], self.weighting, prior, self.shrinkage)
+            strength = (self._inner_cv_strength(design[rows], target[rows], inner_groups[rows])
+                        if self.shrinkage == INNER_CV else float(self.shrinkage))
+            self.coef_[group], self.pooled_coef_[group] = self._fit_costs(design[rows], target[rows], strength)
+            self.shrinkage_[group] = strength
             calls = design[rows][:, nb:][:, _COUNT_COLUMN].sum(axis=0)
             self.seen_kinds_[group] = [k for k, n in zip(COSTED_KINDS, calls, strict=True) if n > 0]
         self.fallback_model_ = REGISTRY[self.fallback]().fit(self._without_ops(X), y)
         return self
+
+    def _check_shrinkage(self) -> None:
+        valid = self.shrinkage == INNER_CV or (isinstance(self.shrinkage, int | float) and self.shrinkage >= 0)
+        if not valid or (self.shrinkage != 0 and self.weighting == "mape"):
+            raise InputError(f"composed: shrinkage {self.shrinkage!r} must be a number >= 0 or {INNER_CV!r}, "
+                             "and 0 with weighting 'mape'")
+
+    def _fit_costs(self, design: np.ndarray, target: np.ndarray, strength: float) -> tuple[np.ndarray, np.ndarray]:
+        """(coefficients, pooled coefficients) of one device's rows: the pooled fit first, then the per-kind
+        fit, each operator coefficient pulled towards its statistic's pooled one with ``strength``."""
+        nb = len(self._base_terms())
+        pooled = _nonnegative_fit(self._pooled(design), target, self.weighting)
+        prior = np.concatenate([np.full(nb, np.nan), _STAT_OF @ pooled[nb:]])
+        return _nonnegative_fit(design, target, self.weighting, prior, strength), pooled
+
+    def _inner_cv_strength(self, design: np.ndarray, target: np.ndarray, models: np.ndarray) -> float:
+        """The shrinkage strength of :data:`SHRINKAGE_GRID` with the lowest MAPE when each model's rows are
+        predicted by a fit on the other models' rows (kinds the others never ran costed by the pooled fit);
+        the first of the grid with one model only."""
+        if len(set(models)) < 2:
+            return SHRINKAGE_GRID[0]
+        nb = len(self._base_terms())
+        errors = []
+        for strength in SHRINKAGE_GRID:
+            predicted = np.zeros(len(target))
+            for model in sorted(set(models)):
+                held, train = models == model, models != model
+                coef, pooled = self._fit_costs(design[train], target[train], strength)
+                never_ran = design[train][:, nb:][:, _COUNT_COLUMN].sum(axis=0) == 0
+                of_unseen = _KIND_OF[:, never_ran].any(axis=1)
+                coef[nb:] = np.where(of_unseen, _STAT_OF @ pooled[nb:], coef[nb:])
+                predicted[held] = design[held] @ coef
+            errors.append(np.mean(np.abs(predicted - target) / target))
+        return SHRINKAGE_GRID[int(np.argmin(errors))]
 
     # -- predict
 
