@@ -19,6 +19,24 @@ coefficient and small configs get large relative errors. ``"mape"`` minimises th
 error itself (a linear program, scipy's HiGHS); on the two default runs of ``bench/RESULTS.md`` it did not do
 better than ``"relative"`` on one and better on the other, so the simpler least squares stays the default.
 
+Shrinkage towards the pooled fit
+--------------------------------
+A kind that few training families run (attention, embedding, grouped convolutions) gets its cost from a
+handful of configs, and with 40 free coefficients on ~80 rows the fit trades one kind's cost against
+another's. ``shrinkage`` pulls each per-kind coefficient towards the pooled fit's coefficient of the same
+statistic (one time per FLOP, per byte and per call for all kinds together, fitted first): a penalty
+``strength·n·Σ_j (m_j·(c_j − pooled_j))²`` is added to the weighted least squares, ``m_j`` the mean
+weighted contribution of a unit coefficient, so strength 1 prices moving a term's mean share of the step
+as much as the same relative error on every row. 0 is the unshrunk fit, a large strength the pooled fit.
+``shrinkage="cv"`` (default) picks the strength per device from :data:`SHRINKAGE_GRID` by an inner
+leave-one-model-out on the training rows (lowest MAPE of the held-out models), so the choice never sees a
+test row; ``bench/RESULTS.md`` ("Composed with per-kind costs shrunk towards the pooled fit") has how it
+was chosen and what it gives on the default zoo.
+
+``weight_term=True`` adds a cost per byte of the model's parameters (``weight_bytes``) per step and its
+extra in training (weights read once per step, whatever the batch); it did not help on the default zoo and
+is off by default.
+
 Kinds never seen in training
 ----------------------------
 A kind with zero calls in every training row of a device has no fitted cost there; a row that uses it gets
@@ -141,7 +159,7 @@ class ComposedRegressor(Regressor):
     kind = "composed"
 
     def __init__(self, group_col: str | None = "device", weighting: str = "relative", fallback: str = "linear",
-                 log_target: bool = False, weight_term: bool = False, shrinkage: float | str = 0.0) -> None:
+                 log_target: bool = False, weight_term: bool = False, shrinkage: float | str = INNER_CV) -> None:
         self.group_col = group_col
         self.weighting = weighting
         self.fallback = fallback
@@ -215,8 +233,11 @@ class ComposedRegressor(Regressor):
         self.n_features_in_ = len(self.feature_names_)
         self.n_untraced_train_ = int((~traced).sum())
         groups = self._groups(X)
-        inner_groups = (X[INNER_GROUP_COLUMN].astype(str).to_numpy() if self.shrinkage == INNER_CV
-                        else np.zeros(len(X)))
+        if self.shrinkage == INNER_CV:
+            require_columns(X, [INNER_GROUP_COLUMN], what="composed with shrinkage 'cv' (its inner folds' groups)")
+            inner_groups = X[INNER_GROUP_COLUMN].astype(str).to_numpy()
+        else:
+            inner_groups = np.zeros(len(X))
         self.coef_, self.pooled_coef_, self.seen_kinds_, self.shrinkage_ = {}, {}, {}, {}
         for group in [ALL_DEVICES, *sorted(set(groups[traced]))]:
             rows = traced & ((groups == group) if group != ALL_DEVICES else True)
@@ -381,7 +402,7 @@ class ComposedOpTimeRegressor(ComposedRegressor):
 
     def __init__(self, group_col: str | None = "device", weighting: str = "relative", fallback: str = "linear",
                  log_target: bool = False, op_times_path: str | None = None) -> None:
-        super().__init__(group_col, weighting, fallback, log_target)
+        super().__init__(group_col, weighting, fallback, log_target, shrinkage=0.0)
         self.op_times_path = op_times_path
 
     def _with_time_labels(self, X: pd.DataFrame) -> pd.DataFrame:
