@@ -251,11 +251,11 @@ def test_composed_inner_cv_needs_model_ids_and_mape_weighting_no_shrinkage():
         ComposedRegressor(weighting="mape", shrinkage=1.0).fit(X, y)
 
 
-def test_composed_weight_term_costs_the_parameter_bytes_of_a_step():
+def test_composed_step_terms_cost_a_model_feature_once_per_step():
     X, y = synthetic(40)
     X["weight_bytes"] = np.linspace(1e6, 4e8, len(X))
     y = y + 2e-9 * X["weight_bytes"].to_numpy()
-    coef = ComposedRegressor(weight_term=True, shrinkage=0.0).fit(X, y).coefficients("cpu")
+    coef = ComposedRegressor(step_terms=("weight_bytes",), shrinkage=0.0).fit(X, y).coefficients("cpu")
     assert coef["weight_bytes"] == pytest.approx(2e-9, rel=1e-6)
 
 

@@ -33,9 +33,10 @@ leave-one-model-out on the training rows (lowest MAPE of the held-out models), s
 test row; ``bench/RESULTS.md`` ("Composed with per-kind costs shrunk towards the pooled fit") has how it
 was chosen and what it gives on the default zoo.
 
-``weight_term=True`` adds a cost per byte of the model's parameters (``weight_bytes``) per step and its
-extra in training (weights read once per step, whatever the batch); it did not help on the default zoo and
-is off by default.
+``step_terms`` names model features costed once per step, whatever the batch, each with an extra in
+training (non-negative, like the rest): e.g. ``("weight_bytes",)`` for weights read once per step, or
+``("n_layers",)`` for a per-module dispatch cost outside any operator. None by default (see
+``bench/RESULTS.md`` for the ones tried).
 
 Kinds never seen in training
 ----------------------------
@@ -103,9 +104,6 @@ INNER_CV = "cv"
 """``shrinkage="cv"``: the strength from :data:`SHRINKAGE_GRID` with the lowest leave-one-model-out MAPE on
 the training rows of each device."""
 INNER_GROUP_COLUMN = "model_id"
-WEIGHT_COLUMN = "weight_bytes"
-WEIGHT_TERMS = ("weight_bytes", "weight_bytes_training")
-"""Terms of ``weight_term``: a cost per byte of the model's parameters per step, and its extra in training."""
 # (operator features x kinds) and (operator features x statistics) indicator matrices
 _KIND_OF = np.array([[OP_FEATURE_KINDS[f][0] == k for k in COSTED_KINDS] for f in OP_FEATURES], dtype=float)
 _STAT_OF = np.array([[OP_FEATURE_KINDS[f][1] == st for st in OP_STATS] for f in OP_FEATURES], dtype=float)
@@ -159,12 +157,13 @@ class ComposedRegressor(Regressor):
     kind = "composed"
 
     def __init__(self, group_col: str | None = "device", weighting: str = "relative", fallback: str = "linear",
-                 log_target: bool = False, weight_term: bool = False, shrinkage: float | str = INNER_CV) -> None:
+                 log_target: bool = False, step_terms: tuple[str, ...] = (),
+                 shrinkage: float | str = INNER_CV) -> None:
         self.group_col = group_col
         self.weighting = weighting
         self.fallback = fallback
         self.log_target = log_target
-        self.weight_term = weight_term
+        self.step_terms = step_terms
         self.shrinkage = shrinkage
 
     # -- design
@@ -180,20 +179,21 @@ class ComposedRegressor(Regressor):
 
     def _base_terms(self) -> tuple[str, ...]:
         """The per-step terms before the operator features: the overheads, and the weight terms if asked."""
-        return (*OVERHEAD_TERMS, *WEIGHT_TERMS) if self.weight_term else OVERHEAD_TERMS
+        return (*OVERHEAD_TERMS, *(f"{c}{suffix}" for c in self.step_terms for suffix in ("", "_training")))
 
     def _design(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         """([base terms..., op features...] per row, rows with a complete operator trace (and parameter
-        bytes, with ``weight_term``))."""
+        model features named in ``step_terms``))."""
         ops = numeric_matrix(X, list(OP_FEATURES))
         traced = ~np.isnan(ops).any(axis=1)
         flag = self._training_flag(X)
         base = [np.ones(len(X)), flag]
-        if self.weight_term:
-            require_columns(X, [WEIGHT_COLUMN], what="composed with weight_term (a model feature)")
-            weights = numeric_matrix(X, [WEIGHT_COLUMN])[:, 0]
-            traced &= np.isfinite(weights)
-            base += [np.nan_to_num(weights), np.nan_to_num(weights) * flag]
+        if self.step_terms:
+            require_columns(X, list(self.step_terms), what="composed step_terms (model features)")
+            per_step = numeric_matrix(X, list(self.step_terms))
+            traced &= np.isfinite(per_step).all(axis=1)
+            for column in np.nan_to_num(per_step).T:
+                base += [column, column * flag]
         design = np.column_stack([*base, np.nan_to_num(ops)])
         return design, traced
 
