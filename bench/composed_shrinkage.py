@@ -32,9 +32,9 @@ SPLITS = ("leave_one_family_out", "batch_extrapolation", "random", "family_monte
 SELECTION_SPLITS = ("family_monte_carlo", "stratified_kfold")
 VARIANTS = {
     "unshrunk (shrinkage 0, the former default)": {"shrinkage": 0.0},
-    "shrinkage cv (default)": {},
+    "shrinkage cv (inner leave-one-model-out)": {"shrinkage": "cv"},
     "shrinkage 3": {"shrinkage": 3.0},
-    "shrinkage 5": {"shrinkage": 5.0},
+    "shrinkage 5 (default)": {},
     "shrinkage 10": {"shrinkage": 10.0},
     "pooled (shrinkage 1000)": {"shrinkage": 1000.0},
 }

@@ -224,7 +224,7 @@ def test_composed_recovers_known_coefficients(weighting):
 
 def test_composed_inner_cv_leaves_exact_costs_unshrunk():
     X, y = synthetic(60)
-    reg = ComposedRegressor().fit(X, y)  # shrinkage "cv": the unshrunk fit predicts every held-out model exactly
+    reg = ComposedRegressor(shrinkage="cv").fit(X, y)  # the unshrunk fit predicts every held-out model exactly
     assert reg.shrinkage_["cpu"] == 0.0
     np.testing.assert_allclose(reg.predict(X), y, rtol=1e-6)
 
@@ -246,7 +246,7 @@ def test_composed_shrinkage_pulls_the_per_kind_costs_to_the_pooled_fit():
 def test_composed_inner_cv_needs_model_ids_and_mape_weighting_no_shrinkage():
     X, y = synthetic(20)
     with pytest.raises(InputError, match="model_id"):
-        ComposedRegressor().fit(X.drop(columns="model_id"), y)
+        ComposedRegressor(shrinkage="cv").fit(X.drop(columns="model_id"), y)
     with pytest.raises(InputError, match="shrinkage"):
         ComposedRegressor(weighting="mape", shrinkage=1.0).fit(X, y)
 
@@ -306,7 +306,7 @@ def test_only_the_composed_regressor_sees_operator_features_in_fit_split():
                     mode="inference", batch=1, family=[f"f{i % 4}" for i in range(40)], label="x",
                     flops=X["op_matmul_flops"], latency_ms=y)
     split = make_split("leave_one_family_out", data, {"seed": 1337, "random_fractions": [0.7, 0.15, 0.15]})
-    preds, models, _ = fit_split(data, split, "latency_ms", "composed", {"weighting": "none"})
+    preds, models, _ = fit_split(data, split, "latency_ms", "composed", {"weighting": "none", "shrinkage": 0.0})
     np.testing.assert_allclose(preds["y_pred"], preds["y_true"], rtol=1e-6)  # exact synthetic sum
     _, linear, _ = fit_split(data, split, "latency_ms", "linear")
     assert not any(c.startswith("op_") for m in linear.values() for c in m.feature_names_)
