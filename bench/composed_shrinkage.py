@@ -53,14 +53,17 @@ def reference(results: Path) -> pd.DataFrame:
     """Per split: the run's best regressor other than composed, its best baseline and the noise floor."""
     metrics = pd.read_parquet(results / "evaluate" / "metrics.parquet")
     metrics = metrics[metrics["target"] == TARGET]
-    others = metrics[~metrics["regressor"].str.startswith(BASELINE_PREFIX) & (metrics["regressor"] != REGRESSOR)]
+    others = metrics[~metrics["regressor"].str.startswith(BASELINE_PREFIX)
+                     & (metrics["regressor"] != REGRESSOR)]
     best = others.loc[others.groupby("split")["mape"].idxmin(), ["split", "regressor", "mape"]]
-    base = metrics[["split", "best_baseline", "best_baseline_mape", "noise_floor_mape"]].drop_duplicates("split")
+    base = metrics[["split", "best_baseline", "best_baseline_mape", "noise_floor_mape"]]
+    base = base.drop_duplicates("split")
     return best.merge(base, on="split").set_index("split").round(1)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", type=Path)
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
                         help="composed parameters to score instead of the built-in variants")
@@ -71,7 +74,8 @@ def main() -> None:
     rows = {}
     for name, params in variants.items():
         table = scores(args.results, params, tuple(args.splits))
-        cells = {s: f"{table.loc[s, 'mape']:.1f} [{100 * table.loc[s, 'coverage90']:.1f}]" for s in args.splits}
+        cells = {s: f"{table.loc[s, 'mape']:.1f} [{100 * table.loc[s, 'coverage90']:.1f}]"
+                 for s in args.splits}
         if set(SELECTION_SPLITS) <= set(args.splits):
             cells["select"] = f"{table.loc[list(SELECTION_SPLITS), 'mape'].mean():.2f}"
         rows[name] = cells

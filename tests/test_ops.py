@@ -224,7 +224,7 @@ def test_composed_recovers_known_coefficients(weighting):
 
 def test_composed_inner_cv_leaves_exact_costs_unshrunk():
     X, y = synthetic(60)
-    reg = ComposedRegressor(shrinkage="cv").fit(X, y)  # the unshrunk fit predicts every held-out model exactly
+    reg = ComposedRegressor(shrinkage="cv").fit(X, y)  # unshrunk, it predicts every held-out model exactly
     assert reg.shrinkage_["cpu"] == 0.0
     np.testing.assert_allclose(reg.predict(X), y, rtol=1e-6)
 
@@ -306,7 +306,8 @@ def test_only_the_composed_regressor_sees_operator_features_in_fit_split():
                     mode="inference", batch=1, family=[f"f{i % 4}" for i in range(40)], label="x",
                     flops=X["op_matmul_flops"], latency_ms=y)
     split = make_split("leave_one_family_out", data, {"seed": 1337, "random_fractions": [0.7, 0.15, 0.15]})
-    preds, models, _ = fit_split(data, split, "latency_ms", "composed", {"weighting": "none", "shrinkage": 0.0})
+    params = {"weighting": "none", "shrinkage": 0.0}
+    preds, models, _ = fit_split(data, split, "latency_ms", "composed", params)
     np.testing.assert_allclose(preds["y_pred"], preds["y_true"], rtol=1e-6)  # exact synthetic sum
     _, linear, _ = fit_split(data, split, "latency_ms", "linear")
     assert not any(c.startswith("op_") for m in linear.values() for c in m.feature_names_)

@@ -143,8 +143,9 @@ def _nonnegative_fit(A: np.ndarray, y: np.ndarray, weighting: str, prior: np.nda
 
 def _shrinkage_rows(A: np.ndarray, y: np.ndarray, prior: np.ndarray, strength: float, weighting: str
                     ) -> tuple[np.ndarray, np.ndarray]:
-    """Penalty rows ``√(strength·n)·m_j·(c_j − prior_j)`` for the columns with a finite prior, appended to the
-    weighted least squares: ``m_j`` is the mean weighted contribution of a unit coefficient of column ``j``,
+    """Penalty rows ``√(strength·n)·m_j·(c_j − prior_j)`` for the columns with a finite prior, appended to
+    the weighted least squares: ``m_j`` is the mean weighted contribution of a unit coefficient of column
+    ``j``,
     so the penalty prices moving a term's mean share of the step by as much as the same relative residual on
     every row (``strength`` 1: equal)."""
     w = 1.0 / y if weighting == "relative" else np.ones_like(y)
@@ -239,7 +240,7 @@ class ComposedRegressor(Regressor):
         self.n_untraced_train_ = int((~traced).sum())
         groups = self._groups(X)
         if self.shrinkage == INNER_CV:
-            require_columns(X, [INNER_GROUP_COLUMN], what="composed with shrinkage 'cv' (its inner folds' groups)")
+            require_columns(X, [INNER_GROUP_COLUMN], what="composed with shrinkage 'cv' (inner groups)")
             inner_groups = X[INNER_GROUP_COLUMN].astype(str).to_numpy()
         else:
             inner_groups = np.zeros(len(X))
@@ -248,7 +249,8 @@ class ComposedRegressor(Regressor):
             rows = traced & ((groups == group) if group != ALL_DEVICES else True)
             strength = (self._inner_cv_strength(design[rows], target[rows], inner_groups[rows])
                         if self.shrinkage == INNER_CV else float(self.shrinkage))
-            self.coef_[group], self.pooled_coef_[group] = self._fit_costs(design[rows], target[rows], strength)
+            self.coef_[group], self.pooled_coef_[group] = self._fit_costs(design[rows], target[rows],
+                                                                          strength)
             self.shrinkage_[group] = strength
             calls = design[rows][:, nb:][:, _COUNT_COLUMN].sum(axis=0)
             self.seen_kinds_[group] = [k for k, n in zip(COSTED_KINDS, calls, strict=True) if n > 0]
@@ -256,12 +258,14 @@ class ComposedRegressor(Regressor):
         return self
 
     def _check_shrinkage(self) -> None:
-        valid = self.shrinkage == INNER_CV or (isinstance(self.shrinkage, int | float) and self.shrinkage >= 0)
+        number = isinstance(self.shrinkage, int | float) and not isinstance(self.shrinkage, bool)
+        valid = self.shrinkage == INNER_CV or (number and self.shrinkage >= 0)
         if not valid or (self.shrinkage != 0 and self.weighting == "mape"):
             raise InputError(f"composed: shrinkage {self.shrinkage!r} must be a number >= 0 or {INNER_CV!r}, "
                              "and 0 with weighting 'mape'")
 
-    def _fit_costs(self, design: np.ndarray, target: np.ndarray, strength: float) -> tuple[np.ndarray, np.ndarray]:
+    def _fit_costs(self, design: np.ndarray, target: np.ndarray, strength: float
+                   ) -> tuple[np.ndarray, np.ndarray]:
         """(coefficients, pooled coefficients) of one device's rows: the pooled fit first, then the per-kind
         fit, each operator coefficient pulled towards its statistic's pooled one with ``strength``."""
         nb = len(self._base_terms())
