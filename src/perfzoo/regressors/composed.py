@@ -145,9 +145,8 @@ def _shrinkage_rows(A: np.ndarray, y: np.ndarray, prior: np.ndarray, strength: f
                     ) -> tuple[np.ndarray, np.ndarray]:
     """Penalty rows ``√(strength·n)·m_j·(c_j − prior_j)`` for the columns with a finite prior, appended to
     the weighted least squares: ``m_j`` is the mean weighted contribution of a unit coefficient of column
-    ``j``,
-    so the penalty prices moving a term's mean share of the step by as much as the same relative residual on
-    every row (``strength`` 1: equal)."""
+    ``j``, so the penalty prices moving a term's mean share of the step by as much as the same relative
+    residual on every row (``strength`` 1: equal)."""
     w = 1.0 / y if weighting == "relative" else np.ones_like(y)
     columns = np.flatnonzero(np.isfinite(prior))
     mean_share = (A * w[:, None]).mean(axis=0)
