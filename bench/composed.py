@@ -36,7 +36,7 @@ SPLITS = ("leave_one_family_out", "batch_extrapolation", "family_monte_carlo", "
 # (row name, registered regressor, parameters, with operator features)
 CANDIDATES = (
     ("composed", "composed", {}, True),
-    ("composed[mape]", "composed", {"weighting": "mape"}, True),
+    ("composed[mape]", "composed", {"weighting": "mape", "shrinkage": 0.0}, True),
     ("composed[none]", "composed", {"weighting": "none"}, True),
     ("linear-e2e", "linear", {}, False),
     ("linear+ops", "linear", {}, True),

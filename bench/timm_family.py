@@ -100,7 +100,7 @@ def composed_per_sample(train: pd.DataFrame, test: pd.DataFrame) -> np.ndarray:
     def frame(rows: pd.DataFrame) -> pd.DataFrame:
         return rows[list(OP_FEATURES)].assign(is_training=0.0, **{OP_ERROR_COLUMN: ""})
 
-    reg = make_regressor("composed", group_col=None)
+    reg = make_regressor("composed", group_col=None, shrinkage=0.0)  # no model_id for the inner folds here
     reg.fit(frame(train), train["latency_ms"] * train["batch"])
     return np.asarray(reg.predict(frame(test)), float) / test["batch"].to_numpy()
 

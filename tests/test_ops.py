@@ -130,7 +130,7 @@ def synthetic(n: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
     X["op_elementwise_bytes"] = rng.uniform(1e6, 1e9, n)
     X["op_elementwise_count"] = rng.integers(1, 100, n)
     X["op_norm_count"] = rng.integers(0, 60, n)
-    X["device"], X["is_training"] = "cpu", 0.0
+    X["device"], X["is_training"], X["model_id"] = "cpu", 0.0, [f"m{i % 8}" for i in range(n)]
     y = TRUE["overhead"] + sum(coef * X[name] for name, coef in TRUE.items() if name != "overhead")
     return X, y.to_numpy()
 
@@ -213,13 +213,50 @@ def test_a_model_flop_counter_mode_cannot_count_is_left_to_the_separate_passes(m
 @pytest.mark.parametrize("weighting", ["none", "relative", "mape"])
 def test_composed_recovers_known_coefficients(weighting):
     X, y = synthetic(60)
-    reg = make_regressor("composed", weighting=weighting).fit(X, y)
+    reg = make_regressor("composed", weighting=weighting, shrinkage=0.0).fit(X, y)
     coef = reg.coefficients("cpu")
     for name, value in TRUE.items():
         assert coef[name] == pytest.approx(value, rel=1e-6)
     others = coef.drop([*TRUE, "overhead_training"])
     assert np.allclose(others.to_numpy(), 0.0, atol=1e-12)
     np.testing.assert_allclose(reg.predict(X), y, rtol=1e-6)
+
+
+def test_composed_inner_cv_leaves_exact_costs_unshrunk():
+    X, y = synthetic(60)
+    reg = ComposedRegressor(shrinkage="cv").fit(X, y)  # unshrunk, it predicts every held-out model exactly
+    assert reg.shrinkage_["cpu"] == 0.0
+    np.testing.assert_allclose(reg.predict(X), y, rtol=1e-6)
+
+
+def test_composed_shrinkage_pulls_the_per_kind_costs_to_the_pooled_fit():
+    # two kinds with a per-byte cost 10x apart: the stronger the shrinkage, the closer their fitted costs
+    X, y = synthetic(60)
+    y = y + 1e-7 * X["op_elementwise_bytes"].to_numpy()
+    X["op_norm_bytes"] = X["op_elementwise_bytes"].to_numpy()[::-1] * 0.5
+    y = y + 1e-8 * X["op_norm_bytes"].to_numpy()
+    ratio = []
+    for strength in (0.0, 1.0, 1e4):
+        coef = ComposedRegressor(shrinkage=strength).fit(X, y).coefficients("cpu")
+        ratio.append(coef["op_elementwise_bytes"] / coef["op_norm_bytes"])
+    assert ratio[0] == pytest.approx(11.0, rel=1e-3)
+    assert ratio[0] > ratio[1] > ratio[2] and ratio[2] == pytest.approx(1.0, rel=0.05)
+
+
+def test_composed_inner_cv_needs_model_ids_and_mape_weighting_no_shrinkage():
+    X, y = synthetic(20)
+    with pytest.raises(InputError, match="model_id"):
+        ComposedRegressor(shrinkage="cv").fit(X.drop(columns="model_id"), y)
+    with pytest.raises(InputError, match="shrinkage"):
+        ComposedRegressor(weighting="mape", shrinkage=1.0).fit(X, y)
+
+
+def test_composed_step_terms_cost_a_model_feature_once_per_step():
+    X, y = synthetic(40)
+    X["weight_bytes"] = np.linspace(1e6, 4e8, len(X))
+    y = y + 2e-9 * X["weight_bytes"].to_numpy()
+    coef = ComposedRegressor(step_terms=("weight_bytes",), shrinkage=0.0).fit(X, y).coefficients("cpu")
+    assert coef["weight_bytes"] == pytest.approx(2e-9, rel=1e-6)
 
 
 def test_composed_names_a_kind_never_seen_in_training_and_does_not_cost_it_zero():
@@ -269,7 +306,8 @@ def test_only_the_composed_regressor_sees_operator_features_in_fit_split():
                     mode="inference", batch=1, family=[f"f{i % 4}" for i in range(40)], label="x",
                     flops=X["op_matmul_flops"], latency_ms=y)
     split = make_split("leave_one_family_out", data, {"seed": 1337, "random_fractions": [0.7, 0.15, 0.15]})
-    preds, models, _ = fit_split(data, split, "latency_ms", "composed", {"weighting": "none"})
+    params = {"weighting": "none", "shrinkage": 0.0}
+    preds, models, _ = fit_split(data, split, "latency_ms", "composed", params)
     np.testing.assert_allclose(preds["y_pred"], preds["y_true"], rtol=1e-6)  # exact synthetic sum
     _, linear, _ = fit_split(data, split, "latency_ms", "linear")
     assert not any(c.startswith("op_") for m in linear.values() for c in m.feature_names_)

@@ -19,6 +19,27 @@ coefficient and small configs get large relative errors. ``"mape"`` minimises th
 error itself (a linear program, scipy's HiGHS); on the two default runs of ``bench/RESULTS.md`` it did not do
 better than ``"relative"`` on one and better on the other, so the simpler least squares stays the default.
 
+Shrinkage towards the pooled fit
+--------------------------------
+A kind that few training families run (attention, embedding, grouped convolutions) gets its cost from a
+handful of configs, and with 40 free coefficients on ~80 rows the fit trades one kind's cost against
+another's. ``shrinkage`` pulls each per-kind coefficient towards the pooled fit's coefficient of the same
+statistic (one time per FLOP, per byte and per call for all kinds together, fitted first): a penalty
+``strength·n·Σ_j (m_j·(c_j − pooled_j))²`` is added to the weighted least squares, ``m_j`` the mean
+weighted contribution of a unit coefficient, so strength 1 prices moving a term's mean share of the step
+as much as the same relative error on every row. 0 is the unshrunk fit, a large strength the pooled fit.
+The default, :data:`DEFAULT_SHRINKAGE`, was chosen on the family Monte-Carlo and stratified k-fold splits of
+two default runs (``bench/RESULTS.md``, "Composed with per-kind costs shrunk towards the pooled fit", which
+says how and what it gives). ``shrinkage="cv"`` instead picks the strength per device from
+:data:`SHRINKAGE_GRID` by an inner leave-one-model-out on the training rows (lowest MAPE of the held-out
+models; needs ``model_id``); it picked no shrinkage for batch extrapolation on both runs, where the fixed
+strength helps. ``weighting="mape"`` takes no shrinkage (``shrinkage=0``).
+
+``step_terms`` names model features costed once per step, whatever the batch, each with an extra in
+training (non-negative, like the rest): e.g. ``("weight_bytes",)`` for weights read once per step, or
+``("n_layers",)`` for a per-module dispatch cost outside any operator. None by default (see
+``bench/RESULTS.md`` for the ones tried).
+
 Kinds never seen in training
 ----------------------------
 A kind with zero calls in every training row of a device has no fitted cost there; a row that uses it gets
@@ -80,15 +101,30 @@ WEIGHTINGS = ("relative", "mape", "none")
 ALL_DEVICES = "*"
 """Key of the fit on every device's rows together, used for a device not seen in training."""
 OVERHEAD_TERMS = ("overhead", "overhead_training")
+DEFAULT_SHRINKAGE = 5.0
+"""Chosen on the selection splits (family_monte_carlo, stratified_kfold) of two default runs:
+``bench/RESULTS.md``, "Composed with per-kind costs shrunk towards the pooled fit"."""
+SHRINKAGE_GRID = (0.0, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
+INNER_CV = "cv"
+"""``shrinkage="cv"``: the strength from :data:`SHRINKAGE_GRID` with the lowest leave-one-model-out MAPE on
+the training rows of each device."""
+INNER_GROUP_COLUMN = "model_id"
 # (operator features x kinds) and (operator features x statistics) indicator matrices
 _KIND_OF = np.array([[OP_FEATURE_KINDS[f][0] == k for k in COSTED_KINDS] for f in OP_FEATURES], dtype=float)
 _STAT_OF = np.array([[OP_FEATURE_KINDS[f][1] == st for st in OP_STATS] for f in OP_FEATURES], dtype=float)
 _COUNT_COLUMN = np.array([OP_FEATURES.index(f"op_{k}_count") for k in COSTED_KINDS])
 
 
-def _nonnegative_fit(A: np.ndarray, y: np.ndarray, weighting: str) -> np.ndarray:
+def _nonnegative_fit(A: np.ndarray, y: np.ndarray, weighting: str, prior: np.ndarray | None = None,
+                     strength: float = 0.0) -> np.ndarray:
     """Non-negative coefficients of ``y ≈ A·c`` under ``weighting`` (see the module docstring), each column
-    of ``A`` scaled to unit maximum first for conditioning."""
+    of ``A`` scaled to unit maximum first for conditioning; with ``strength > 0``, each coefficient whose
+    ``prior`` is finite is pulled towards it (:func:`_shrinkage_rows`)."""
+    if strength > 0 and prior is not None:
+        extra_A, extra_y = _shrinkage_rows(A, y, prior, strength, weighting)
+        w = 1.0 / y if weighting == "relative" else np.ones_like(y)
+        A, y = np.vstack([A * w[:, None], extra_A]), np.concatenate([y * w, extra_y])
+        weighting = "none"
     scale = np.abs(A).max(axis=0)
     scale[scale == 0] = 1.0
     B = A / scale
@@ -105,6 +141,20 @@ def _nonnegative_fit(A: np.ndarray, y: np.ndarray, weighting: str) -> np.ndarray
     return coef / scale
 
 
+def _shrinkage_rows(A: np.ndarray, y: np.ndarray, prior: np.ndarray, strength: float, weighting: str
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Penalty rows ``√(strength·n)·m_j·(c_j − prior_j)`` for the columns with a finite prior, appended to
+    the weighted least squares: ``m_j`` is the mean weighted contribution of a unit coefficient of column
+    ``j``, so the penalty prices moving a term's mean share of the step by as much as the same relative
+    residual on every row (``strength`` 1: equal)."""
+    w = 1.0 / y if weighting == "relative" else np.ones_like(y)
+    columns = np.flatnonzero(np.isfinite(prior))
+    mean_share = (A * w[:, None]).mean(axis=0)
+    rows = np.zeros((len(columns), A.shape[1]))
+    rows[np.arange(len(columns)), columns] = np.sqrt(strength * len(y)) * mean_share[columns]
+    return rows, rows[np.arange(len(columns)), columns] * prior[columns]
+
+
 @register_regressor
 class ComposedRegressor(Regressor):
     """Per-device sum of per-kind operator costs plus an overhead, non-negative, in linear space."""
@@ -112,11 +162,14 @@ class ComposedRegressor(Regressor):
     kind = "composed"
 
     def __init__(self, group_col: str | None = "device", weighting: str = "relative", fallback: str = "linear",
-                 log_target: bool = False) -> None:
+                 log_target: bool = False, step_terms: tuple[str, ...] = (),
+                 shrinkage: float | str = DEFAULT_SHRINKAGE) -> None:
         self.group_col = group_col
         self.weighting = weighting
         self.fallback = fallback
         self.log_target = log_target
+        self.step_terms = step_terms
+        self.shrinkage = shrinkage
 
     # -- design
 
@@ -129,17 +182,30 @@ class ComposedRegressor(Regressor):
             raise InputError(f"composed: is_training missing in {int(np.isnan(flag).sum())} row(s)")
         return flag
 
+    def _base_terms(self) -> tuple[str, ...]:
+        """The per-step terms before the operator features: the overheads, and the weight terms if asked."""
+        return (*OVERHEAD_TERMS, *(f"{c}{suffix}" for c in self.step_terms for suffix in ("", "_training")))
+
     def _design(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        """([1, is_training, op features...] per row, rows with a complete operator trace)."""
+        """([base terms..., op features...] per row, rows with a complete operator trace (and parameter
+        model features named in ``step_terms``))."""
         ops = numeric_matrix(X, list(OP_FEATURES))
         traced = ~np.isnan(ops).any(axis=1)
-        design = np.column_stack([np.ones(len(X)), self._training_flag(X), np.nan_to_num(ops)])
+        flag = self._training_flag(X)
+        base = [np.ones(len(X)), flag]
+        if self.step_terms:
+            require_columns(X, list(self.step_terms), what="composed step_terms (model features)")
+            per_step = numeric_matrix(X, list(self.step_terms))
+            traced &= np.isfinite(per_step).all(axis=1)
+            for column in np.nan_to_num(per_step).T:
+                base += [column, column * flag]
+        design = np.column_stack([*base, np.nan_to_num(ops)])
         return design, traced
 
-    @staticmethod
-    def _pooled(design: np.ndarray) -> np.ndarray:
-        """[1, is_training, Σ flops, Σ bytes, Σ count] of a design matrix."""
-        return np.column_stack([design[:, :2], design[:, 2:] @ _STAT_OF])
+    def _pooled(self, design: np.ndarray) -> np.ndarray:
+        """[base terms..., Σ flops, Σ bytes, Σ count] of a design matrix."""
+        nb = len(self._base_terms())
+        return np.column_stack([design[:, :nb], design[:, nb:] @ _STAT_OF])
 
     def _groups(self, X: pd.DataFrame) -> np.ndarray:
         return group_labels(X, self.group_col, "composed group", pooled=ALL_DEVICES)
@@ -156,6 +222,7 @@ class ComposedRegressor(Regressor):
         require_columns(X, OP_FEATURES, what="operator feature (from the features rule)")
         if self.weighting not in WEIGHTINGS:
             raise InputError(f"composed: unknown weighting {self.weighting!r} (expected one of {WEIGHTINGS})")
+        self._check_shrinkage()
         if self.fallback not in REGISTRY or self.fallback == self.kind:
             raise InputError(f"composed: fallback {self.fallback!r} is not another registered regressor")
         target = self._encode_target(y, len(X))
@@ -166,20 +233,64 @@ class ComposedRegressor(Regressor):
         design, traced = self._design(X)
         if not traced.any():
             raise InputError("composed: no training row has an operator trace (op_* features all missing)")
-        self.feature_names_ = [*OVERHEAD_TERMS, *OP_FEATURES]
+        nb = len(self._base_terms())
+        self.feature_names_ = [*self._base_terms(), *OP_FEATURES]
         self.n_features_in_ = len(self.feature_names_)
         self.n_untraced_train_ = int((~traced).sum())
         groups = self._groups(X)
-        self.coef_, self.pooled_coef_, self.seen_kinds_ = {}, {}, {}
+        if self.shrinkage == INNER_CV:
+            require_columns(X, [INNER_GROUP_COLUMN], what="composed with shrinkage 'cv' (inner groups)")
+            inner_groups = X[INNER_GROUP_COLUMN].astype(str).to_numpy()
+        else:
+            inner_groups = np.zeros(len(X))
+        self.coef_, self.pooled_coef_, self.seen_kinds_, self.shrinkage_ = {}, {}, {}, {}
         for group in [ALL_DEVICES, *sorted(set(groups[traced]))]:
             rows = traced & ((groups == group) if group != ALL_DEVICES else True)
-            self.coef_[group] = _nonnegative_fit(design[rows], target[rows], self.weighting)
-            pooled = self._pooled(design[rows])
-            self.pooled_coef_[group] = _nonnegative_fit(pooled, target[rows], self.weighting)
-            calls = design[rows][:, 2:][:, _COUNT_COLUMN].sum(axis=0)
+            strength = (self._inner_cv_strength(design[rows], target[rows], inner_groups[rows])
+                        if self.shrinkage == INNER_CV else float(self.shrinkage))
+            self.coef_[group], self.pooled_coef_[group] = self._fit_costs(design[rows], target[rows],
+                                                                          strength)
+            self.shrinkage_[group] = strength
+            calls = design[rows][:, nb:][:, _COUNT_COLUMN].sum(axis=0)
             self.seen_kinds_[group] = [k for k, n in zip(COSTED_KINDS, calls, strict=True) if n > 0]
         self.fallback_model_ = REGISTRY[self.fallback]().fit(self._without_ops(X), y)
         return self
+
+    def _check_shrinkage(self) -> None:
+        number = isinstance(self.shrinkage, int | float) and not isinstance(self.shrinkage, bool)
+        valid = self.shrinkage == INNER_CV or (number and self.shrinkage >= 0)
+        if not valid or (self.shrinkage != 0 and self.weighting == "mape"):
+            raise InputError(f"composed: shrinkage {self.shrinkage!r} must be a number >= 0 or {INNER_CV!r}, "
+                             "and 0 with weighting 'mape'")
+
+    def _fit_costs(self, design: np.ndarray, target: np.ndarray, strength: float
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """(coefficients, pooled coefficients) of one device's rows: the pooled fit first, then the per-kind
+        fit, each operator coefficient pulled towards its statistic's pooled one with ``strength``."""
+        nb = len(self._base_terms())
+        pooled = _nonnegative_fit(self._pooled(design), target, self.weighting)
+        prior = np.concatenate([np.full(nb, np.nan), _STAT_OF @ pooled[nb:]])
+        return _nonnegative_fit(design, target, self.weighting, prior, strength), pooled
+
+    def _inner_cv_strength(self, design: np.ndarray, target: np.ndarray, models: np.ndarray) -> float:
+        """The shrinkage strength of :data:`SHRINKAGE_GRID` with the lowest MAPE when each model's rows are
+        predicted by a fit on the other models' rows (kinds the others never ran costed by the pooled fit);
+        the first of the grid with one model only."""
+        if len(set(models)) < 2:
+            return SHRINKAGE_GRID[0]
+        nb = len(self._base_terms())
+        errors = []
+        for strength in SHRINKAGE_GRID:
+            predicted = np.zeros(len(target))
+            for model in sorted(set(models)):
+                held, train = models == model, models != model
+                coef, pooled = self._fit_costs(design[train], target[train], strength)
+                never_ran = design[train][:, nb:][:, _COUNT_COLUMN].sum(axis=0) == 0
+                of_unseen = _KIND_OF[:, never_ran].any(axis=1)
+                coef[nb:] = np.where(of_unseen, _STAT_OF @ pooled[nb:], coef[nb:])
+                predicted[held] = design[held] @ coef
+            errors.append(np.mean(np.abs(predicted - target) / target))
+        return SHRINKAGE_GRID[int(np.argmin(errors))]
 
     # -- predict
 
@@ -190,18 +301,19 @@ class ComposedRegressor(Regressor):
         require_columns(X, OP_FEATURES, what="operator feature (from the features rule)")
         design, traced = self._design(X)
         groups = self._groups(X)
+        nb = len(self._base_terms())
         overhead = np.zeros(len(X))
         costs = np.zeros((len(X), len(COSTED_KINDS)))
         unseen = np.zeros((len(X), len(COSTED_KINDS)), dtype=bool)
         for i, group in enumerate(groups):
             key = group if group in self.coef_ else ALL_DEVICES
             coef, pooled = np.asarray(self.coef_[key]), np.asarray(self.pooled_coef_[key])
-            ops = design[i, 2:]
-            overhead[i] = design[i, :2] @ coef[:2]
+            ops = design[i, nb:]
+            overhead[i] = design[i, :nb] @ coef[:nb]
             never_seen = np.array([k not in self.seen_kinds_[key] for k in COSTED_KINDS])
             unseen[i] = never_seen & (ops[_COUNT_COLUMN] > 0)
             of_unseen = _KIND_OF[:, unseen[i]].any(axis=1)
-            per_feature = np.where(of_unseen, ops * (_STAT_OF @ pooled[2:]), ops * coef[2:])
+            per_feature = np.where(of_unseen, ops * (_STAT_OF @ pooled[nb:]), ops * coef[nb:])
             costs[i] = per_feature @ _KIND_OF
         return overhead, costs, unseen, traced
 
@@ -298,7 +410,7 @@ class ComposedOpTimeRegressor(ComposedRegressor):
 
     def __init__(self, group_col: str | None = "device", weighting: str = "relative", fallback: str = "linear",
                  log_target: bool = False, op_times_path: str | None = None) -> None:
-        super().__init__(group_col, weighting, fallback, log_target)
+        super().__init__(group_col, weighting, fallback, log_target, shrinkage=0.0)
         self.op_times_path = op_times_path
 
     def _with_time_labels(self, X: pd.DataFrame) -> pd.DataFrame:
@@ -338,7 +450,8 @@ class ComposedOpTimeRegressor(ComposedRegressor):
         """(coefficients, pooled coefficients, kinds seen) of one device: per-kind fits on the measured kind
         times of the ``timed`` rows, then the scale and overhead on every ``traced`` row's latency."""
         all_design, all_target = design[traced], target[traced]
-        ops, kind_times = design[timed, 2:], kind_times[timed]
+        nb = len(self._base_terms())
+        ops, kind_times = design[timed, nb:], kind_times[timed]
         per_feature = np.zeros(ops.shape[1])
         seen = []
         for j, kind in enumerate(COSTED_KINDS):
@@ -352,8 +465,8 @@ class ComposedOpTimeRegressor(ComposedRegressor):
                                                     self.weighting)
         total = kind_times.sum(axis=1)
         pooled_ops = _nonnegative_fit(ops @ _STAT_OF, total, self.weighting)
-        predicted = all_design[:, 2:] @ per_feature
-        scale_and_overhead = _nonnegative_fit(np.column_stack([predicted, all_design[:, :2]]), all_target,
+        predicted = all_design[:, nb:] @ per_feature
+        scale_and_overhead = _nonnegative_fit(np.column_stack([predicted, all_design[:, :nb]]), all_target,
                                               self.weighting)
         scale, overhead = scale_and_overhead[0], scale_and_overhead[1:]
         return (np.concatenate([overhead, scale * per_feature]),
