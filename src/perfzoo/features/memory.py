@@ -227,6 +227,8 @@ def simulate_peak_memory(model: nn.Module, x: torch.Tensor, mode: str, optimizer
     """
     import torch  # lazy: the column names are imported by stages that never run a model
 
+    from perfzoo.features.attention import cpu_attention  # lazy: imports torch, as above
+
     if optimizer not in OPTIMIZERS:
         raise InputError(f"model {model_id}: unknown optimizer {optimizer!r} (expected one of "
                          f"{', '.join(OPTIMIZERS)})")
@@ -242,7 +244,7 @@ def simulate_peak_memory(model: nn.Module, x: torch.Tensor, mode: str, optimizer
         tracker.add(tensor, "input")
     start_bytes = tracker.current
     try:
-        with _categorised(tracker, model):
+        with _categorised(tracker, model), cpu_attention():
             _replay(step, tracker, rider)
     except Exception as exc:  # noqa: BLE001 - any operator or model error becomes a one-line InputError
         raise InputError(f"model {model_id}: {mode} step failed in the memory simulation on the meta device: "

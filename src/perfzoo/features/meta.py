@@ -92,6 +92,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 from tqdm import tqdm
 
+from perfzoo.features.attention import ATTENTION_FLOP_FORMULAS, cpu_attention
 from perfzoo.features.memory import (
     SIM_COLUMNS,
     Runner,
@@ -322,7 +323,8 @@ def _conv_backward_flop(
 
 def _flop_counter() -> FlopCounterMode:
     return FlopCounterMode(
-        display=False, custom_mapping={torch.ops.aten.convolution_backward: _conv_backward_flop}
+        display=False,
+        custom_mapping={torch.ops.aten.convolution_backward: _conv_backward_flop, **ATTENTION_FLOP_FORMULAS},
     )
 
 
@@ -710,7 +712,8 @@ def _separate_passes(build: Callable[[], nn.Module], x: torch.Tensor, mode: str,
         recorder = _Recorder({id(m): name for name, m in model.named_modules()}, counter.get_total_flops)
         handles = recorder.attach(model)
         try:
-            flops, flops_fw, output = _run_step(model, x, mode, recorder, counter)
+            with cpu_attention():
+                flops, flops_fw, output = _run_step(model, x, mode, recorder, counter)
         except Exception as exc:  # noqa: BLE001 - any model error becomes a one-line InputError
             raise InputError(
                 f"model {model_id}: {mode} step failed on meta device: {one_line(exc)}"

@@ -58,6 +58,8 @@ import pandas as pd
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from perfzoo.features.attention import cpu_attention
 from torch.utils._pytree import tree_flatten, tree_leaves
 
 from perfzoo.features.op_kinds import (
@@ -541,13 +543,14 @@ def trace_step(model: nn.Module, x: torch.Tensor, mode: str, flop_registry: dict
         raise InputError(f"model {model_id}: unknown optimizer {optimizer!r} (expected one of {OPTIMIZERS})")
     recorder = OpRecorder(model_id, flop_registry)
     try:
-        if mode == "inference":
-            model.eval()
-            with torch.no_grad(), recorder.in_phase("forward"):
-                model(x)
-        else:
-            model.train()
-            _training_step(model, x, optimizer, recorder, model_id)
+        with cpu_attention():
+            if mode == "inference":
+                model.eval()
+                with torch.no_grad(), recorder.in_phase("forward"):
+                    model(x)
+            else:
+                model.train()
+                _training_step(model, x, optimizer, recorder, model_id)
     except OpTraceError:
         raise
     except Exception as exc:  # noqa: BLE001 - a failure between operators names the last one that ran

@@ -1,0 +1,90 @@
+"""Attention on the meta device follows the CPU's choice of kernel (perfzoo.features.attention)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from perfzoo.features.attention import ATTENTION_FLOP_FORMULAS, cpu_attention
+from perfzoo.features.memory import simulate_peak_memory
+
+ATTENTION_OPS = ("attention", "softmax", "bmm")
+
+
+class OpNames(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = func.overloadpacket.__name__
+        if any(part in name for part in ATTENTION_OPS):
+            self.names.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def attention_ops(device: str, training: bool, dropout: float, mask: str) -> list[str]:
+    """The attention operators one step of a multi-head attention block dispatches on ``device``."""
+    torch.manual_seed(0)
+    with torch.device(device):
+        block = nn.MultiheadAttention(32, 4, dropout=dropout, batch_first=True)
+        x = torch.randn(2, 6, 32)
+        attn_mask = {"none": None, "bool": torch.ones(6, 6, dtype=torch.bool).triu(1),
+                     "float": torch.zeros(6, 6)}[mask]
+    block.train(training)
+    # with gradients enabled, inference takes the module's general path on the CPU as well (its fused
+    # inference fast path, `_native_multi_head_attention`, is not mirrored on the meta device)
+    with OpNames() as seen, cpu_attention():
+        out = block(x, x, x, need_weights=False, attn_mask=attn_mask)[0]
+        if training:
+            out.sum().backward()
+    return seen.names
+
+
+@pytest.mark.parametrize(("training", "dropout", "mask"), [
+    (False, 0.0, "none"), (True, 0.0, "none"), (True, 0.1, "none"), (False, 0.0, "bool"), (True, 0.0, "float"),
+])
+def test_meta_step_runs_the_attention_kernels_the_cpu_runs(training: bool, dropout: float, mask: str) -> None:
+    assert attention_ops("meta", training, dropout, mask) == attention_ops("cpu", training, dropout, mask)
+
+
+def test_fused_attention_has_the_math_paths_forward_flops_and_saves_no_attention_matrix() -> None:
+    with torch.device("meta"):
+        q = torch.empty(8, 4, 256, 32, requires_grad=True)
+    counts = {}
+    for fused in (False, True):
+        with (cpu_attention() if fused else torch.enable_grad()), FlopCounterMode(
+                display=False, custom_mapping=ATTENTION_FLOP_FORMULAS) as counter:
+            F.scaled_dot_product_attention(q, q, q)
+        counts[fused] = counter.get_total_flops()
+    assert counts[True] == counts[False] > 0
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(32, 32)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q = self.proj(x).view(8, 256, 4, 8).transpose(1, 2)
+            return F.scaled_dot_product_attention(q, q, q).transpose(1, 2).reshape(8, 256, 32)
+
+    with torch.device("meta"):
+        model, x = Block(), torch.empty(8, 256, 32)
+    peak = simulate_peak_memory(model, x, "training").activation_bytes
+    with torch.device("meta"):
+        model = Block()
+    matrix = 8 * 4 * 256 * 256 * 4  # one attention matrix in float32: the math path keeps it for backward
+    assert peak < matrix, f"{peak} bytes of activations at the peak: the attention matrix is held"
+
+
+def test_the_patch_is_undone_and_real_tensors_pass_through() -> None:
+    original = F.scaled_dot_product_attention
+    q = torch.randn(1, 2, 4, 8)
+    with cpu_attention(), cpu_attention():
+        assert F.scaled_dot_product_attention is not original
+        torch.testing.assert_close(F.scaled_dot_product_attention(q, q, q), original(q, q, q))
+    assert F.scaled_dot_product_attention is original
