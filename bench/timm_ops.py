@@ -2,7 +2,7 @@
 
 For each (model, image size) of the ``*benchmark-infer-amp-*.csv`` files (read by
 ``bench/device_transfer.py``'s ``load``), the inference step is traced on the meta device at batch 1 and
-batch 2 in float16 (``perfzoo.features.ops.traced_op_features``: per operator kind, FLOPs, bytes read
+batch 2 in float16 (attention by the fused kernel where the CPU would pick it, ``perfzoo.features.attention``) (``perfzoo.features.ops.traced_op_features``: per operator kind, FLOPs, bytes read
 and written, calls). Every traced quantity is linear in the batch size for these models' inference
 steps (weights are read once per step, activations scale), so the two probes give each quantity at any
 batch exactly: ``q(B) = q(1) + (q(2) - q(1)) (B - 1)``; ``bench/timm_family.py --op-features`` uses that.
@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from perfzoo.features.attention import ATTENTION_FLOP_FORMULAS
 from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURES
 from perfzoo.features.ops import traced_op_features
 from perfzoo.io import one_line, write_parquet
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     done = pd.read_parquet(args.out) if args.out.exists() else pd.DataFrame(columns=["model_id", "batch"])
     seen = set(done["model_id"])
     rows: list[dict] = []
-    registry = FlopCounterMode().flop_registry
+    registry = FlopCounterMode(custom_mapping=ATTENTION_FLOP_FORMULAS).flop_registry  # fused attention counted
     start, cpu0 = time.perf_counter(), time.process_time()
     pending = [(n, s) for n, s in todo if f"{n}@{s}" not in seen]
     print(f"{len(todo)} workloads, {len(todo) - len(pending)} already traced, {len(pending)} to trace", flush=True)
