@@ -81,6 +81,17 @@ def test_fused_attention_has_the_math_paths_forward_flops_and_saves_no_attention
     assert peak < matrix, f"{peak} bytes of activations at the peak: the attention matrix is held"
 
 
+def test_unbatched_attention_runs_as_one_batch_as_on_the_cpu() -> None:
+    def ops(device: str) -> list[tuple[str, tuple[int, ...]]]:
+        q = torch.empty(6, 10, 16, device=device)
+        with OpNames() as seen, cpu_attention():
+            out = F.scaled_dot_product_attention(q, q, q)
+        assert out.shape == q.shape
+        return seen.names
+
+    assert ops("meta") == ops("cpu") == ["_scaled_dot_product_flash_attention_for_cpu"]
+
+
 def test_the_patch_is_undone_and_real_tensors_pass_through() -> None:
     original = F.scaled_dot_product_attention
     q = torch.randn(1, 2, 4, 8)

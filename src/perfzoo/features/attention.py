@@ -91,11 +91,15 @@ def _attention_as_on_cpu(original: Callable[..., torch.Tensor]) -> Callable[...,
         arguments = _sdpa_arguments(*args, **kwargs)
         if not cpu_picks_flash(arguments):
             return original(*args, **kwargs)
-        query = arguments["query"]
-        output, _ = FLASH_FOR_CPU(query, arguments["key"], arguments["value"], arguments["dropout_p"],
-                                  arguments["is_causal"], attn_mask=_float_mask(arguments["attn_mask"], query.dtype),
-                                  scale=arguments["scale"])
-        return output
+        query, key, value = (arguments[name] for name in ("query", "key", "value"))
+        if not (query.dim() == key.dim() == value.dim() and query.dim() in (3, 4)):
+            return original(*args, **kwargs)
+        unbatched = query.dim() == 3  # the CPU runs 3-D inputs as one batch of heads, as here
+        if unbatched:
+            query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+        output, _ = FLASH_FOR_CPU(query, key, value, arguments["dropout_p"], arguments["is_causal"],
+                                  attn_mask=_float_mask(arguments["attn_mask"], query.dtype), scale=arguments["scale"])
+        return output.squeeze(0) if unbatched else output
 
     return attention
 
