@@ -77,8 +77,8 @@ class FeatureResult:
     probes: tuple[dict[str, Any], ...] | None = None
 
 
-#: probe features, directly featurised batches (or the failure) per (builder, name, precision, resolution, mode,
-#: num_classes) of this process
+#: probe features, directly featurised batches (or the failure) per (builder, name, precision, resolution,
+#: mode, num_classes) of this process
 _CACHE: dict[tuple, FeatureResult] = {}
 
 
@@ -244,8 +244,7 @@ def _simulate_batches(job: FeatureJob, scaled: dict[int, dict[str, Any]]) -> dic
 
 def featurise_job(job: FeatureJob) -> FeatureResult:
     """Featurise one job (in the calling process); see the module docstring."""
-    build, shape = job_builder(job), (3, job.resolution, job.resolution)
-    at = _featurise_at(job, build)
+    at = _featurise_at(job)
     try:
         if len(job.batches) < SCALED_FROM:  # the probes would cost more than they save
             return FeatureResult(job, {b: at(b) for b in job.batches}, method="direct")
@@ -256,26 +255,28 @@ def featurise_job(job: FeatureJob) -> FeatureResult:
             scaled = _scaled(probes, job.batches)
         if scaled is not None:
             return FeatureResult(job, _simulate_batches(job, scaled), method="scaled", probes=probes)
-        direct = {b: featurise_config(job, b) for b in job.batches}
+        direct = {b: _featurise_alone(job, b) for b in job.batches}
         return FeatureResult(job, direct, method="direct")
     except InputError as exc:
         return FeatureResult(job, reason=str(exc))
 
 
-def featurise_config(job: FeatureJob, batch: int) -> dict[str, Any]:
+def _featurise_alone(job: FeatureJob, batch: int) -> dict[str, Any]:
     """The features of one batch of a job from a build of its own: a direct featurisation (the reference)."""
     from perfzoo.features.meta import featurise  # lazy: torch takes seconds to import
 
     shape = (3, job.resolution, job.resolution)
-    return featurise(job_builder(job), shape, batch, job.mode, BUILD_DTYPES[job.precision], _job_label(job))[0]
+    dtype = BUILD_DTYPES[job.precision]
+    return featurise(job_builder(job), shape, batch, job.mode, dtype, _job_label(job))[0]
 
 
-def _featurise_at(job: FeatureJob, build: Callable[[], Any]) -> Callable[[int], dict[str, Any]]:
+def _featurise_at(job: FeatureJob) -> Callable[[int], dict[str, Any]]:
     """Featurisation of the job at a batch, every call stepping the same build, the fx graph (which has no
     batch dimension) traced at the first call only."""
     from perfzoo.features.meta import featurise  # lazy: torch takes seconds to import
 
-    shape, label, dtype = (3, job.resolution, job.resolution), _job_label(job), BUILD_DTYPES[job.precision]
+    build, shape = job_builder(job), (3, job.resolution, job.resolution)
+    label, dtype = _job_label(job), BUILD_DTYPES[job.precision]
     graph: dict[str, Any] = {}
 
     def at(batch: int) -> dict[str, Any]:
