@@ -5,8 +5,9 @@
 
 The timm mode featurises the configs (model, resolution, mode, batch) of the first N models of the
 RTX 4090 and RTX PRO 6000 AMP inference files (batches 1,024 and 2,048 for most models) twice: one
-featurisation per config in one process (the old import path), then the import's path (one build per
-model, exact batch scaling, ``W`` warm worker processes). The second must give the same numbers.
+featurisation per config in one process (the old import path), then the import's path
+(:func:`perfzoo.features.pool.featurise_jobs`: one build per model, ``W`` warm worker processes). The
+second must give the same numbers.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def timm_rate(n_models: int, workers: int) -> None:
     methods = pd.Series([r.method or "failed" for r in results]).value_counts().to_dict()
     print(f"  one featurisation per config, 1 process: {old:.1f} s wall, {configs / old:.2f} configs/s; "
           f"{old_cpu:.1f} CPU s = {configs / old_cpu:.2f} configs per CPU s")
-    print(f"  one build per model, exact batch scaling, {workers} warm workers: {new:.1f} s wall, "
+    print(f"  the import's path (one build per model), {workers} warm workers: {new:.1f} s wall, "
           f"{configs / new:.2f} configs/s; {new_cpu:.1f} CPU s = {configs / new_cpu:.2f} configs per CPU s, "
           f"i.e. {workers * configs / new_cpu:.2f} configs/s on {workers} idle cores; methods {methods}")
     print(f"  identical features: {same}")

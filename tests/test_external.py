@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -23,7 +25,8 @@ from perfzoo.dataset.external import (
     import_summary,
 )
 from perfzoo.features.meta import featurise
-from perfzoo.features.pool import FeatureJob, featurise_job, scale_features
+from perfzoo.features import pool
+from perfzoo.features.pool import FeatureJob, featurise_job, featurise_jobs, load_cache, scale_features
 from perfzoo.fitting import fit_split
 from perfzoo.hardware.specs import lookup_gpu
 from perfzoo.io import InputError
@@ -304,15 +307,23 @@ def test_timm_benchmark_files_are_read_with_device_precision_software_and_timm_f
         import_external(FIXTURE, options=ImportOptions(fmt="timm"))
 
 
-def test_batch_scaled_features_equal_a_direct_featurisation() -> None:
+def test_batch_scaled_features_equal_a_direct_featurisation(monkeypatch: pytest.MonkeyPatch) -> None:
     job = FeatureJob("timm", "efficientnet_b0", "amp", 96, "training", (3, 64))
-    result = featurise_job(job)
-    assert result.method == "scaled" and not result.reason
+    references = {}
     for batch in job.batches:
         build = partial(build_model, "timm", "efficientnet_b0", {}, 1000, (3, 96, 96))
         direct, _ = featurise(build, (3, 96, 96), batch, "training", "float32", "x")
-        assert {k: v for k, v in result.features[batch].items() if k != "model_id"} == {
-            k: v for k, v in direct.items() if k != "model_id"}
+        references[batch] = {k: v for k, v in direct.items() if k != "model_id"}
+    # two batches: featurised at each batch on one build (probes would cost more than they save)
+    shared = featurise_job(job)
+    assert shared.method == "direct" and not shared.reason and shared.probes is None
+    for batch in job.batches:
+        assert {k: v for k, v in shared.features[batch].items() if k != "model_id"} == references[batch]
+    monkeypatch.setattr(pool, "SCALED_FROM", len(job.batches))  # as a job with more batches: scaled
+    result = featurise_job(job)
+    assert result.method == "scaled" and not result.reason
+    for batch in job.batches:
+        assert {k: v for k, v in result.features[batch].items() if k != "model_id"} == references[batch]
     # the operator totals have a once-per-step part (the optimizer reads and writes every weight), so two
     # probes (batches 2 and 4) cannot place their line: the third (batch 8) was taken
     low, high, eight = result.probes
@@ -325,6 +336,26 @@ def test_batch_scaled_features_equal_a_direct_featurisation() -> None:
     assert scale_features(shifted, 64)["flops"] == result.features[64]["flops"] + 6  # affine: exact
     bent = (*shifted[:2], {**shifted[2], "flops": shifted[2]["flops"] + 4})  # not on one line
     assert scale_features(bent, 64) is None
+
+
+def test_directly_featurised_batches_are_cached_and_reloaded(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pool, "_CACHE", {})
+    job = FeatureJob("timm", "resnet18", "fp32", 32, "inference", (1, 4))
+    cache = tmp_path / "features.jsonl"
+    (first,) = featurise_jobs([job], workers=1, cache_path=cache)
+    assert first.method == "direct" and sorted(first.features) == [1, 4]
+    monkeypatch.setattr(pool, "_CACHE", {})
+    assert load_cache(cache) == 1
+
+    def featurised_again(job: FeatureJob) -> None:
+        raise AssertionError(f"{job.batches} featurised again")
+
+    monkeypatch.setattr(pool, "featurise_job", featurised_again)
+    (again,) = featurise_jobs([replace(job, batches=(4,))], workers=1)
+    assert again.method == "direct" and json.dumps(again.features) == json.dumps({4: first.features[4]})
+    with pytest.raises(AssertionError, match=r"\(2,\) featurised again"):  # a batch not cached is featurised
+        featurise_jobs([replace(job, batches=(2,))], workers=1)
 
 
 def test_timm_model_whose_module_mentions_img_size_but_whose_class_takes_none_is_built_at_any_size() -> None:

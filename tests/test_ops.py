@@ -194,6 +194,19 @@ def test_kernel_cache_reuses_fresh_outputs_and_never_a_view_of_an_input():
     assert cache.hits == 1
 
 
+def test_kernel_cache_answers_an_in_place_operator_with_its_argument_unless_it_changes_its_metadata():
+    cache, aten = MetaKernelCache(), torch.ops.aten
+    x, y = torch.empty(2, 3, device="meta"), torch.empty(2, 3, device="meta")
+    assert cache(aten.relu_.default, (x,), {}) is x and cache.hits == 0
+    assert cache(aten.relu_.default, (y,), {}) is y and cache.hits == 1  # same metadata: no kernel, itself
+    with pytest.raises(RuntimeError):  # other metadata: the kernel runs, and refuses what it always refused
+        cache(aten.add_.Tensor, (x, torch.empty(4, 3, device="meta")), {})
+    for _ in range(2):  # unsqueeze_ changes its argument's shape: it always runs
+        z = torch.empty(2, 3, device="meta")
+        assert cache(aten.unsqueeze_.default, (z, 0), {}).shape == (1, 2, 3)
+    assert cache.hits == 1
+
+
 def test_a_model_flop_counter_mode_cannot_count_is_left_to_the_separate_passes(monkeypatch):
     class NoGradView(nn.Module):  # hands a module a view made under no_grad of a parameter
         def __init__(self) -> None:

@@ -378,7 +378,7 @@ class ImportOptions:
     featurise_models: bool = True
     workers: int | None = None
     progress: bool = False
-    feature_cache: str | None = None  # JSON lines file of probe features kept between runs
+    feature_cache: str | None = None  # JSON lines file of probe and batch features kept between runs
 
 
 def feature_jobs(data: pd.DataFrame) -> tuple[list[FeatureJob], dict[tuple, str]]:
@@ -525,7 +525,8 @@ def build_parser(prog: str = "perfzoo-import") -> argparse.ArgumentParser:
     parser.add_argument("--strict", action="store_true", help="fail when a model cannot be featurised")
     parser.add_argument("--workers", type=int, default=None, help="featurising processes (default: CPU cores)")
     parser.add_argument("--feature-cache", default=None,
-                        help="JSON lines file of probe features reused between imports (same library versions)")
+                        help="JSON lines file of probe and batch features reused between imports "
+                             "(same library versions)")
     parser.add_argument("--no-features", action="store_true",
                         help="skip featurising timm/torchvision models on the meta device")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")

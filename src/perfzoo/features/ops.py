@@ -384,11 +384,15 @@ class MetaKernelCache:
     A meta kernel's output is a function of its arguments' shapes, strides, offsets, dtypes and non-tensor
     values; an output is only reused as new tensors of its shapes, strides and dtypes when those tensors are
     indistinguishable from it (each output its own storage, of the size ``empty_strided`` gives, at offset 0).
+    An in-place operator (``relu_``, ``hardswish_``: it writes its first argument, returns it and aliases
+    nothing else) seen before on the same metadata returns its first argument without its kernel, when the
+    kernel returned that argument with its metadata unchanged then (``unsqueeze_`` changes them: it always
+    runs). On the meta device a kernel writes no values, and autograd bumps the version counter outside it.
     """
 
     def __init__(self) -> None:
         self.outputs: dict[tuple, Any] = {}
-        self.functional: dict[Any, bool] = {}
+        self.kinds: dict[Any, str] = {}
         self.hits = 0
 
     def __call__(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -396,18 +400,22 @@ class MetaKernelCache:
         entry = self.outputs.get(key, _UNSEEN) if key is not None else None
         if entry is _UNSEEN:
             out = func(*args, **kwargs)
-            self.outputs[key] = _rebuildable(out, (args, kwargs))
+            if self.kinds[func] == _IN_PLACE:  # key[1][1]: the first argument's metadata before the call
+                self.outputs[key] = _SELF if out is args[0] and _argument_key(args[0]) == key[1][1] else None
+            else:
+                self.outputs[key] = _rebuildable(out, (args, kwargs))
             return out
         if entry is None:
             return func(*args, **kwargs)
         self.hits += 1
-        return _rebuilt(entry)
+        return args[0] if entry is _SELF else _rebuilt(entry)
 
     def _key(self, func: Any, args: tuple, kwargs: dict) -> tuple | None:
-        functional = self.functional.get(func)
-        if functional is None:
-            functional = self.functional[func] = _is_functional(func)
-        return _metadata_key(func, args, kwargs) if functional else None
+        kind = self.kinds.get(func)
+        if kind is None:
+            kind = self.kinds[func] = _FUNCTIONAL if _is_functional(func) else (
+                _IN_PLACE if _is_in_place(func) else "")
+        return _metadata_key(func, args, kwargs) if kind else None
 
 
 def _metadata_key(func: Any, args: tuple, kwargs: dict) -> tuple | None:
@@ -443,6 +451,9 @@ def _argument_key(value: Any) -> Any:
 
 
 _UNSEEN = object()
+_SELF = object()
+"""The cached answer of an in-place operator: its first argument."""
+_FUNCTIONAL, _IN_PLACE = "functional", "in place"
 
 
 @dataclass(frozen=True)
@@ -473,6 +484,17 @@ def _is_functional(func: Any) -> bool:
     schema = func._schema
     return (not schema.is_mutable and torch.Tag.nondeterministic_seeded not in func.tags
             and all(a.alias_info is None for a in (*schema.arguments, *schema.returns)))
+
+
+def _is_in_place(func: Any) -> bool:
+    """An aten operator that writes its first argument and returns it, aliasing no other argument."""
+    if not isinstance(func, torch._ops.OpOverload) or func.namespace != "aten":
+        return False
+    arguments, returns = func._schema.arguments, func._schema.returns
+    return (bool(arguments) and torch.Tag.nondeterministic_seeded not in func.tags
+            and arguments[0].alias_info is not None and arguments[0].alias_info.is_write
+            and len(returns) == 1 and returns[0].alias_info is not None and returns[0].alias_info.is_write
+            and all(a.alias_info is None for a in arguments[1:]))
 
 
 def _rebuildable(out: Any, inputs: Any) -> Any:

@@ -1,20 +1,23 @@
-"""Fast featurisation of many imported configs: one build per model, exact batch scaling, warm workers.
+"""Fast featurisation of many imported configs: one build per model, warm workers, exact batch scaling.
 
 An imported table often lists the same model at several batch sizes (and on several devices). The
 features of one ``FeatureJob`` (model, resolution, precision, mode) are computed once for all its batch
-sizes:
+sizes, on one build of the model on the meta device, whose fx graph (which has no batch dimension) is
+traced once:
 
-* the model is built once on the meta device and stepped at probe batches 2 and 4 (batch 1 would trip
-  BatchNorm's "more than one value per channel" check in training); its fx graph (which has no batch
-  dimension) is traced once;
-* the batch-dependent features (FLOPs, MACs, activation and input bytes, Gianniti complexities) must be
-  exactly proportional to the batch (value at 4 == 2 x value at 2, an even integer), or — checked with a
-  third probe at batch 8 — exactly affine with an integer slope (a part computed once per step, such as
-  a relative position bias); so must the operator totals (``op_*_flops/bytes/count``, or missing at
-  every probe when the step could not be traced); every other feature must be equal at all probes. Then each requested batch
-  gets its value on that line: exact integers, the numbers a direct featurisation at that batch gives.
-  Otherwise every batch is featurised directly (``method == "direct"``). The simulated peak memory
-  (``sim_*`` columns, a maximum over the step, not a line in the batch) is simulated at every batch;
+* a job with fewer than :data:`SCALED_FROM` batches is featurised at each of its batches
+  (``method == "direct"``): a featurisation costs about what the memory simulation every batch needs
+  anyway (the FLOP count and operator trace ride along in its steps), so probing costs more than it saves;
+* a job with more batches is stepped at probe batches 2 and 4 (batch 1 would trip BatchNorm's "more
+  than one value per channel" check in training). The batch-dependent features (FLOPs, MACs, activation
+  and input bytes, Gianniti complexities) must be exactly proportional to the batch (value at 4 == 2 x
+  value at 2, an even integer), or — checked with a third probe at batch 8 — exactly affine with an
+  integer slope (a part computed once per step, such as a relative position bias); so must the operator
+  totals (``op_*_flops/bytes/count``, or missing at every probe when the step could not be traced); every
+  other feature must be equal at all probes. Then each requested batch gets its value on that line:
+  exact integers, the numbers a direct featurisation at that batch gives (``method == "scaled"``).
+  Otherwise every batch is featurised directly. The simulated peak memory (``sim_*`` columns, a maximum
+  over the step, not a line in the batch) is simulated at every batch;
 * jobs run in a pool of warm worker processes forked after torch, torchvision and timm are imported.
 
 A model that cannot be built or stepped gives no numbers: ``reason`` holds the builder's one-line error.
@@ -42,6 +45,8 @@ from perfzoo.models.builders import build_model
 from perfzoo.hardware.precision import BUILD_DTYPES
 
 PROBE_BATCHES = (2, 4, 8)
+SCALED_FROM = 5
+"""Fewest batches a job is batch-scaled for; fewer are featurised directly (see the module docstring)."""
 PROPORTIONAL = ("flops", "flops_fw", "macs", "activation_bytes", "input_bytes", "complexity_fw", "complexity_bw")
 DERIVED = ("train_mem_estimate_bytes",)
 PER_CALL = ("model_id", "mode", "batch")
@@ -72,7 +77,8 @@ class FeatureResult:
     probes: tuple[dict[str, Any], ...] | None = None
 
 
-#: probe features (or the failure) per (builder, name, precision, resolution, mode, num_classes) of this process
+#: probe features, directly featurised batches (or the failure) per (builder, name, precision, resolution,
+#: mode, num_classes) of this process
 _CACHE: dict[tuple, FeatureResult] = {}
 
 
@@ -91,8 +97,9 @@ def _versions() -> dict[str, str]:
 
 
 def load_cache(path: str | Path) -> int:
-    """Load probe features saved by :func:`featurise_jobs` (``cache_path``) for the same library versions;
-    entries of other versions are ignored. Returns the number of entries loaded."""
+    """Load probe features and directly featurised batches saved by :func:`featurise_jobs` (``cache_path``)
+    for the same library versions; entries of other versions are ignored. Returns the number of entries
+    loaded."""
     path = Path(path)
     if not path.exists():
         return 0
@@ -104,25 +111,39 @@ def load_cache(path: str | Path) -> int:
         key = tuple(entry["key"])
         job = FeatureJob(*key[:5], batches=(), num_classes=key[5])
         probes = tuple(entry["probes"]) if entry["probes"] else None
-        _CACHE[key] = FeatureResult(job, reason=entry["reason"], probes=probes)
+        direct = {int(b): f for b, f in entry.get("features", {}).items()}
+        _remember(FeatureResult(job, direct, reason=entry["reason"], probes=probes))
         loaded += 1
     return loaded
 
 
 def _save(path: Path, result: FeatureResult) -> None:
     entry = {"key": list(_cache_key(result.job)), "versions": _versions(), "reason": result.reason,
-             "probes": list(result.probes) if result.probes else None}
+             "probes": list(result.probes) if result.probes else None,
+             "features": {} if result.probes else {str(b): f for b, f in result.features.items()}}
     with path.open("a") as handle:
         handle.write(json.dumps(entry, default=float) + "\n")
 
 
+def _remember(result: FeatureResult) -> None:
+    """Cache a result, adding its directly featurised batches to those cached for the same model before."""
+    key = _cache_key(result.job)
+    before = _CACHE.get(key)
+    if before is not None and not result.reason and not result.probes:
+        result = FeatureResult(result.job, {**before.features, **result.features}, probes=before.probes)
+    _CACHE[key] = result
+
+
 def _from_cache(job: FeatureJob) -> FeatureResult | None:
-    """The job's result from cached probes when every batch scales exactly (or the cached failure)."""
+    """The job's result from its cached batches, or from cached probes when every batch scales exactly (or
+    the cached failure)."""
     cached = _CACHE.get(_cache_key(job))
     if cached is None:
         return None
     if cached.reason:
         return FeatureResult(job, reason=cached.reason)
+    if cached.features and all(b in cached.features for b in job.batches) and not cached.probes:
+        return FeatureResult(job, {b: dict(cached.features[b]) for b in job.batches}, method="direct")
     if cached.probes is None:
         return None
     scaled = _scaled(cached.probes, job.batches)
@@ -223,29 +244,49 @@ def _simulate_batches(job: FeatureJob, scaled: dict[int, dict[str, Any]]) -> dic
 
 def featurise_job(job: FeatureJob) -> FeatureResult:
     """Featurise one job (in the calling process); see the module docstring."""
-    from perfzoo.features.meta import featurise  # lazy: torch takes seconds to import, and an import without featurisation never needs it
-
-    build, shape = job_builder(job), (3, job.resolution, job.resolution)
-    label, dtype = _job_label(job), BUILD_DTYPES[job.precision]
-
-    def probe(batch: int, graph: dict[str, Any] | None = None) -> dict[str, Any]:
-        features = featurise(build, shape, batch, job.mode, dtype, label, trace_graph=graph is None)[0]
-        return features if graph is None else {**features, **graph}  # the fx graph has no batch dimension
-
+    at = _featurise_at(job)
     try:
-        low = probe(PROBE_BATCHES[0])
-        graph = {k: low[k] for k in GRAPH}
-        probes: tuple[dict[str, Any], ...] = (low, probe(PROBE_BATCHES[1], graph))
+        if len(job.batches) < SCALED_FROM:  # the probes would cost more than they save
+            return FeatureResult(job, {b: at(b) for b in job.batches}, method="direct")
+        probes: tuple[dict[str, Any], ...] = (at(PROBE_BATCHES[0]), at(PROBE_BATCHES[1]))
         scaled = _scaled(probes, job.batches)
         if scaled is None:
-            probes = (*probes, probe(PROBE_BATCHES[2], graph))
+            probes = (*probes, at(PROBE_BATCHES[2]))
             scaled = _scaled(probes, job.batches)
         if scaled is not None:
             return FeatureResult(job, _simulate_batches(job, scaled), method="scaled", probes=probes)
-        direct = {b: featurise(job_builder(job), shape, b, job.mode, dtype, label)[0] for b in job.batches}
+        direct = {b: _featurise_alone(job, b) for b in job.batches}
         return FeatureResult(job, direct, method="direct")
     except InputError as exc:
         return FeatureResult(job, reason=str(exc))
+
+
+def _featurise_alone(job: FeatureJob, batch: int) -> dict[str, Any]:
+    """The features of one batch of a job from a build of its own: a direct featurisation (the reference)."""
+    from perfzoo.features.meta import featurise  # lazy: torch takes seconds to import
+
+    shape = (3, job.resolution, job.resolution)
+    dtype = BUILD_DTYPES[job.precision]
+    return featurise(job_builder(job), shape, batch, job.mode, dtype, _job_label(job))[0]
+
+
+def _featurise_at(job: FeatureJob) -> Callable[[int], dict[str, Any]]:
+    """Featurisation of the job at a batch, every call stepping the same build, the fx graph (which has no
+    batch dimension) traced at the first call only."""
+    from perfzoo.features.meta import featurise  # lazy: torch takes seconds to import
+
+    build, shape = job_builder(job), (3, job.resolution, job.resolution)
+    label, dtype = _job_label(job), BUILD_DTYPES[job.precision]
+    graph: dict[str, Any] = {}
+
+    def at(batch: int) -> dict[str, Any]:
+        features = featurise(build, shape, batch, job.mode, dtype, label, trace_graph=not graph)[0]
+        if not graph:
+            graph.update({k: features[k] for k in GRAPH})
+            return features
+        return {**features, **graph}
+
+    return at
 
 
 def _warm_imports() -> None:
@@ -266,9 +307,9 @@ def featurise_jobs(jobs: Iterable[FeatureJob], workers: int | None = None, progr
                    cache_path: str | Path | None = None) -> list[FeatureResult]:
     """Results of every job, in order; ``workers`` warm processes (default: the usable CPU cores).
 
-    Probe features are cached per process by (model, resolution, precision, mode), so the same model
-    imported from several tables is built once; with ``cache_path`` they are also appended to that JSON
-    lines file as they finish (with the library versions) and loaded from it first.
+    Probe features and directly featurised batches are cached per process by (model, resolution, precision,
+    mode), so the same model imported from several tables is built once; with ``cache_path`` they are also
+    appended to that JSON lines file as they finish (with the library versions) and loaded from it first.
     """
     if cache_path is not None:
         load_cache(cache_path)
@@ -298,8 +339,8 @@ def _collect(todo: list[int], computed: Iterable[FeatureResult], results: dict[i
              bar: Any, cache_path: str | Path | None) -> None:
     for i, result in zip(todo, computed, strict=True):
         results[i] = result
-        if result.reason or result.probes is not None:
-            _CACHE[_cache_key(result.job)] = result
+        if result.reason or result.probes is not None or result.method == "direct":
+            _remember(result)
             if cache_path is not None:
                 _save(Path(cache_path), result)
         bar.update()
