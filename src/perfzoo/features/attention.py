@@ -70,6 +70,8 @@ def cpu_picks_flash(arguments: dict[str, Any]) -> bool:
     tensors = [arguments[name] for name in ("query", "key", "value", "attn_mask")]
     if arguments["enable_gqa"] or any(t is not None and t.device.type != "meta" for t in tensors):
         return False
+    if not tensors[0].dim() == tensors[1].dim() == tensors[2].dim() in (3, 4):
+        return False  # the fused kernel takes 4-D inputs, or 3-D ones as one batch of heads
     query, key, value, mask = (_stand_in(t) for t in tensors)
     choice = torch._fused_sdp_choice(query, key, value, mask, arguments["dropout_p"], arguments["is_causal"],
                                      scale=arguments["scale"])
@@ -92,8 +94,6 @@ def _attention_as_on_cpu(original: Callable[..., torch.Tensor]) -> Callable[...,
         if not cpu_picks_flash(arguments):
             return original(*args, **kwargs)
         query, key, value = (arguments[name] for name in ("query", "key", "value"))
-        if not (query.dim() == key.dim() == value.dim() and query.dim() in (3, 4)):
-            return original(*args, **kwargs)
         unbatched = query.dim() == 3  # the CPU runs 3-D inputs as one batch of heads, as here
         if unbatched:
             query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
