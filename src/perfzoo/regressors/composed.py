@@ -120,11 +120,11 @@ def _nonnegative_fit(A: np.ndarray, y: np.ndarray, weighting: str, prior: np.nda
     """Non-negative coefficients of ``y ≈ A·c`` under ``weighting`` (see the module docstring), each column
     of ``A`` scaled to unit maximum first for conditioning; with ``strength > 0``, each coefficient whose
     ``prior`` is finite is pulled towards it (:func:`_shrinkage_rows`)."""
+    w = 1.0 / y if weighting == "relative" else np.ones_like(y)
     if strength > 0 and prior is not None:
-        extra_A, extra_y = _shrinkage_rows(A, y, prior, strength, weighting)
-        w = 1.0 / y if weighting == "relative" else np.ones_like(y)
+        extra_A, extra_y = _shrinkage_rows(A * w[:, None], prior, strength)
         A, y = np.vstack([A * w[:, None], extra_A]), np.concatenate([y * w, extra_y])
-        weighting = "none"
+        weighting, w = "none", np.ones_like(y)
     scale = np.abs(A).max(axis=0)
     scale[scale == 0] = 1.0
     B = A / scale
@@ -136,22 +136,20 @@ def _nonnegative_fit(A: np.ndarray, y: np.ndarray, weighting: str, prior: np.nda
         if not result.success:
             raise InputError(f"composed: the least-relative-deviation fit failed ({result.message})")
         return result.x[:p] / scale
-    w = 1.0 / y if weighting == "relative" else np.ones_like(y)
     coef, _ = nnls(B * w[:, None], y * w, maxiter=50 * A.shape[1])
     return coef / scale
 
 
-def _shrinkage_rows(A: np.ndarray, y: np.ndarray, prior: np.ndarray, strength: float, weighting: str
-                    ) -> tuple[np.ndarray, np.ndarray]:
+def _shrinkage_rows(weighted: np.ndarray, prior: np.ndarray, strength: float) -> tuple[np.ndarray, np.ndarray]:
     """Penalty rows ``√(strength·n)·m_j·(c_j − prior_j)`` for the columns with a finite prior, appended to
     the weighted least squares: ``m_j`` is the mean weighted contribution of a unit coefficient of column
     ``j``, so the penalty prices moving a term's mean share of the step by as much as the same relative
-    residual on every row (``strength`` 1: equal)."""
-    w = 1.0 / y if weighting == "relative" else np.ones_like(y)
+    residual on every row (``strength`` 1: equal). ``weighted`` is the design with the fit's row weights
+    applied."""
     columns = np.flatnonzero(np.isfinite(prior))
-    mean_share = (A * w[:, None]).mean(axis=0)
-    rows = np.zeros((len(columns), A.shape[1]))
-    rows[np.arange(len(columns)), columns] = np.sqrt(strength * len(y)) * mean_share[columns]
+    mean_share = weighted.mean(axis=0)
+    rows = np.zeros((len(columns), weighted.shape[1]))
+    rows[np.arange(len(columns)), columns] = np.sqrt(strength * len(weighted)) * mean_share[columns]
     return rows, rows[np.arange(len(columns)), columns] * prior[columns]
 
 
@@ -182,6 +180,11 @@ class ComposedRegressor(Regressor):
             raise InputError(f"composed: is_training missing in {int(np.isnan(flag).sum())} row(s)")
         return flag
 
+    @property
+    def _n_base(self) -> int:
+        """Columns of the design before the operator features."""
+        return len(self._base_terms())
+
     def _base_terms(self) -> tuple[str, ...]:
         """The per-step terms before the operator features: the overheads, and the weight terms if asked."""
         return (*OVERHEAD_TERMS, *(f"{c}{suffix}" for c in self.step_terms for suffix in ("", "_training")))
@@ -204,7 +207,7 @@ class ComposedRegressor(Regressor):
 
     def _pooled(self, design: np.ndarray) -> np.ndarray:
         """[base terms..., Σ flops, Σ bytes, Σ count] of a design matrix."""
-        nb = len(self._base_terms())
+        nb = self._n_base
         return np.column_stack([design[:, :nb], design[:, nb:] @ _STAT_OF])
 
     def _groups(self, X: pd.DataFrame) -> np.ndarray:
@@ -233,7 +236,7 @@ class ComposedRegressor(Regressor):
         design, traced = self._design(X)
         if not traced.any():
             raise InputError("composed: no training row has an operator trace (op_* features all missing)")
-        nb = len(self._base_terms())
+        nb = self._n_base
         self.feature_names_ = [*self._base_terms(), *OP_FEATURES]
         self.n_features_in_ = len(self.feature_names_)
         self.n_untraced_train_ = int((~traced).sum())
@@ -267,7 +270,7 @@ class ComposedRegressor(Regressor):
                    ) -> tuple[np.ndarray, np.ndarray]:
         """(coefficients, pooled coefficients) of one device's rows: the pooled fit first, then the per-kind
         fit, each operator coefficient pulled towards its statistic's pooled one with ``strength``."""
-        nb = len(self._base_terms())
+        nb = self._n_base
         pooled = _nonnegative_fit(self._pooled(design), target, self.weighting)
         prior = np.concatenate([np.full(nb, np.nan), _STAT_OF @ pooled[nb:]])
         return _nonnegative_fit(design, target, self.weighting, prior, strength), pooled
@@ -278,7 +281,7 @@ class ComposedRegressor(Regressor):
         the first of the grid with one model only."""
         if len(set(models)) < 2:
             return SHRINKAGE_GRID[0]
-        nb = len(self._base_terms())
+        nb = self._n_base
         errors = []
         for strength in SHRINKAGE_GRID:
             predicted = np.zeros(len(target))
@@ -301,7 +304,7 @@ class ComposedRegressor(Regressor):
         require_columns(X, OP_FEATURES, what="operator feature (from the features rule)")
         design, traced = self._design(X)
         groups = self._groups(X)
-        nb = len(self._base_terms())
+        nb = self._n_base
         overhead = np.zeros(len(X))
         costs = np.zeros((len(X), len(COSTED_KINDS)))
         unseen = np.zeros((len(X), len(COSTED_KINDS)), dtype=bool)
@@ -371,6 +374,8 @@ class ComposedRegressor(Regressor):
 
 
 COSTED_TIME_LABELS = tuple(f"{OP_TIME_PREFIX}{kind}_ms" for kind in COSTED_KINDS)
+"""Measured time of each costed kind in one step (:func:`perfzoo.features.op_times.kind_time_labels`):
+auxiliary labels that :class:`ComposedOpTimeRegressor` fits its per-kind models on, never features."""
 TIME_LABEL_KEY = ("device", "model_id", "mode", "batch")
 
 
@@ -389,8 +394,6 @@ def _label_key(frame: pd.DataFrame) -> pd.MultiIndex:
     """(device, model_id, mode, batch) of each row, with one dtype per level whatever the table's."""
     return pd.MultiIndex.from_arrays([frame[c].astype(float) if c == "batch" else frame[c].astype(str)
                                       for c in TIME_LABEL_KEY])
-"""Measured time of each costed kind in one step (:func:`perfzoo.features.op_times.kind_time_labels`):
-auxiliary labels that :class:`ComposedOpTimeRegressor` fits its per-kind models on, never features."""
 
 
 @register_regressor
@@ -450,7 +453,7 @@ class ComposedOpTimeRegressor(ComposedRegressor):
         """(coefficients, pooled coefficients, kinds seen) of one device: per-kind fits on the measured kind
         times of the ``timed`` rows, then the scale and overhead on every ``traced`` row's latency."""
         all_design, all_target = design[traced], target[traced]
-        nb = len(self._base_terms())
+        nb = self._n_base
         ops, kind_times = design[timed, nb:], kind_times[timed]
         per_feature = np.zeros(ops.shape[1])
         seen = []
