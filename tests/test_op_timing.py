@@ -152,6 +152,26 @@ def test_configs_without_op_times_keep_one_row_with_the_reason() -> None:
     assert labels.loc["ma", "optime_conv_ms"] > 0
 
 
+def test_kind_times_over_more_steps_are_means_that_add_up_to_the_step() -> None:
+    model, x, y = tiny_convnet(), torch.randn(2, 3, 12, 12), torch.tensor([0, 3])
+    optimizer = make_optimizer(model, "sgd")
+    settings = {**SETTINGS, "op_timing": {"warmup_steps": 0, "steps": 3}}
+    times = time_operators(lambda phase: make_step(model, x, y, "training", optimizer, None, phase), settings)
+    done = {"a/0": {"status": "ok", "message": "", "measurement": {"extra": {"op_times": times.as_dict()}}}}
+    kinds = kind_times(op_times_frame([_task("a")], done, "cpu").assign(device="cpu"))
+    assert (kinds["n_steps"] == 3).all()
+    assert kinds["time_ms"].sum() == pytest.approx(kinds["ops_ms"].iloc[0], rel=1e-9)
+
+
+def test_a_config_whose_timer_saw_no_operator_is_not_measured() -> None:
+    _, times = timed("inference")
+    empty = {name: ([] if isinstance(value, list) else value) for name, value in times.items()}
+    done = {"a/0": {"status": "ok", "message": "", "measurement": {"extra": {"op_times": empty}}}}
+    table = op_times_frame([_task("a")], done, "cpu")
+    assert list(table["status"]) == ["not_measured"]
+    assert table["message"].iloc[0] == "per-op timing recorded no operator"
+
+
 def test_op_times_are_never_features() -> None:
     _, times = timed("inference")
     done = {"a/0": {"status": "ok", "message": "", "measurement": {"extra": {"op_times": times}}}}

@@ -61,7 +61,7 @@ def kind_times(raw: pd.DataFrame) -> pd.DataFrame:
     steps = (calls.groupby([*CONFIG_KEY, "step"], dropna=False)
              .agg(step_ms=("step_ms", "first"), ops_ms=("time_ms", "sum")).reset_index()
              .groupby(CONFIG_KEY, dropna=False)
-             .agg(step_ms=("step_ms", "median"), ops_ms=("ops_ms", "median"), n_steps=("step", "nunique")))
+             .agg(step_ms=("step_ms", "mean"), ops_ms=("ops_ms", "mean"), n_steps=("step", "nunique")))
     # mean over the timed steps, a step without a call of the kind counting 0 ms
     table = (calls.groupby([*CONFIG_KEY, "kind"], dropna=False)
              .agg(time_ms=("time_ms", "sum"), calls=("time_ms", "size")).reset_index()

@@ -367,11 +367,10 @@ def op_times_frame(tasks: list[Task], done: dict[str, dict[str, Any]], kind: str
                  "batch": c["batch"], "power_limit_w": math.nan if task.power_limit_w is None
                  else task.power_limit_w}
         status, message = _op_status(entry, kind)
-        times = _op_times_of(entry)
-        if status != "ok" or not times or not times["op"]:
-            frames.append(pd.DataFrame([{**ident, "status": status,
-                                         "message": message or "per-op timing recorded no operator"}]))
+        if status != "ok":
+            frames.append(pd.DataFrame([{**ident, "status": status, "message": message}]))
             continue
+        times = _op_times_of(entry)
         table = pd.DataFrame({name: times[name] for name in OP_TIMING_COLUMNS})
         table["step_ms"] = [times["step_ms"][s] for s in table["step"]]
         frames.append(table.assign(**ident, status="ok", message=""))
@@ -394,6 +393,8 @@ def _op_status(entry: dict[str, Any], kind: str) -> tuple[str, str]:
         return "not_measured", "per-op times not measured: the worker recorded none"
     if times["message"]:
         return "error" if times.get("failed") else "not_measured", times["message"]
+    if not times["op"]:
+        return "not_measured", "per-op timing recorded no operator"
     return "ok", ""
 
 
