@@ -24,7 +24,7 @@ rule op_coverage:
     """Per held-out family of leave_one_family_out: share of its measured step in kinds seen in training."""
     input:
         pkg("op_coverage.py"),
-        op_times="results/features/op_times.parquet",
+        op_times=OP_TIMES,
         dataset="results/dataset/dataset.parquet",
         split="results/splits/leave_one_family_out.parquet",
     output:
