@@ -255,19 +255,10 @@ def featurise_job(job: FeatureJob) -> FeatureResult:
             scaled = _scaled(probes, job.batches)
         if scaled is not None:
             return FeatureResult(job, _simulate_batches(job, scaled), method="scaled", probes=probes)
-        direct = {b: _featurise_alone(job, b) for b in job.batches}
+        direct = {b: _featurise_at(job)(b) for b in job.batches}  # each batch on a build of its own
         return FeatureResult(job, direct, method="direct")
     except InputError as exc:
         return FeatureResult(job, reason=str(exc))
-
-
-def _featurise_alone(job: FeatureJob, batch: int) -> dict[str, Any]:
-    """The features of one batch of a job from a build of its own: a direct featurisation (the reference)."""
-    from perfzoo.features.meta import featurise  # lazy: torch takes seconds to import
-
-    shape = (3, job.resolution, job.resolution)
-    dtype = BUILD_DTYPES[job.precision]
-    return featurise(job_builder(job), shape, batch, job.mode, dtype, _job_label(job))[0]
 
 
 def _featurise_at(job: FeatureJob) -> Callable[[int], dict[str, Any]]:
