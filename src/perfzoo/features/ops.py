@@ -58,10 +58,9 @@ import pandas as pd
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-
-from perfzoo.features.attention import cpu_attention
 from torch.utils._pytree import tree_flatten, tree_leaves
 
+from perfzoo.features.attention import cpu_attention
 from perfzoo.features.op_kinds import (
     FLOP_KINDS,
     FREE_KIND,
@@ -432,7 +431,6 @@ class _NotKeyed(Exception):
 
 
 _SEQUENCES = (tuple, list, torch.Size)
-_VALUES = (int, float, bool, str, torch.dtype, torch.device, torch.memory_format, torch.layout, type(None))
 
 
 def _argument_key(value: Any) -> Any:
@@ -445,7 +443,7 @@ def _argument_key(value: Any) -> Any:
         return kind, *map(_argument_key, value)
     if kind is dict:
         return dict, *((name, _argument_key(item)) for name, item in value.items())
-    if kind in _VALUES:
+    if kind in _PLAIN_LEAVES:
         return kind, value
     raise _NotKeyed
 
