@@ -638,8 +638,9 @@ class _SharedSteps:
         def tracked_module(module: nn.Module, args: tuple, output: Any = None) -> None:
             # FlopCounterMode's ModuleTracker hooks the gradient of every module's inputs and outputs; it fails
             # on a tensor that needs a gradient but has no gradient function (a view made under no_grad)
-            tensors = tensors_in(args if output is None else output)
-            if self.flops is None and any(t.requires_grad and t.grad_fn is None for t in tensors):
+            if self.flops is not None:  # the FLOP count is over: nothing left to check
+                return
+            if any(t.requires_grad and t.grad_fn is None for t in tensors_in(args if output is None else output)):
                 self.counter.differs = f"a tensor of {type(module).__name__} needs grad but has no grad_fn"
 
         handles = [*self.layers.attach(self.model), self.model.register_forward_hook(forward_done),
