@@ -121,8 +121,8 @@ def breakdown(record: dict[str, Any], results: Path, device: str, features: pd.D
             continue
         folds, _ = load_models(results.parent / used["path"])
         if used["regressor"] == "composed":
-            terms = np.mean([np.r_[m._contributions(features)[0], m._contributions(features)[1][0]]
-                             for m in folds.values()], axis=0)
+            contributions = [m._contributions(features) for m in folds.values()]
+            terms = np.mean([np.r_[overhead, costs[0]] for overhead, costs, *_ in contributions], axis=0)
             named = pd.Series(terms, index=["overhead", *COSTED_KINDS])
         else:
             named = pd.Series(np.mean([m._design(features)[0] * m.coefficients(device).to_numpy()

@@ -245,14 +245,16 @@ def test_composed_inner_cv_leaves_exact_costs_unshrunk():
 def test_composed_shrinkage_pulls_the_per_kind_costs_to_the_pooled_fit():
     # two kinds with a per-byte cost 10x apart: the stronger the shrinkage, the closer their fitted costs
     X, y = synthetic(60)
-    y = y + 1e-7 * X["op_elementwise_bytes"].to_numpy()
+    extra_elementwise, norm_per_byte = 1e-7, 1e-8
+    y = y + extra_elementwise * X["op_elementwise_bytes"].to_numpy()
     X["op_norm_bytes"] = X["op_elementwise_bytes"].to_numpy()[::-1] * 0.5
-    y = y + 1e-8 * X["op_norm_bytes"].to_numpy()
+    y = y + norm_per_byte * X["op_norm_bytes"].to_numpy()
     ratio = []
     for strength in (0.0, 1.0, 1e4):
         coef = ComposedRegressor(shrinkage=strength).fit(X, y).coefficients("cpu")
         ratio.append(coef["op_elementwise_bytes"] / coef["op_norm_bytes"])
-    assert ratio[0] == pytest.approx(11.0, rel=1e-3)
+    true_ratio = (TRUE["op_elementwise_bytes"] + extra_elementwise) / norm_per_byte  # unshrunk: recovered
+    assert ratio[0] == pytest.approx(true_ratio, rel=1e-3)
     assert ratio[0] > ratio[1] > ratio[2] and ratio[2] == pytest.approx(1.0, rel=0.05)
 
 
