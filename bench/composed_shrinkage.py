@@ -9,6 +9,10 @@ test MAPE % and, in brackets, the coverage % of the cross-conformal 90 % interva
 MAPE over family_monte_carlo and stratified_kfold, the splits the variants were chosen on; the other
 splits are the test. Below: the run's best other regressor, best baseline and noise floor per split
 (``RESULTS/evaluate/metrics.parquet``).
+
+A run made before the ``n_module_calls`` feature existed (composed's default per-step term) gets it here:
+each (model, mode) of ``RESULTS/zoo/manifest.parquet`` is featurised once on the meta device by the features
+stage's own code (the count does not depend on the batch) and joined onto the dataset.
 """
 
 from __future__ import annotations
@@ -40,9 +44,25 @@ VARIANTS = {
 }
 
 
-def scores(results: Path, params: dict, splits: tuple[str, ...]) -> pd.DataFrame:
+MODULE_CALLS = "n_module_calls"
+
+
+def with_module_calls(results: Path, data: pd.DataFrame) -> pd.DataFrame:
+    """The dataset with ``n_module_calls`` (featurised here when the run predates it)."""
+    if MODULE_CALLS in data.columns:
+        return data
+    from perfzoo.config import load_config
+    from perfzoo.features.meta import featurise_manifest  # lazy: torch
+
+    classes = load_config(results.parent / "config.yaml")["zoo"]["num_classes"]
+    manifest = pd.read_parquet(results / "zoo" / "manifest.parquet").drop_duplicates(["model_id", "mode"])
+    models, _ = featurise_manifest(manifest.assign(batch=1), num_classes=classes, progress=False)
+    counts = models[["model_id", "mode", MODULE_CALLS]].drop_duplicates(["model_id", "mode"])
+    return data.merge(counts, on=["model_id", "mode"], how="left", validate="many_to_one")
+
+
+def scores(results: Path, params: dict, splits: tuple[str, ...], data: pd.DataFrame) -> pd.DataFrame:
     """Metrics of ``composed`` with ``params`` on every split, as the fit and evaluate rules compute them."""
-    data = pd.read_parquet(results / "dataset" / "dataset.parquet")
     predictions = [fit_split(data, pd.read_parquet(results / "splits" / f"{s}.parquet"), TARGET, REGRESSOR,
                              params)[0] for s in splits]
     noise = pd.read_parquet(results / "dataset" / "noise_floor.parquet")
@@ -71,9 +91,10 @@ def main() -> None:
     args = parser.parse_args()
     variants = (dict((v.split("=", 1)[0], json.loads(v.split("=", 1)[1])) for v in args.variant)
                 if args.variant else VARIANTS)
+    data = with_module_calls(args.results, pd.read_parquet(args.results / "dataset" / "dataset.parquet"))
     rows = {}
     for name, params in variants.items():
-        table = scores(args.results, params, tuple(args.splits))
+        table = scores(args.results, params, tuple(args.splits), data)
         cells = {s: f"{table.loc[s, 'mape']:.1f} [{100 * table.loc[s, 'coverage90']:.1f}]"
                  for s in args.splits}
         if set(SELECTION_SPLITS) <= set(args.splits):

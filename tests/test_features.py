@@ -77,7 +77,8 @@ def test_tiny_cnn_inference_matches_hand_computation() -> None:
 
     counts = {k: feats[k] for k in MODEL_COLUMNS if k.startswith("n_")}
     assert counts == {"n_layers": 6, "n_conv": 1, "n_linear": 1, "n_norm": 1, "n_act": 1, "n_pool": 1,
-                      "n_attention": 0, "n_dropout": 0, "n_embedding": 0}  # fmt: skip
+                      "n_attention": 0, "n_dropout": 0, "n_embedding": 0,
+                      "n_module_calls": 7}  # fmt: skip  (the Sequential and its six layers)
     assert feats["depth"] == 1
 
     # Gianniti, per sample, C_out = output values of the layer
@@ -144,6 +145,24 @@ def test_pool_strides_and_sequence_layers() -> None:
     assert feats["flops"] == 2 * b * seq * 16 * 8
     assert feats["n_embedding"] == 1 and feats["input_bytes"] == b * seq * 8
 
+
+
+class _Recurrent(nn.Module):
+    """A GRU over 20 time steps and a head: two child modules, hundreds of operators."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru, self.head = nn.GRU(8, 16, batch_first=True), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.gru(x)[0][:, -1])
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_module_calls_count_calls_of_modules_not_the_operators_they_loop_over(mode: str) -> None:
+    feats, _ = featurise(_Recurrent, (20, 8), 2, mode)
+    assert feats["n_module_calls"] == 3  # the model, its GRU and its head, in either mode
+    assert feats["op_elementwise_count"] > 20 * feats["n_module_calls"]  # the GRU's gates, per time step
 
 # --------------------------------------------------------------------------- scaling laws
 

@@ -119,7 +119,8 @@ def test_featurise_carries_the_operator_features_and_table():
 
 # --------------------------------------------------------------------------- composed regressor
 
-TRUE = {"overhead": 0.5, "op_matmul_flops": 2e-9, "op_elementwise_bytes": 1e-8, "op_norm_count": 0.01}
+TRUE = {"overhead": 0.5, "op_matmul_flops": 2e-9, "op_elementwise_bytes": 1e-8, "op_norm_count": 0.01,
+        "n_module_calls": 0.004}
 
 
 def synthetic(n: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
@@ -130,6 +131,7 @@ def synthetic(n: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
     X["op_elementwise_bytes"] = rng.uniform(1e6, 1e9, n)
     X["op_elementwise_count"] = rng.integers(1, 100, n)
     X["op_norm_count"] = rng.integers(0, 60, n)
+    X["n_module_calls"] = rng.integers(1, 80, n)
     X["device"], X["is_training"], X["model_id"] = "cpu", 0.0, [f"m{i % 8}" for i in range(n)]
     y = TRUE["overhead"] + sum(coef * X[name] for name, coef in TRUE.items() if name != "overhead")
     return X, y.to_numpy()
@@ -270,7 +272,8 @@ def test_composed_step_terms_cost_a_model_feature_once_per_step():
     X, y = synthetic(40)
     X["weight_bytes"] = np.linspace(1e6, 4e8, len(X))
     y = y + 2e-9 * X["weight_bytes"].to_numpy()
-    coef = ComposedRegressor(step_terms=("weight_bytes",), shrinkage=0.0).fit(X, y).coefficients("cpu")
+    reg = ComposedRegressor(step_terms=("n_module_calls", "weight_bytes"), shrinkage=0.0)
+    coef = reg.fit(X, y).coefficients("cpu")
     assert coef["weight_bytes"] == pytest.approx(2e-9, rel=1e-6)
 
 

@@ -23,8 +23,8 @@ TARGETS = ("latency_ms", "throughput", "peak_mem_mb")
 MODEL_FEATURES = (
     "flops", "flops_fw", "macs", "params", "trainable_params", "weight_bytes", "activation_bytes",
     "input_bytes", "n_layers", "n_conv", "n_linear", "n_norm", "n_act", "n_pool", "n_attention",
-    "n_dropout", "n_embedding", "graph_nodes", "graph_edges", "complexity_fw", "complexity_bw", "depth",
-    "train_mem_estimate_bytes", *SIM_COLUMNS,
+    "n_dropout", "n_embedding", "n_module_calls", "graph_nodes", "graph_edges", "complexity_fw",
+    "complexity_bw", "depth", "train_mem_estimate_bytes", *SIM_COLUMNS,
 )
 
 

@@ -64,6 +64,11 @@ sim_op_kinds, sim_uses_conv, sim_error
     number of distinct operators and whether a convolution ran. When that step cannot run (an output the
     profiled cross-entropy loss does not take, as a backbone without a classifier head) they are NaN and
     ``sim_error`` holds the one-line reason (else "").
+n_module_calls
+    ``nn.Module`` calls in one forward of the model, containers (``Sequential``, blocks) included, once per
+    module call: each runs Python (``Module.__call__``, the ``forward`` body) outside any aten operator, a cost
+    per call that does not grow with the batch. An ``nn.GRU`` is one call however many time steps its
+    operators loop over.
 depth
     Deepest nesting level in the module tree (the root is 0; ``Sequential(conv, ...)`` has 1).
 graph_nodes, graph_edges
@@ -125,8 +130,8 @@ MODEL_COLUMNS = [
     "model_id", "mode", "batch", "flops", "flops_fw", "macs", "params", "trainable_params",
     "weight_bytes", "activation_bytes", "input_bytes", "train_mem_estimate_bytes",
     "n_layers", "n_conv", "n_linear", "n_norm", "n_act", "n_pool", "n_attention", "n_dropout",
-    "n_embedding", "graph_nodes", "graph_edges", "graph_error", "complexity_fw", "complexity_bw",
-    "depth", *SIM_COLUMNS, "sim_error", *OP_FEATURES, OP_ERROR_COLUMN,
+    "n_embedding", "n_module_calls", "graph_nodes", "graph_edges", "graph_error", "complexity_fw",
+    "complexity_bw", "depth", *SIM_COLUMNS, "sim_error", *OP_FEATURES, OP_ERROR_COLUMN,
 ]  # fmt: skip
 
 _NORM_TYPES: tuple[type[nn.Module], ...] = (
@@ -353,6 +358,8 @@ class _Recorder:
     rows: list[dict[str, Any]] = field(default_factory=list)
     stack: list[_Frame] = field(default_factory=list)
     n_attention: int = 0
+    n_module_calls: int = 0
+    """Module calls in the forward, containers included (each runs Python outside any operator)."""
     active: bool = True
 
     def attach(self, model: nn.Module) -> list[torch.utils.hooks.RemovableHandle]:
@@ -365,6 +372,7 @@ class _Recorder:
     def _enter(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if not self.active:
             return
+        self.n_module_calls += 1
         if self.stack:
             self.stack[-1].called_child = True
         if _is_attention(module) and not any(_is_attention(f.module) for f in self.stack):
@@ -747,6 +755,7 @@ def _model_features(model: nn.Module, x: torch.Tensor, recorder: _Recorder, tabl
         "train_mem_estimate_bytes": weight_bytes * (4 if mode == "training" else 1) + activation_bytes,
         **_layer_counts(recorder.rows),
         "n_attention": recorder.n_attention,
+        "n_module_calls": recorder.n_module_calls,
         **graph,
         "complexity_fw": int(table["c_fw"].sum()),
         "complexity_bw": int(table["c_bw"].sum()),

@@ -36,9 +36,10 @@ models; needs ``model_id``); it picked no shrinkage for batch extrapolation on b
 strength helps. ``weighting="mape"`` takes no shrinkage (``shrinkage=0``).
 
 ``step_terms`` names model features costed once per step, whatever the batch, each with an extra in
-training (non-negative, like the rest): e.g. ``("weight_bytes",)`` for weights read once per step, or
-``("n_layers",)`` for a per-module dispatch cost outside any operator. None by default (see
-``bench/RESULTS.md`` for the ones tried).
+training (non-negative, like the rest). The default, :data:`DEFAULT_STEP_TERMS`, is ``n_module_calls``: each
+``nn.Module`` call runs Python outside any operator, which a per-operator call cost would otherwise absorb and
+then charge to every operator a recurrent layer loops over in C++. Other terms tried (``weight_bytes``,
+``n_layers``, ...) are in ``bench/RESULTS.md``.
 
 Kinds never seen in training
 ----------------------------
@@ -104,6 +105,9 @@ OVERHEAD_TERMS = ("overhead", "overhead_training")
 DEFAULT_SHRINKAGE = 5.0
 """Chosen on the selection splits (family_monte_carlo, stratified_kfold) of two default runs:
 ``bench/RESULTS.md``, "Composed with per-kind costs shrunk towards the pooled fit"."""
+DEFAULT_STEP_TERMS = ("n_module_calls",)
+"""A per-module-call cost: the Python each ``nn.Module`` call runs outside any operator. Chosen on the selection
+splits of three default runs (``bench/RESULTS.md``, "Composed with a cost per module call")."""
 SHRINKAGE_GRID = (0.0, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
 INNER_CV = "cv"
 """``shrinkage="cv"``: the strength from :data:`SHRINKAGE_GRID` with the lowest leave-one-model-out MAPE on
@@ -160,7 +164,7 @@ class ComposedRegressor(Regressor):
     kind = "composed"
 
     def __init__(self, group_col: str | None = "device", weighting: str = "relative", fallback: str = "linear",
-                 log_target: bool = False, step_terms: tuple[str, ...] = (),
+                 log_target: bool = False, step_terms: tuple[str, ...] = DEFAULT_STEP_TERMS,
                  shrinkage: float | str = DEFAULT_SHRINKAGE) -> None:
         self.group_col = group_col
         self.weighting = weighting
@@ -413,7 +417,7 @@ class ComposedOpTimeRegressor(ComposedRegressor):
 
     def __init__(self, group_col: str | None = "device", weighting: str = "relative", fallback: str = "linear",
                  log_target: bool = False, op_times_path: str | None = None) -> None:
-        super().__init__(group_col, weighting, fallback, log_target, shrinkage=0.0)
+        super().__init__(group_col, weighting, fallback, log_target, step_terms=(), shrinkage=0.0)
         self.op_times_path = op_times_path
 
     def _with_time_labels(self, X: pd.DataFrame) -> pd.DataFrame:
