@@ -23,7 +23,7 @@ import pandas as pd
 
 from perfzoo.features.op_kinds import OP_KINDS, OP_TIME_PREFIX
 from perfzoo.io import InputError, read_parquet
-from perfzoo.profiling.runner import OP_TIME_COLUMNS
+from perfzoo.profiling.op_timing import OP_TIME_COLUMNS
 
 CONFIG_KEY = ["device", "config_id", "model_id", "mode", "batch", "power_limit_w"]
 KIND_TIME_COLUMNS = [*CONFIG_KEY, "kind", "time_ms", "calls", "step_ms", "ops_ms", "n_steps", "status", "message"]

@@ -31,6 +31,12 @@ from perfzoo.io import one_line
 
 OP_TIMING_COLUMNS = ("step", "order", "op", "phase", "grouped", "time_ms")
 """The per-call lists a worker reports (one entry per aten operator call of a timed step)."""
+OP_TIME_COLUMNS = [
+    "model_id", "config_id", "mode", "batch", "power_limit_w", *OP_TIMING_COLUMNS, "step_ms", "status", "message",
+]  # fmt: skip
+"""Columns of ``traces/{device}/{shard}.ops.parquet``: one row per operator call of a config's timed per-op
+steps; ``status`` is ``ok``, or the config's failure status, or ``not_measured`` / ``error`` with the reason
+in ``message`` (one row, no times)."""
 CUDA_REASON = ("per-op times not measured on cuda: kernels run asynchronously, so a host-side timer does not "
                "time them (torch.profiler with CUDA activities is not implemented here)")
 DISABLED_REASON = "per-op times not measured: profiling.op_timing.steps is 0"

@@ -25,7 +25,7 @@ from perfzoo.profiling.cuda import DEFAULT_MIN_WINDOW_S, DEFAULT_SAMPLE_HZ, prob
 from perfzoo.profiling.interference import INTERFERENCE_TRACE_COLUMNS, Assessment, Policy, assess
 from perfzoo.profiling.layers import LAYER_TIMING_COLUMNS, failed_layer_row
 from perfzoo.profiling.microbench import check_device
-from perfzoo.profiling.op_timing import CUDA_REASON, OP_TIMING_COLUMNS
+from perfzoo.profiling.op_timing import CUDA_REASON, OP_TIME_COLUMNS, OP_TIMING_COLUMNS
 from perfzoo.profiling.worker import Outcome, run_isolated
 from perfzoo.models.zoo import stable_id
 
@@ -51,12 +51,6 @@ SENSOR_COLUMNS = [
     "mem_clock_mhz", "temp_c", "mem_used_mb", "power_limit_w",
 ]
 STATUSES = ("ok", "oom", "error", "timeout")
-OP_TIME_COLUMNS = [
-    "model_id", "config_id", "mode", "batch", "power_limit_w", *OP_TIMING_COLUMNS, "step_ms", "status", "message",
-]  # fmt: skip
-"""Columns of ``traces/{device}/{shard}.ops.parquet``: one row per operator call of a config's timed per-op
-steps (:mod:`perfzoo.profiling.op_timing`); ``status`` is ``ok``, or the config's failure status, or
-``not_measured`` / ``error`` with the reason in ``message`` (one row, no times)."""
 _FLOAT_ENERGY_COLUMNS = [c for c in ENERGY_TRACE_COLUMNS
                          if c not in ("power_limit_swept", "power_source", "energy_message")]
 BUSY_STREAK = 3
