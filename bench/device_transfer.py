@@ -18,17 +18,27 @@ default ``../shared/data/timm-benchmark``) and scores, per held-out GPU:
   configs and scored on the other half (2-fold), beside one constant factor on the best other device
   fitted on all of them.
 
+With ``--op-features FILE`` (made by ``bench/timm_ops.py``: perfzoo's operator trace of every workload on
+the meta device), the rows are joined to the per-sample operator features by ``bench/timm_family.py``'s
+join (FLOPs, bytes and calls of every operator kind at the row's batch, divided by the batch); rows whose
+workload has no trace are left out of every method, counted and named. The features that are zero in
+every row (kinds an inference step never runs) are dropped; the others are passed to every
+``device_transfer`` variant as ``interaction_features``: sign-safe ``log1p``, standardised, in the hardware ×
+workload interactions only (the workload effects, the few-shot correction and the reference regression
+keep the CSV features). The baselines do not use them.
+
 The target is latency per sample (``infer_step_time / infer_batch_size``): the batch a GPU ran differs
 between files, and per-sample MAPE equals per-step MAPE at the file's batch.
 
 Usage: ``PYTHONPATH=src python bench/device_transfer.py [DIR] [--draws 5] [--k 0 5 20] [--degree 1|2] [--upper]
-[--out FILE.csv]``
+[--op-features FILE.parquet] [--out FILE.csv]``
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +76,7 @@ GPUS = {
 WORKLOAD = ["flops", "activation_bytes", "weight_bytes"]
 HARDWARE = ["hw_peak_gflops", "hw_mem_bw_gbs"]
 DEGREE = [1]  # interaction degree, set from --degree
+INTERACTION: list[str] = []  # operator feature columns of device_transfer, set from --op-features
 #: method name -> DeviceTransferRegressor parameters besides the shared ones
 METHODS = {"device_transfer": {}, "roofline_only": {"reference_weight": 0.0},
            "blend_half": {"reference_weight": 0.5}, "reference_only": {"reference_weight": 1.0}}
@@ -92,6 +103,21 @@ def load(directory: Path) -> pd.DataFrame:
     data = pd.concat(frames, ignore_index=True)
     data = data[(data[WORKLOAD] > 0).all(axis=1)].drop_duplicates(["device", "model_id"], keep="first")
     return data.reset_index(drop=True)
+
+
+def with_operator_features(data: pd.DataFrame, path: Path) -> tuple[pd.DataFrame, list[str]]:
+    """The rows whose workload has an operator trace in ``path``, with the per-sample operator features,
+    and the feature columns that are not zero in every row; the rows left out are counted and named."""
+    from timm_family import PER_SAMPLE_OPS, with_op_features  # here: timm_family imports this module's load
+
+    kept = with_op_features(data, path)
+    missing = sorted(set(data["model_id"]) - set(kept["model_id"]))
+    if missing:
+        print(f"left out of every method, no operator trace: {', '.join(missing)}")
+    columns = [c for c in PER_SAMPLE_OPS if (kept[c] != 0).any()]
+    print(f"{len(columns)} operator features; zero in every row, left out: "
+          f"{', '.join(c for c in PER_SAMPLE_OPS if c not in columns) or 'none'}")
+    return kept.reset_index(drop=True), columns
 
 
 def finite_mape(y: np.ndarray, p: np.ndarray) -> float:
@@ -187,7 +213,7 @@ def best_reference_factor(train: pd.DataFrame, shots: pd.DataFrame, test: pd.Dat
 
 def fit_method(train: pd.DataFrame, method: str, **extra: object) -> DeviceTransferRegressor:
     reg = DeviceTransferRegressor(workload_features=WORKLOAD, group_col="gpu", interaction_degree=DEGREE[0],
-                                  **METHODS[method], **extra)
+                                  interaction_features=INTERACTION, **METHODS[method], **extra)
     return reg.fit(train, train["latency_ms"])
 
 
@@ -252,10 +278,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, nargs="+", default=[0, 5, 20], help="configs of the held-out GPU in training")
     parser.add_argument("--degree", type=int, choices=(1, 2), default=1, help="interaction degree of device_transfer")
     parser.add_argument("--upper", action="store_true", help="also the upper bound with half of each file in training")
+    parser.add_argument("--op-features", type=Path, default=None, help="operator features from bench/timm_ops.py")
     parser.add_argument("--out", type=Path, default=Path("bench/device_transfer.csv"))
     args = parser.parse_args(argv)
+    start = time.perf_counter()
     DEGREE[0] = args.degree
     data = load(args.directory)
+    if args.op_features:
+        data, INTERACTION[:] = with_operator_features(data, args.op_features)
     print(f"{len(data)} rows, {data['model_id'].nunique()} workloads, devices: {sorted(data['device'].unique())}")
     rows = []
     for gpu in sorted(data["gpu"].unique()):
@@ -278,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nupper bound (half of the held-out file in training):")
         print(upper.round(2).to_markdown(index=False))
     print(f"\nsoftware-version floor (RTX 4090 torch 2.4 -> 2.9, one factor): {software_floor(data):.2f} % MAPE")
+    print(f"{time.perf_counter() - start:.0f} s wall, {time.process_time():.0f} s CPU")
     return 0
 
 
