@@ -13,8 +13,8 @@ default ``../shared/data/timm-benchmark``) and scores, per held-out GPU:
   k configs, on the nearest device by specs and on the reference device whose factor fits the k shots
   best (leave-one-out on the shots);
 - the coverage of the 90 % conformal intervals, the MAPE left after removing one constant factor per
-  held-out file fitted on its test rows (``*_offset_removed``: how much of the error is a device offset), and the floor set by software versions (RTX 4090 under
-  torch 2.4 vs 2.9, one constant factor);
+  held-out file fitted on its test rows (``*_offset_removed``: how much of the error is a device offset),
+  and the floor set by software versions (RTX 4090 under torch 2.4 vs 2.9, one constant factor);
 - an upper bound per held-out file (``--upper``): reference regression fitted on half of the file's
   configs and scored on the other half (2-fold), beside one constant factor on the best other device
   fitted on all of them.
@@ -289,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, nargs="+", default=[0, 5, 20], help="configs of the held-out GPU in training")
     parser.add_argument("--degree", type=int, choices=(1, 2), default=1, help="interaction degree of device_transfer")
     parser.add_argument("--upper", action="store_true", help="also the upper bound with half of each file in training")
-    parser.add_argument("--op-features", type=Path, default=None, help="operator features from bench/timm_ops.py")
+    parser.add_argument("--op-features", type=Path, default=None,
+                        help="operator features from bench/timm_ops.py")
     parser.add_argument("--out", type=Path, default=Path("bench/device_transfer.csv"))
     args = parser.parse_args(argv)
     start = time.perf_counter()

@@ -56,7 +56,8 @@ def with_operator_share(data: pd.DataFrame, seed: int = 1) -> pd.DataFrame:
     x = np.where(np.arange(len(ids)) % 2 == 0, 0.0, np.exp(rng.uniform(np.log(1e6), np.log(1e9), len(ids))))
     x_of = pd.Series(x, index=ids)
     s = 0.3 + 0.02 * np.log1p(data["model_id"].map(x_of).to_numpy())
-    log_t = np.log(data["flops"]) - s * np.log(data["hw_peak_gflops"]) - (1 - s) * np.log(data["hw_mem_bw_gbs"]) - 5
+    log_peak, log_bw = np.log(data["hw_peak_gflops"]), np.log(data["hw_mem_bw_gbs"])
+    log_t = np.log(data["flops"]) - s * log_peak - (1 - s) * log_bw - 5
     return data.assign(op_attention_flops=data["model_id"].map(x_of), latency_ms=np.exp(log_t))
 
 

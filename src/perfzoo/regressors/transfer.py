@@ -188,9 +188,10 @@ class DeviceTransferRegressor(Regressor):
         bad = ~np.isfinite(values)
         if bad.any():
             row, col = np.argwhere(bad)[0]
+            lacking = int(bad[:, col].sum())
             raise InputError(
-                f"device_transfer: column {columns[col]!r} needs finite values; {int(bad[:, col].sum())} rows "
-                f"lack one (first: row {X.index[row]!r})"
+                f"device_transfer: column {columns[col]!r} needs finite values; {lacking} rows lack one "
+                f"(first: row {X.index[row]!r})"
             )
         return signed_log1p(values)
 
@@ -218,9 +219,9 @@ class DeviceTransferRegressor(Regressor):
         return np.hstack([inter, R])
 
     def _check(self, X: pd.DataFrame) -> None:
-        cols = [*self.workload_features, *self.interaction_features, *self.device_features, *self.row_features,
-                self.workload_col,
-                self.device_col, *([self.anchor_feature] if self.anchor_feature else [])]
+        cols = [*self.workload_features, *self.interaction_features, *self.device_features,
+                *self.row_features, self.workload_col, self.device_col,
+                *([self.anchor_feature] if self.anchor_feature else [])]
         require_columns(check_frame(X), cols, what="device_transfer")
         if not 0 < self.interval_level < 1:
             raise InputError(f"device_transfer: interval_level must lie in (0, 1), got {self.interval_level}")
