@@ -12,23 +12,34 @@ default ``../shared/data/timm-benchmark``) and scores, per held-out GPU:
   peak FLOP/s, and by memory bandwidth; for few-shot also one constant device factor fitted on the same
   k configs, on the nearest device by specs and on the reference device whose factor fits the k shots
   best (leave-one-out on the shots);
-- the coverage of the 90 % conformal intervals, and the floor set by software versions (RTX 4090 under
-  torch 2.4 vs 2.9, one constant factor);
+- the coverage of the 90 % conformal intervals, the MAPE left after removing one constant factor per
+  held-out file fitted on its test rows (``*_offset_removed``: how much of the error is a device offset),
+  and the floor set by software versions (RTX 4090 under torch 2.4 vs 2.9, one constant factor);
 - an upper bound per held-out file (``--upper``): reference regression fitted on half of the file's
   configs and scored on the other half (2-fold), beside one constant factor on the best other device
   fitted on all of them.
+
+With ``--op-features FILE`` (made by ``bench/timm_ops.py``: perfzoo's operator trace of every workload on
+the meta device), the rows are joined to the per-sample operator features by ``bench/timm_family.py``'s
+join (FLOPs, bytes and calls of every operator kind at the row's batch, divided by the batch); rows whose
+workload has no trace are left out of every method, counted and named. The features that are zero in
+every row (kinds an inference step never runs) are dropped; the others are passed to every
+``device_transfer`` variant as ``interaction_features``: sign-safe ``log1p``, standardised, in the hardware ×
+workload interactions only (the workload effects, the few-shot correction and the reference regression
+keep the CSV features). The baselines do not use them.
 
 The target is latency per sample (``infer_step_time / infer_batch_size``): the batch a GPU ran differs
 between files, and per-sample MAPE equals per-step MAPE at the file's batch.
 
 Usage: ``PYTHONPATH=src python bench/device_transfer.py [DIR] [--draws 5] [--k 0 5 20] [--degree 1|2] [--upper]
-[--out FILE.csv]``
+[--op-features FILE.parquet] [--out FILE.csv]``
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +77,7 @@ GPUS = {
 WORKLOAD = ["flops", "activation_bytes", "weight_bytes"]
 HARDWARE = ["hw_peak_gflops", "hw_mem_bw_gbs"]
 DEGREE = [1]  # interaction degree, set from --degree
+INTERACTION: list[str] = []  # operator feature columns of device_transfer, set from --op-features
 #: method name -> DeviceTransferRegressor parameters besides the shared ones
 METHODS = {"device_transfer": {}, "roofline_only": {"reference_weight": 0.0},
            "blend_half": {"reference_weight": 0.5}, "reference_only": {"reference_weight": 1.0}}
@@ -94,10 +106,33 @@ def load(directory: Path) -> pd.DataFrame:
     return data.reset_index(drop=True)
 
 
+def with_operator_features(data: pd.DataFrame, path: Path) -> tuple[pd.DataFrame, list[str]]:
+    """The rows whose workload has an operator trace in ``path``, with the per-sample operator features,
+    and the feature columns that are not zero in every row; the rows left out are counted and named."""
+    from timm_family import PER_SAMPLE_OPS, with_op_features  # here: timm_family imports this module's load
+
+    kept = with_op_features(data, path)
+    missing = sorted(set(data["model_id"]) - set(kept["model_id"]))
+    if missing:
+        print(f"left out of every method, no operator trace: {', '.join(missing)}")
+    columns = [c for c in PER_SAMPLE_OPS if (kept[c] != 0).any()]
+    print(f"{len(columns)} operator features; zero in every row, left out: "
+          f"{', '.join(c for c in PER_SAMPLE_OPS if c not in columns) or 'none'}")
+    return kept.reset_index(drop=True), columns
+
+
 def finite_mape(y: np.ndarray, p: np.ndarray) -> float:
     """MAPE in percent over the rows with a finite prediction (NaN when there are none)."""
     ok = np.isfinite(p)
     return mape(y[ok], p[ok])
+
+
+def offset_removed_mape(test: pd.DataFrame, y: np.ndarray, p: np.ndarray) -> float:
+    """MAPE after dividing each held-out file's predictions by their geometric-mean ratio to its measured
+    times: the error one known constant factor per file would leave (a diagnostic that reads the test
+    labels, not a method)."""
+    ratio = pd.Series(np.log(p / y), index=test.index).groupby(test["device"]).transform("mean").to_numpy()
+    return finite_mape(y, p / np.exp(ratio))
 
 
 def nearest_devices(train: pd.DataFrame, target: pd.Series) -> list[str]:
@@ -187,7 +222,7 @@ def best_reference_factor(train: pd.DataFrame, shots: pd.DataFrame, test: pd.Dat
 
 def fit_method(train: pd.DataFrame, method: str, **extra: object) -> DeviceTransferRegressor:
     reg = DeviceTransferRegressor(workload_features=WORKLOAD, group_col="gpu", interaction_degree=DEGREE[0],
-                                  **METHODS[method], **extra)
+                                  interaction_features=INTERACTION, **METHODS[method], **extra)
     return reg.fit(train, train["latency_ms"])
 
 
@@ -200,7 +235,9 @@ def evaluate_fold(data: pd.DataFrame, gpu: str, k: int, seed: int) -> dict[str, 
     row: dict[str, float] = {"gpu": gpu, "k": k, "seed": seed, "n_test": len(test)}
     for method in METHODS if k else ["device_transfer"]:
         reg = fit_method(train, method)
-        row[method] = finite_mape(y, reg.predict(test))
+        pred = reg.predict(test)
+        row[method] = finite_mape(y, pred)
+        row[f"{method}_offset_removed"] = offset_removed_mape(test, y, pred)
         lo, hi = reg.predict_interval(test)
         row[f"{method}_coverage90"] = float(np.mean((y >= lo) & (y <= hi)) * 100)
         row[f"{method}_weight"] = reg.reference_weight_
@@ -252,10 +289,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, nargs="+", default=[0, 5, 20], help="configs of the held-out GPU in training")
     parser.add_argument("--degree", type=int, choices=(1, 2), default=1, help="interaction degree of device_transfer")
     parser.add_argument("--upper", action="store_true", help="also the upper bound with half of each file in training")
+    parser.add_argument("--op-features", type=Path, default=None,
+                        help="operator features from bench/timm_ops.py")
     parser.add_argument("--out", type=Path, default=Path("bench/device_transfer.csv"))
     args = parser.parse_args(argv)
+    start = time.perf_counter()
     DEGREE[0] = args.degree
     data = load(args.directory)
+    if args.op_features:
+        data, INTERACTION[:] = with_operator_features(data, args.op_features)
     print(f"{len(data)} rows, {data['model_id'].nunique()} workloads, devices: {sorted(data['device'].unique())}")
     rows = []
     for gpu in sorted(data["gpu"].unique()):
@@ -278,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nupper bound (half of the held-out file in training):")
         print(upper.round(2).to_markdown(index=False))
     print(f"\nsoftware-version floor (RTX 4090 torch 2.4 -> 2.9, one factor): {software_floor(data):.2f} % MAPE")
+    print(f"{time.perf_counter() - start:.0f} s wall, {time.process_time():.0f} s CPU")
     return 0
 
 

@@ -48,6 +48,35 @@ def test_unseen_device_is_recovered_exactly_when_the_data_follow_the_model() -> 
     assert rel.max() < 1e-4
 
 
+def with_operator_share(data: pd.DataFrame, seed: int = 1) -> pd.DataFrame:
+    """The panel's times with the compute share ``s(w)`` following a feature that is zero for half the
+    workloads (like an operator kind a model lacks): ``s = 0.3 + 0.02 log1p(x)``."""
+    rng = np.random.default_rng(seed)
+    ids = data["model_id"].unique()
+    x = np.where(np.arange(len(ids)) % 2 == 0, 0.0, np.exp(rng.uniform(np.log(1e6), np.log(1e9), len(ids))))
+    x_of = pd.Series(x, index=ids)
+    s = 0.3 + 0.02 * np.log1p(data["model_id"].map(x_of).to_numpy())
+    log_peak, log_bw = np.log(data["hw_peak_gflops"]), np.log(data["hw_mem_bw_gbs"])
+    log_t = np.log(data["flops"]) - s * log_peak - (1 - s) * log_bw - 5
+    return data.assign(op_attention_flops=data["model_id"].map(x_of), latency_ms=np.exp(log_t))
+
+
+def test_a_feature_that_may_be_zero_enters_the_hardware_interactions() -> None:
+    train, test = held_out(with_operator_share(roofline_panel()), "D")
+    errors = {}
+    for extra in [(), ("op_attention_flops",)]:
+        reg = DeviceTransferRegressor(alpha=1e-8, interaction_features=extra).fit(train, train["latency_ms"])
+        errors[extra] = np.abs(reg.predict(test) / test["latency_ms"].to_numpy() - 1).max()
+    assert errors[("op_attention_flops",)] < 1e-4 < 0.05 < errors[()]
+
+
+def test_a_missing_interaction_feature_value_is_an_error_naming_the_column() -> None:
+    data = with_operator_share(roofline_panel(n_workloads=10))
+    data.loc[3, "op_attention_flops"] = np.nan
+    with pytest.raises(InputError, match="'op_attention_flops'"):
+        DeviceTransferRegressor(interaction_features=["op_attention_flops"]).fit(data, data["latency_ms"])
+
+
 def test_one_constant_factor_cannot_do_what_the_interactions_do() -> None:
     """Sanity check of the constructed data: the device ratio really depends on the workload."""
     data = roofline_panel()
@@ -93,8 +122,9 @@ def test_few_shot_rows_calibrate_a_device_offset_that_hardware_cannot_explain() 
 
 
 def test_save_and_load_round_trip_without_pickle(tmp_path: Path) -> None:
-    train, test = held_out(roofline_panel(noise=0.05), "A")
-    reg = make_regressor("device_transfer", alpha=0.5).fit(train, train["latency_ms"])
+    train, test = held_out(with_operator_share(roofline_panel()), "A")
+    reg = make_regressor("device_transfer", alpha=0.5, interaction_features=["op_attention_flops"])
+    reg.fit(train, train["latency_ms"])
     path = tmp_path / "transfer.json"
     save_regressor(reg, path)
     assert json.loads(path.read_text())["kind"] == "device_transfer"

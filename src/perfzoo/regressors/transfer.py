@@ -11,7 +11,10 @@ The model (fitted jointly, by ridge least squares, on the logarithm of the targe
   bandwidth, ...), ``z(w)``: ``1`` and the standardised logged workload features (FLOPs, activation
   and weight bytes, arithmetic intensity ...). The products ``h_j z_k`` let the device ratio depend on
   the workload's roofline position: a compute-bound workload follows peak FLOP/s, a memory-bound one
-  follows bandwidth. ``r(w, d)``: logged per-row features (e.g. batch size).
+  follows bandwidth. ``r(w, d)``: logged per-row features (e.g. batch size). Workload features that may
+  be zero (``interaction_features``, e.g. operator FLOPs, bytes and calls per kind) join ``z`` in these
+  products only, through sign-safe ``log1p`` and standardised; the workload effects, the few-shot
+  correction and the reference regression below keep ``workload_features`` alone.
 - ``delta_d(w) = a_d + b_d . z(w)``: few-shot calibration of a device from its own training rows,
   ridge-shrunk towards zero (``shot_alpha``), so a device with k = 5 or 20 measured configs gets a
   correction fitted on exactly those rows, and a device without rows (k = 0) gets none.
@@ -58,7 +61,7 @@ import numpy as np
 import pandas as pd
 
 from perfzoo.io import InputError
-from perfzoo.regressors.base import Regressor, check_frame, register_regressor, require_columns
+from perfzoo.regressors.base import Regressor, check_frame, register_regressor, require_columns, signed_log1p
 from perfzoo.stats import conformal_halfwidth, mean_and_scale
 
 
@@ -115,6 +118,7 @@ class DeviceTransferRegressor(Regressor):
         "feature_names_", "coef_", "z_mean_", "z_scale_", "h_mean_", "workload_ids_", "workload_effects_",
         "effect_coef_", "shot_devices_", "shot_coef_", "shot_refs_", "ref_devices_", "ref_residuals_",
         "interval_halfwidth_", "ref_log_times_", "reference_models_", "scaled_halfwidth_", "reference_weight_",
+        "x_mean_", "x_scale_",
     )
 
     def __init__(
@@ -123,6 +127,7 @@ class DeviceTransferRegressor(Regressor):
         device_features: Sequence[str] = ("hw_peak_gflops",),
         anchor_feature: str | None = "hw_mem_bw_gbs",
         row_features: Sequence[str] = ("batch",),
+        interaction_features: Sequence[str] = (),
         workload_col: str = "model_id",
         device_col: str = "device",
         group_col: str | None = None,
@@ -142,6 +147,7 @@ class DeviceTransferRegressor(Regressor):
         self.device_features = device_features
         self.anchor_feature = anchor_feature
         self.row_features = row_features
+        self.interaction_features = interaction_features
         self.workload_col = workload_col
         self.device_col = device_col
         self.group_col = group_col
@@ -174,6 +180,25 @@ class DeviceTransferRegressor(Regressor):
             out[:, j] = np.log(values)
         return out
 
+    def _interaction_logged(self, X: pd.DataFrame) -> np.ndarray:
+        """Sign-safe ``log1p`` of the ``interaction_features`` (zero allowed); a missing or non-finite value
+        is an error."""
+        columns = list(self.interaction_features)
+        values = X[columns].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+        bad = ~np.isfinite(values)
+        if bad.any():
+            row, col = np.argwhere(bad)[0]
+            lacking = int(bad[:, col].sum())
+            raise InputError(
+                f"device_transfer: column {columns[col]!r} needs finite values; {lacking} rows lack one "
+                f"(first: row {X.index[row]!r})"
+            )
+        return signed_log1p(values)
+
+    def _interaction_workload(self, X: pd.DataFrame, Z: np.ndarray) -> np.ndarray:
+        """``Z`` and the standardised interaction features: the workload side of ``h_j z_k``."""
+        return np.hstack([Z, (self._interaction_logged(X) - self.x_mean_) / self.x_scale_])
+
     def _anchor(self, X: pd.DataFrame) -> np.ndarray:
         """``log`` of the anchor column (its coefficient is fixed at -1), zeros without an anchor."""
         if self.anchor_feature is None:
@@ -194,8 +219,9 @@ class DeviceTransferRegressor(Regressor):
         return np.hstack([inter, R])
 
     def _check(self, X: pd.DataFrame) -> None:
-        cols = [*self.workload_features, *self.device_features, *self.row_features, self.workload_col,
-                self.device_col, *([self.anchor_feature] if self.anchor_feature else [])]
+        cols = [*self.workload_features, *self.interaction_features, *self.device_features,
+                *self.row_features, self.workload_col, self.device_col,
+                *([self.anchor_feature] if self.anchor_feature else [])]
         require_columns(check_frame(X), cols, what="device_transfer")
         if not 0 < self.interval_level < 1:
             raise InputError(f"device_transfer: interval_level must lie in (0, 1), got {self.interval_level}")
@@ -215,9 +241,10 @@ class DeviceTransferRegressor(Regressor):
         Xf, tf = X[full], t[full]
         Zraw = self._logged(Xf, self.workload_features)
         self.z_mean_, self.z_scale_ = mean_and_scale(Zraw)
+        self.x_mean_, self.x_scale_ = mean_and_scale(self._interaction_logged(Xf))
         self.h_mean_ = (self._logged(Xf, self.device_features) - self._anchor(Xf)[:, None]).mean(axis=0)
         Z, H, R = self._parts(Xf)
-        A = self._design(Z, H, R)
+        A = self._design(self._interaction_workload(Xf, Z), H, R)
         target = tf + self._anchor(Xf)
         ids, codes = np.unique(Xf[self.workload_col].astype(str).to_numpy(), return_inverse=True)
         A_mean = _group_means(A, codes, len(ids))
@@ -359,7 +386,8 @@ class DeviceTransferRegressor(Regressor):
     def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> DeviceTransferRegressor:
         self._check(X)
         t = self._encode_target(y, len(X))
-        self.feature_names_ = [*self.workload_features, *self.device_features, *self.row_features]
+        self.feature_names_ = [*self.workload_features, *self.interaction_features, *self.device_features,
+                               *self.row_features]
         self.n_features_in_ = len(self.feature_names_)
         self.interval_halfwidth_, self.scaled_halfwidth_, self.reference_weight_ = self._conformal(X, t)
         self._fit_core(X, t)
@@ -421,7 +449,7 @@ class DeviceTransferRegressor(Regressor):
         effects = _poly2(Z) @ self.effect_coef_
         seen = idx >= 0
         effects[seen] = self.workload_effects_[idx[seen]]
-        out = effects + self._design(Z, H, R) @ self.coef_ - self._anchor(X)
+        out = effects + self._design(self._interaction_workload(X, Z), H, R) @ self.coef_ - self._anchor(X)
         shot_rows = {d: i for i, d in enumerate(self.shot_devices_)}
         Z1 = np.hstack([np.ones((len(Z), 1)), Z])
         devices = X[self.device_col].astype(str).to_numpy()
