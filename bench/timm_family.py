@@ -23,10 +23,15 @@ left out of every method, so all methods score the same rows), and more methods 
 ``<regressor>+ops`` for every regressor asked for (the CSV features plus, per sample, FLOPs, bytes and calls
 of every operator kind at the row's batch, exact from the two probes) and ``composed`` (perfzoo's composed
 regressor: the step time as a non-negative sum over kinds of time per FLOP, per byte and per call plus a
-step overhead, fitted on the step time ``latency × batch`` and the step's operator totals).
+step overhead, fitted on the step time ``latency × batch`` and the step's operator totals), and ``CHOSEN``:
+the one of ``CANDIDATES`` (extra trees with more members, on the signed log of the features, with every
+operator kind's share of the step's FLOPs, bytes and calls, or averaged with xgboost) that scored lowest
+on the development split. ``--develop`` scores the candidates there and on nothing else: leave-one-family-out
+inside a fixed random half of the families of the RTX 3090 file (``DEV_FILE``, ``DEV_SEED``), with a
+bootstrap over those families of each candidate's difference to the incumbent ``extra_trees+ops``.
 
 Usage: ``PYTHONPATH=src python bench/timm_family.py [DIR] [--regressors linear extra_trees [xgboost poly_lasso]]
-[--op-features bench/timm_ops.parquet]``
+[--op-features bench/timm_ops.parquet [--develop]]``
 """
 
 from __future__ import annotations
@@ -71,6 +76,8 @@ def with_families(data: pd.DataFrame) -> pd.DataFrame:
 
 
 PER_SAMPLE_OPS = [f"{f}_per_sample" for f in OP_FEATURES]
+#: the features of the ``<regressor>+ops`` methods: the CSV ones and the per-sample operator totals
+WITH_OPS = [*FEATURES, *PER_SAMPLE_OPS]
 
 
 def with_op_features(data: pd.DataFrame, path: Path) -> pd.DataFrame:
@@ -103,7 +110,7 @@ OP_SHARES = [f"{f}_share" for f in OP_FEATURES]
 #: raw values; signed because the two-probe extrapolation gives a few negative totals, e.g. the conv calls of
 #: the CondConv models): extra trees draw each cut point uniformly between a node's smallest and largest
 #: value, so on a feature spanning decades most raw cuts fall in the top decade
-LOG_FEATURES = [f"slog_{c}" for c in [*FEATURES, *PER_SAMPLE_OPS]]
+LOG_FEATURES = [f"slog_{c}" for c in WITH_OPS]
 
 
 def with_derived_features(rows: pd.DataFrame) -> pd.DataFrame:
@@ -117,7 +124,7 @@ def with_derived_features(rows: pd.DataFrame) -> pd.DataFrame:
             bad = rows.loc[total <= 0, "model_id"].iloc[0]
             raise ValueError(f"operator trace of {bad}: no {measure} in any kind, its shares are undefined")
         derived.update({f"{c}_share": rows[c] / total for c in columns})
-    derived.update({f"slog_{c}": np.sign(rows[c]) * np.log1p(rows[c].abs()) for c in [*FEATURES, *PER_SAMPLE_OPS]})
+    derived.update({f"slog_{c}": np.sign(rows[c]) * np.log1p(rows[c].abs()) for c in WITH_OPS})
     return pd.concat([rows, pd.DataFrame(derived, index=rows.index)], axis=1)
 
 
@@ -133,7 +140,7 @@ class Candidate:
     log_features: bool = False
 
     def features(self) -> list[str]:
-        base = LOG_FEATURES if self.log_features else [*FEATURES, *PER_SAMPLE_OPS]
+        base = LOG_FEATURES if self.log_features else WITH_OPS
         return [*base, *(OP_SHARES if self.shares else [])]
 
 
@@ -224,7 +231,6 @@ def time_per_flop(train: pd.DataFrame, test: pd.DataFrame) -> np.ndarray:
 def predict_file(rows: pd.DataFrame, regressors: list[str], op_methods: bool = False) -> pd.DataFrame:
     """Leave-one-family-out predictions of every row of one file, one column per method."""
     out = pd.DataFrame(index=rows.index, dtype=float)
-    with_ops = [*FEATURES, *PER_SAMPLE_OPS]
     for family in sorted(rows["family"].unique()):
         test_mask = (rows["family"] == family).to_numpy()
         train, test = rows[~test_mask], rows[test_mask]
@@ -234,8 +240,8 @@ def predict_file(rows: pd.DataFrame, regressors: list[str], op_methods: bool = F
             out.loc[test.index, kind] = reg.predict(test[FEATURES])
         if op_methods:
             for kind in regressors:
-                reg = make_regressor(kind, features=with_ops, **REGRESSORS[kind]).fit(train[with_ops], y)
-                out.loc[test.index, f"{kind}+ops"] = reg.predict(test[with_ops])
+                reg = make_regressor(kind, features=WITH_OPS, **REGRESSORS[kind]).fit(train[WITH_OPS], y)
+                out.loc[test.index, f"{kind}+ops"] = reg.predict(test[WITH_OPS])
             out.loc[test.index, "composed"] = composed_per_sample(train, test)
             if CHOSEN:
                 out.loc[test.index, CHOSEN] = predict_candidates(train, test, [CHOSEN])[CHOSEN]
