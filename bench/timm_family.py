@@ -23,10 +23,15 @@ left out of every method, so all methods score the same rows), and more methods 
 ``<regressor>+ops`` for every regressor asked for (the CSV features plus, per sample, FLOPs, bytes and calls
 of every operator kind at the row's batch, exact from the two probes) and ``composed`` (perfzoo's composed
 regressor: the step time as a non-negative sum over kinds of time per FLOP, per byte and per call plus a
-step overhead, fitted on the step time ``latency × batch`` and the step's operator totals).
+step overhead, fitted on the step time ``latency × batch`` and the step's operator totals), and ``CHOSEN``:
+the one of ``CANDIDATES`` (extra trees with more members, on the signed log of the features, with every
+operator kind's share of the step's FLOPs, bytes and calls, or averaged with xgboost) that scored lowest
+on the development split. ``--develop`` scores the candidates there and on nothing else: leave-one-family-out
+inside a fixed random half of the families of the RTX 3090 file (``DEV_FILE``, ``DEV_SEED``), with a
+bootstrap over those families of each candidate's difference to the incumbent ``extra_trees+ops``.
 
 Usage: ``PYTHONPATH=src python bench/timm_family.py [DIR] [--regressors linear extra_trees [xgboost poly_lasso]]
-[--op-features bench/timm_ops.parquet]``
+[--op-features bench/timm_ops.parquet [--develop]]``
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +76,8 @@ def with_families(data: pd.DataFrame) -> pd.DataFrame:
 
 
 PER_SAMPLE_OPS = [f"{f}_per_sample" for f in OP_FEATURES]
+#: the features of the ``<regressor>+ops`` methods: the CSV ones and the per-sample operator totals
+WITH_OPS = [*FEATURES, *PER_SAMPLE_OPS]
 
 
 def with_op_features(data: pd.DataFrame, path: Path) -> pd.DataFrame:
@@ -95,12 +103,122 @@ def with_op_features(data: pd.DataFrame, path: Path) -> pd.DataFrame:
     return kept
 
 
+#: the measures of an operator kind; a kind's share is its quantity over the step's total of that measure
+OP_MEASURES = ("flops", "bytes", "count")
+OP_SHARES = [f"{f}_share" for f in OP_FEATURES]
+#: ``sign(x) log(1 + |x|)`` of the CSV and per-sample operator features (monotone, so the same order as the
+#: raw values; signed because the two-probe extrapolation gives a few negative totals, e.g. the conv calls of
+#: the CondConv models): extra trees draw each cut point uniformly between a node's smallest and largest
+#: value, so on a feature spanning decades most raw cuts fall in the top decade
+LOG_FEATURES = [f"slog_{c}" for c in WITH_OPS]
+
+
+def with_derived_features(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows with every operator kind's share of the step's FLOPs, bytes and calls (scale-free composition)
+    and the signed ``log1p`` of the CSV and per-sample operator features (``LOG_FEATURES``)."""
+    derived = {}
+    for measure in OP_MEASURES:
+        columns = [f for f in OP_FEATURES if f.endswith(f"_{measure}")]
+        total = rows[columns].sum(axis=1)
+        if (total <= 0).any():
+            bad = rows.loc[total <= 0, "model_id"].iloc[0]
+            raise ValueError(f"operator trace of {bad}: no {measure} in any kind, its shares are undefined")
+        derived.update({f"{c}_share": rows[c] / total for c in columns})
+    derived.update({f"slog_{c}": np.sign(rows[c]) * np.log1p(rows[c].abs()) for c in WITH_OPS})
+    return pd.concat([rows, pd.DataFrame(derived, index=rows.index)], axis=1)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A method on the operator features: extra trees with ``trees`` members on the CSV and per-sample
+    operator features (their signed ``log1p`` with ``log_features``), optionally with the operator shares too,
+    optionally averaged in log space (geometric mean) with xgboost on the same features."""
+
+    trees: int
+    shares: bool = False
+    blend_xgboost: bool = False
+    log_features: bool = False
+
+    def features(self) -> list[str]:
+        base = LOG_FEATURES if self.log_features else WITH_OPS
+        return [*base, *(OP_SHARES if self.shares else [])]
+
+
+#: candidates of the operator-feature method, the incumbent first; the one reported beside the others
+#: (``CHOSEN``) was picked by ``--develop`` on the development split alone (see ``develop``)
+CANDIDATES = {
+    "extra_trees+ops": Candidate(trees=50),
+    "et300+ops": Candidate(trees=300),
+    "et300+ops+shares": Candidate(trees=300, shares=True),
+    "et300+xgb+ops": Candidate(trees=300, blend_xgboost=True),
+    "et300+xgb+ops+shares": Candidate(trees=300, shares=True, blend_xgboost=True),
+    "et300+log_ops": Candidate(trees=300, log_features=True),
+    "et300+log_ops+shares": Candidate(trees=300, shares=True, log_features=True),
+}
+CHOSEN = "et300+log_ops+shares"
+#: the development split: this file, a fixed random half of its families (seed), leave-one-family-out inside
+DEV_FILE, DEV_SEED = "RTX 3090 (pt240)", 0
+
+
+def predict_candidates(train: pd.DataFrame, test: pd.DataFrame, names: list[str]) -> dict[str, np.ndarray]:
+    """Predictions of the named candidates for ``test`` after fitting on ``train``; each distinct fit once."""
+    fits: dict[tuple[str, int, bool, bool], np.ndarray] = {}
+
+    def fitted(kind: str, trees: int, candidate: Candidate) -> np.ndarray:
+        key = (kind, trees, candidate.shares, candidate.log_features)
+        if key not in fits:
+            columns = candidate.features()
+            params = {**REGRESSORS[kind], **({"n_estimators": trees} if kind == "extra_trees" else {})}
+            reg = make_regressor(kind, features=columns, **params).fit(train[columns], train["latency_ms"])
+            fits[key] = np.asarray(reg.predict(test[columns]), float)
+        return fits[key]
+
+    out = {}
+    for name in names:
+        c = CANDIDATES[name]
+        trees = fitted("extra_trees", c.trees, c)
+        out[name] = np.sqrt(trees * fitted("xgboost", 0, c)) if c.blend_xgboost else trees
+    return out
+
+
+def develop(data: pd.DataFrame) -> pd.DataFrame:
+    """MAPE of every candidate, leave-one-family-out inside a fixed random half of the families of
+    ``DEV_FILE``; the other half and the other files are not read. Returns one row per candidate."""
+    rows = with_derived_features(data[data["device"] == DEV_FILE])
+    families = np.sort(rows["family"].unique())
+    dev_families = np.random.default_rng(DEV_SEED).choice(families, size=len(families) // 2, replace=False)
+    rows = rows[rows["family"].isin(dev_families)]
+    print(f"development split: {DEV_FILE}, {len(dev_families)} of {len(families)} families "
+          f"(seed {DEV_SEED}), {len(rows)} rows")
+    pred = pd.DataFrame(index=rows.index, columns=list(CANDIDATES), dtype=float)
+    for family in sorted(dev_families):
+        test_mask = (rows["family"] == family).to_numpy()
+        for name, p in predict_candidates(rows[~test_mask], rows[test_mask], list(CANDIDATES)).items():
+            pred.loc[rows.index[test_mask], name] = p
+    errors = (pred.div(rows["latency_ms"], axis=0) - 1).abs() * 100
+    incumbent = next(iter(CANDIDATES))
+    table = pd.DataFrame({"candidate": list(CANDIDATES), "dev_mape": errors.mean().to_numpy(),
+                          "dev_family_median": errors.groupby(rows["family"]).mean().median().to_numpy()})
+    low, high = zip(*(paired_interval(errors[n] - errors[incumbent], rows["family"]) for n in CANDIDATES))
+    return table.assign(**{f"minus_{incumbent}": table["dev_mape"] - table["dev_mape"].iloc[0],
+                           "interval_5%": low, "interval_95%": high})
+
+
+def paired_interval(difference: pd.Series, families: pd.Series, draws: int = 2000) -> tuple[float, float]:
+    """5 and 95 % points of the pooled mean of a per-row difference under a bootstrap over families."""
+    by_family = difference.groupby(families).agg(["sum", "size"])
+    picks = np.random.default_rng(DEV_SEED).integers(0, len(by_family), size=(draws, len(by_family)))
+    means = by_family["sum"].to_numpy()[picks].sum(axis=1) / by_family["size"].to_numpy()[picks].sum(axis=1)
+    return float(np.quantile(means, 0.05)), float(np.quantile(means, 0.95))
+
+
 def composed_per_sample(train: pd.DataFrame, test: pd.DataFrame) -> np.ndarray:
     """perfzoo's composed regressor on step times and step operator totals, returned per sample."""
     def frame(rows: pd.DataFrame) -> pd.DataFrame:
         return rows[list(OP_FEATURES)].assign(is_training=0.0, **{OP_ERROR_COLUMN: ""})
 
-    reg = make_regressor("composed", group_col=None, shrinkage=0.0)  # no model_id for the inner folds here
+    # no model_id for the inner folds here; the operator-trace file records no module calls
+    reg = make_regressor("composed", group_col=None, shrinkage=0.0, step_terms=())
     reg.fit(frame(train), train["latency_ms"] * train["batch"])
     return np.asarray(reg.predict(frame(test)), float) / test["batch"].to_numpy()
 
@@ -114,7 +232,6 @@ def time_per_flop(train: pd.DataFrame, test: pd.DataFrame) -> np.ndarray:
 def predict_file(rows: pd.DataFrame, regressors: list[str], op_methods: bool = False) -> pd.DataFrame:
     """Leave-one-family-out predictions of every row of one file, one column per method."""
     out = pd.DataFrame(index=rows.index, dtype=float)
-    with_ops = [*FEATURES, *PER_SAMPLE_OPS]
     for family in sorted(rows["family"].unique()):
         test_mask = (rows["family"] == family).to_numpy()
         train, test = rows[~test_mask], rows[test_mask]
@@ -124,9 +241,11 @@ def predict_file(rows: pd.DataFrame, regressors: list[str], op_methods: bool = F
             out.loc[test.index, kind] = reg.predict(test[FEATURES])
         if op_methods:
             for kind in regressors:
-                reg = make_regressor(kind, features=with_ops, **REGRESSORS[kind]).fit(train[with_ops], y)
-                out.loc[test.index, f"{kind}+ops"] = reg.predict(test[with_ops])
+                reg = make_regressor(kind, features=WITH_OPS, **REGRESSORS[kind]).fit(train[WITH_OPS], y)
+                out.loc[test.index, f"{kind}+ops"] = reg.predict(test[WITH_OPS])
             out.loc[test.index, "composed"] = composed_per_sample(train, test)
+            if CHOSEN:
+                out.loc[test.index, CHOSEN] = predict_candidates(train, test, [CHOSEN])[CHOSEN]
         out.loc[test.index, "baseline_flops_nearest_config"] = flops_nearest(train, test, "latency_ms")
         out.loc[test.index, "baseline_time_per_flop"] = time_per_flop(train, test)
         roof = make_regressor("roofline", group_col=None, log_target=True).fit(train, y)
@@ -153,16 +272,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--regressors", nargs="+", default=["linear", "extra_trees"], choices=list(REGRESSORS))
     parser.add_argument("--out", type=Path, default=Path("bench/timm_family.csv"))
     parser.add_argument("--op-features", type=Path, default=None, help="operator features from bench/timm_ops.py")
+    parser.add_argument("--develop", action="store_true",
+                        help="score the candidates on the development split only (needs --op-features)")
     args = parser.parse_args(argv)
+    if args.develop and not args.op_features:
+        parser.error("--develop needs --op-features")
     start = time.perf_counter()
     data = with_families(load(args.directory))
     if args.op_features:
         data = with_op_features(data, args.op_features)
+    if args.develop:
+        table = develop(data)
+        table.to_csv(args.out, index=False)
+        print(table.round(2).to_markdown(index=False))
+        print(f"\nlowest development MAPE: {table.loc[table['dev_mape'].idxmin(), 'candidate']}; "
+              f"{time.perf_counter() - start:.0f} s")
+        return 0
+    if args.op_features and CHOSEN:
+        data = with_derived_features(data)
     print(f"{len(data)} rows, {data['family'].nunique()} families, {data['device'].nunique()} files")
     summaries = [summarise(rows, predict_file(rows, args.regressors, bool(args.op_features)))
                  for _, rows in data.groupby("device", sort=True)]
     table = pd.DataFrame(summaries)
-    op_methods = [*(f"{kind}+ops" for kind in args.regressors), "composed"] if args.op_features else []
+    op_methods = [*(f"{kind}+ops" for kind in args.regressors), "composed", *([CHOSEN] if CHOSEN else [])]
+    op_methods = op_methods if args.op_features else []
     args.regressors = [*args.regressors, *op_methods]
     methods = [*args.regressors, "baseline_flops_nearest_config", "baseline_time_per_flop", "baseline_roofline"]
     table["best_baseline"] = table[[m for m in methods if m.startswith("baseline_")]].min(axis=1)
