@@ -240,7 +240,6 @@ class ComposedRegressor(Regressor):
         design, traced = self._design(X)
         if not traced.any():
             raise InputError("composed: no training row has an operator trace (op_* features all missing)")
-        nb = self._n_base
         self.feature_names_ = [*self._base_terms(), *OP_FEATURES]
         self.n_features_in_ = len(self.feature_names_)
         self.n_untraced_train_ = int((~traced).sum())
@@ -255,13 +254,18 @@ class ComposedRegressor(Regressor):
             rows = traced & ((groups == group) if group != ALL_DEVICES else True)
             strength = (self._inner_cv_strength(design[rows], target[rows], inner_groups[rows])
                         if self.shrinkage == INNER_CV else float(self.shrinkage))
-            self.coef_[group], self.pooled_coef_[group] = self._fit_costs(design[rows], target[rows],
-                                                                          strength)
+            self.coef_[group], self.pooled_coef_[group], self.seen_kinds_[group] = self._group_costs(
+                group, design, target, rows, strength)
             self.shrinkage_[group] = strength
-            calls = design[rows][:, nb:][:, _COUNT_COLUMN].sum(axis=0)
-            self.seen_kinds_[group] = [k for k, n in zip(COSTED_KINDS, calls, strict=True) if n > 0]
         self.fallback_model_ = REGISTRY[self.fallback]().fit(self._without_ops(X), y)
         return self
+
+    def _group_costs(self, group: str, design: np.ndarray, target: np.ndarray, rows: np.ndarray, strength: float
+                     ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """(coefficients, pooled coefficients, kinds seen) of one group's ``rows``, fitted on the latency."""
+        coef, pooled = self._fit_costs(design[rows], target[rows], strength)
+        calls = design[rows][:, self._n_base:][:, _COUNT_COLUMN].sum(axis=0)
+        return coef, pooled, [k for k, n in zip(COSTED_KINDS, calls, strict=True) if n > 0]
 
     def _check_shrinkage(self) -> None:
         number = isinstance(self.shrinkage, int | float) and not isinstance(self.shrinkage, bool)
@@ -434,23 +438,23 @@ class ComposedOpTimeRegressor(ComposedRegressor):
     def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> ComposedOpTimeRegressor:
         X = self._with_time_labels(check_frame(X))
         require_columns(X, COSTED_TIME_LABELS, what="measured per-kind time (results/features/op_times.parquet)")
-        # checks, the fallback and the end-to-end-only fit (replaced below), none of them seeing a label
-        super().fit(X.drop(columns=[c for c in X.columns if str(c).startswith(OP_TIME_PREFIX)]), y)
-        target = self._encode_target(y, len(X))
-        target = np.exp(target) if self.log_target else target
-        design, traced = self._design(X)
-        kind_times = numeric_matrix(X, list(COSTED_TIME_LABELS))
-        timed = traced & ~np.isnan(kind_times).any(axis=1)
-        if not timed.any():
-            raise InputError("composed_optime: no training row has both an operator trace and per-op times")
-        groups = self._groups(X)
-        for group in self.coef_:
-            in_group = (groups == group) if group != ALL_DEVICES else np.ones(len(X), dtype=bool)
-            if not (timed & in_group).any():  # a device without per-op times (a GPU): its end-to-end fit stays
-                continue
-            self.coef_[group], self.pooled_coef_[group], self.seen_kinds_[group] = self._fit_group(
-                design, kind_times, target, timed & in_group, traced & in_group)
+        self._kind_times = numeric_matrix(X, list(COSTED_TIME_LABELS))  # labels: read by _group_costs only
+        try:  # the checks and the fallback never see a label
+            super().fit(X.drop(columns=[c for c in X.columns if str(c).startswith(OP_TIME_PREFIX)]), y)
+        finally:
+            del self._kind_times
         return self
+
+    def _group_costs(self, group: str, design: np.ndarray, target: np.ndarray, rows: np.ndarray, strength: float
+                     ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """The per-kind fits on the measured kind times of the group's rows that have them; a group without
+        any (a GPU) keeps the end-to-end fit."""
+        timed = rows & ~np.isnan(self._kind_times).any(axis=1)
+        if timed.any():
+            return self._fit_group(design, self._kind_times, target, timed, rows)
+        if group == ALL_DEVICES:
+            raise InputError("composed_optime: no training row has both an operator trace and per-op times")
+        return super()._group_costs(group, design, target, rows, strength)
 
     def _fit_group(self, design: np.ndarray, kind_times: np.ndarray, target: np.ndarray, timed: np.ndarray,
                    traced: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str]]:
