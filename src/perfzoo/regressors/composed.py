@@ -278,10 +278,14 @@ class ComposedRegressor(Regressor):
                    ) -> tuple[np.ndarray, np.ndarray]:
         """(coefficients, pooled coefficients) of one device's rows: the pooled fit first, then the per-kind
         fit, each operator coefficient pulled towards its statistic's pooled one with ``strength``."""
+        pooled, prior = self._pooled_prior(design, target)
+        return _nonnegative_fit(design, target, self.weighting, prior, strength), pooled
+
+    def _pooled_prior(self, design: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(pooled coefficients, the value each coefficient is shrunk towards: NaN for the per-step terms)."""
         nb = self._n_base
         pooled = _nonnegative_fit(self._pooled(design), target, self.weighting)
-        prior = np.concatenate([np.full(nb, np.nan), _STAT_OF @ pooled[nb:]])
-        return _nonnegative_fit(design, target, self.weighting, prior, strength), pooled
+        return pooled, np.concatenate([np.full(nb, np.nan), _STAT_OF @ pooled[nb:]])
 
     def _inner_cv_strength(self, design: np.ndarray, target: np.ndarray, models: np.ndarray) -> float:
         """The shrinkage strength of :data:`SHRINKAGE_GRID` with the lowest MAPE when each model's rows are
@@ -290,17 +294,17 @@ class ComposedRegressor(Regressor):
         if len(set(models)) < 2:
             return SHRINKAGE_GRID[0]
         nb = self._n_base
-        errors = []
-        for strength in SHRINKAGE_GRID:
-            predicted = np.zeros(len(target))
-            for model in sorted(set(models)):
-                held, train = models == model, models != model
-                coef, pooled = self._fit_costs(design[train], target[train], strength)
-                never_ran = design[train][:, nb:][:, _COUNT_COLUMN].sum(axis=0) == 0
-                of_unseen = _KIND_OF[:, never_ran].any(axis=1)
+        predicted = np.zeros((len(SHRINKAGE_GRID), len(target)))
+        for model in sorted(set(models)):
+            held, train = models == model, models != model
+            pooled, prior = self._pooled_prior(design[train], target[train])  # once per held-out model
+            never_ran = design[train][:, nb:][:, _COUNT_COLUMN].sum(axis=0) == 0
+            of_unseen = _KIND_OF[:, never_ran].any(axis=1)
+            for i, strength in enumerate(SHRINKAGE_GRID):
+                coef = _nonnegative_fit(design[train], target[train], self.weighting, prior, strength)
                 coef[nb:] = np.where(of_unseen, _STAT_OF @ pooled[nb:], coef[nb:])
-                predicted[held] = design[held] @ coef
-            errors.append(np.mean(np.abs(predicted - target) / target))
+                predicted[i, held] = design[held] @ coef
+        errors = np.mean(np.abs(predicted - target) / target, axis=1)
         return SHRINKAGE_GRID[int(np.argmin(errors))]
 
     # -- predict
