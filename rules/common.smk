@@ -212,22 +212,29 @@ def op_time_targets(wildcards=None):
     return [OP_TIMES, *coverage]
 
 
-def layer_inputs(wildcards):
-    """Per-layer timings and complexities, needed only by the per-layer (Gianniti) regressor; measured
-    per-kind operator times, needed only by composed_optime."""
-    if wildcards.regressor == "composed_optime":
-        return [OP_TIMES]
-    if wildcards.regressor != "gianniti_layer":
-        return []
-    return ["results/features/layers.parquet", *layer_timing_files()]
+def regressor_files(regressor):
+    """Files a regressor reads besides the dataset and the split, by its parameter name (one table for the
+    fit rule's inputs and the regressor's parameters): per-layer timings and complexities for the per-layer
+    (Gianniti) regressor, measured per-kind operator times for composed_optime."""
+    return {
+        "gianniti_layer": {
+            "layers_path": "results/features/layers.parquet",
+            "timings_path": layer_timing_files(),
+        },
+        "composed_optime": {"op_times_path": OP_TIMES},
+    }.get(regressor, {})
+
+
+def regressor_input_files(wildcards):
+    return [
+        path
+        for value in regressor_files(wildcards.regressor).values()
+        for path in ([value] if isinstance(value, str) else value)
+    ]
 
 
 def regressor_params(wildcards):
-    if wildcards.regressor == "composed_optime":
-        return {"op_times_path": OP_TIMES}
-    if wildcards.regressor != "gianniti_layer":
-        return {}
-    return {"layers_path": "results/features/layers.parquet", "timings_path": layer_timing_files()}
+    return regressor_files(wildcards.regressor)
 
 
 EXTERNAL = sorted(config.get("external", {}))

@@ -4,7 +4,7 @@ rule fit:
         pkg("fit.py"),
         dataset="results/dataset/dataset.parquet",
         split="results/splits/{split}.parquet",
-        layers=layer_inputs,
+        extra=regressor_input_files,
     output:
         predictions="results/fit/{target}/{regressor}/{split}.predictions.parquet",
         models="results/fit/{target}/{regressor}/{split}.models.json",

@@ -14,7 +14,7 @@ def main() -> None:
         predictions, models, notes = skipped_fit(f"grid search runs on splits {snakemake.params.grid_search_splits}")
     else:
         predictions, models, notes = fit_split(data, split, wc.target, wc.regressor, snakemake.params.regressor)
-    prov = provenance([snakemake.input.dataset, snakemake.input.split, *snakemake.input.layers],
+    prov = provenance([snakemake.input.dataset, snakemake.input.split, *snakemake.input.extra],
                       {"target": wc.target, "regressor": wc.regressor, "split": wc.split, "notes": notes})
     save_models(snakemake.output.models, models, prov)
     write_table(snakemake.output.predictions, predictions, prov)
