@@ -305,6 +305,19 @@ def test_composed_falls_back_for_a_config_without_operator_trace():
     assert any("aten.nonzero" in note and "'linear'" in note for note in reg.prediction_notes(new))
 
 
+def test_composed_falls_back_naming_a_missing_step_feature():
+    X, y = synthetic(40)
+    X["flops"] = X["op_matmul_flops"]
+    reg = ComposedRegressor(fallback="linear").fit(X, y)
+    new = X.head(3).copy()
+    new.loc[1, "n_module_calls"] = np.nan  # its operator trace is complete
+    new.loc[2, list(OP_FEATURES)] = np.nan
+    report = reg.fallback_rows(new)
+    assert report["row"].tolist() == [1, 2]
+    assert report["reason"].tolist() == ["n_module_calls missing", "operator features missing"]
+    assert np.isfinite(reg.predict(new)).all()
+
+
 def test_composed_save_load_round_trip(tmp_path):
     X, y = synthetic(30)
     reg = ComposedRegressor().fit(X, y)

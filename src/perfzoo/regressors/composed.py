@@ -190,12 +190,13 @@ class ComposedRegressor(Regressor):
         return len(self._base_terms())
 
     def _base_terms(self) -> tuple[str, ...]:
-        """The per-step terms before the operator features: the overheads, and the weight terms if asked."""
+        """The per-step terms before the operator features: the overheads, then each of ``step_terms`` and its
+        training extra."""
         return (*OVERHEAD_TERMS, *(f"{c}{suffix}" for c in self.step_terms for suffix in ("", "_training")))
 
     def _design(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        """([base terms..., op features...] per row, rows with a complete operator trace (and parameter
-        model features named in ``step_terms``))."""
+        """([base terms..., op features...] per row, rows with a complete operator trace and every
+        ``step_terms`` feature)."""
         ops = numeric_matrix(X, list(OP_FEATURES))
         traced = ~np.isnan(ops).any(axis=1)
         flag = self._training_flag(X)
@@ -349,12 +350,22 @@ class ComposedRegressor(Regressor):
                              "share": costs[rows, kinds] / total[rows]})
 
     def fallback_rows(self, X: pd.DataFrame) -> pd.DataFrame:
-        """Rows predicted by the fallback regressor (no operator trace): ``row``, ``fallback``, ``reason``."""
+        """Rows predicted by the fallback regressor (no operator trace, or a ``step_terms`` feature
+        missing): ``row``, ``fallback``, ``reason``."""
         _, traced = self._design(check_frame(X))
-        reasons = (X[OP_ERROR_COLUMN].fillna("").astype(str) if OP_ERROR_COLUMN in X.columns
-                   else pd.Series("operator features missing", index=X.index))
         return pd.DataFrame({"row": X.index[~traced], "fallback": self.fallback,
-                             "reason": reasons[~traced].replace("", "operator features missing").to_numpy()})
+                             "reason": self._untraced_reasons(X)[~traced]})
+
+    def _untraced_reasons(self, X: pd.DataFrame) -> np.ndarray:
+        """Why each row cannot be composed: the tracer's error, else the missing operator or step features."""
+        traced_ops = ~np.isnan(numeric_matrix(X, list(OP_FEATURES))).any(axis=1)
+        errors = (X[OP_ERROR_COLUMN].fillna("").astype(str).to_numpy() if OP_ERROR_COLUMN in X.columns
+                  else np.full(len(X), ""))
+        step = numeric_matrix(X, list(self.step_terms)) if self.step_terms else np.zeros((len(X), 0))
+        missing_step = [", ".join(t for t, ok in zip(self.step_terms, np.isfinite(row), strict=True) if not ok)
+                        for row in step]
+        return np.array([error or ("operator features missing" if not ops else f"{terms} missing")
+                         for error, ops, terms in zip(errors, traced_ops, missing_step, strict=True)], dtype=object)
 
     def prediction_notes(self, X: pd.DataFrame) -> list[str]:
         """One line per unseen kind and per fallback row of ``X``, for the prediction record."""
