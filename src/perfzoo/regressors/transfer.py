@@ -109,6 +109,23 @@ def _poly2(Z: np.ndarray) -> np.ndarray:
     return np.hstack(cols)
 
 
+def _checked_columns(X: pd.DataFrame, columns: Sequence[str], positive: bool) -> np.ndarray:
+    """The named columns as floats; a missing or non-finite value (or, with ``positive``, one <= 0) is an error
+    naming the column, how many rows lack a valid value and the first of them."""
+    out = np.empty((len(X), len(columns)))
+    for j, name in enumerate(columns):
+        values = pd.to_numeric(X[name], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+        bad = ~(np.isfinite(values) & ((values > 0) if positive else True))
+        if bad.any():
+            first = X.index[np.flatnonzero(bad)[0]]
+            raise InputError(
+                f"device_transfer: column {name!r} needs {'positive ' if positive else ''}finite values; "
+                f"{int(bad.sum())} rows lack one (first: row {first!r})"
+            )
+        out[:, j] = values
+    return out
+
+
 @register_regressor
 class DeviceTransferRegressor(Regressor):
     """Workload effect + hardware x workload interactions + few-shot device correction (see module doc)."""
@@ -167,33 +184,12 @@ class DeviceTransferRegressor(Regressor):
 
     def _logged(self, X: pd.DataFrame, columns: Sequence[str]) -> np.ndarray:
         """``log`` of the named columns; a missing, non-positive or non-finite value is an error."""
-        out = np.empty((len(X), len(columns)))
-        for j, name in enumerate(columns):
-            values = pd.to_numeric(X[name], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-            bad = ~(np.isfinite(values) & (values > 0))
-            if bad.any():
-                first = X.index[np.flatnonzero(bad)[0]]
-                raise InputError(
-                    f"device_transfer: column {name!r} needs positive finite values; {int(bad.sum())} rows "
-                    f"lack one (first: row {first!r})"
-                )
-            out[:, j] = np.log(values)
-        return out
+        return np.log(_checked_columns(X, columns, positive=True))
 
     def _interaction_logged(self, X: pd.DataFrame) -> np.ndarray:
         """Sign-safe ``log1p`` of the ``interaction_features`` (zero allowed); a missing or non-finite value
         is an error."""
-        columns = list(self.interaction_features)
-        values = X[columns].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-        bad = ~np.isfinite(values)
-        if bad.any():
-            row, col = np.argwhere(bad)[0]
-            lacking = int(bad[:, col].sum())
-            raise InputError(
-                f"device_transfer: column {columns[col]!r} needs finite values; {lacking} rows lack one "
-                f"(first: row {X.index[row]!r})"
-            )
-        return signed_log1p(values)
+        return signed_log1p(_checked_columns(X, self.interaction_features, positive=False))
 
     def _interaction_workload(self, X: pd.DataFrame, Z: np.ndarray) -> np.ndarray:
         """``Z`` and the standardised interaction features: the workload side of ``h_j z_k``."""
