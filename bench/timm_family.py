@@ -46,8 +46,9 @@ import numpy as np
 import pandas as pd
 
 from perfzoo.dataset.timm import timm_family
-from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURES
+from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURE_KINDS, OP_FEATURES, OP_STATS
 from perfzoo.regressors import make_regressor
+from perfzoo.regressors.base import signed_log1p
 from perfzoo.regressors.baselines import flops_nearest
 from perfzoo.stats import mape
 
@@ -103,8 +104,6 @@ def with_op_features(data: pd.DataFrame, path: Path) -> pd.DataFrame:
     return kept
 
 
-#: the measures of an operator kind; a kind's share is its quantity over the step's total of that measure
-OP_MEASURES = ("flops", "bytes", "count")
 OP_SHARES = [f"{f}_share" for f in OP_FEATURES]
 #: ``sign(x) log(1 + |x|)`` of the CSV and per-sample operator features (monotone, so the same order as the
 #: raw values; signed because the two-probe extrapolation gives a few negative totals, e.g. the conv calls of
@@ -117,14 +116,14 @@ def with_derived_features(rows: pd.DataFrame) -> pd.DataFrame:
     """Rows with every operator kind's share of the step's FLOPs, bytes and calls (scale-free composition)
     and the signed ``log1p`` of the CSV and per-sample operator features (``LOG_FEATURES``)."""
     derived = {}
-    for measure in OP_MEASURES:
-        columns = [f for f in OP_FEATURES if f.endswith(f"_{measure}")]
+    for measure in OP_STATS:  # a kind's share: its quantity over the step's total of that statistic
+        columns = [f for f, (_, stat) in OP_FEATURE_KINDS.items() if stat == measure]
         total = rows[columns].sum(axis=1)
         if (total <= 0).any():
             bad = rows.loc[total <= 0, "model_id"].iloc[0]
             raise ValueError(f"operator trace of {bad}: no {measure} in any kind, its shares are undefined")
         derived.update({f"{c}_share": rows[c] / total for c in columns})
-    derived.update({f"slog_{c}": np.sign(rows[c]) * np.log1p(rows[c].abs()) for c in WITH_OPS})
+    derived.update({f"slog_{c}": signed_log1p(rows[c].to_numpy(dtype=float)) for c in WITH_OPS})
     return pd.concat([rows, pd.DataFrame(derived, index=rows.index)], axis=1)
 
 
@@ -244,8 +243,7 @@ def predict_file(rows: pd.DataFrame, regressors: list[str], op_methods: bool = F
                 reg = make_regressor(kind, features=WITH_OPS, **REGRESSORS[kind]).fit(train[WITH_OPS], y)
                 out.loc[test.index, f"{kind}+ops"] = reg.predict(test[WITH_OPS])
             out.loc[test.index, "composed"] = composed_per_sample(train, test)
-            if CHOSEN:
-                out.loc[test.index, CHOSEN] = predict_candidates(train, test, [CHOSEN])[CHOSEN]
+            out.loc[test.index, CHOSEN] = predict_candidates(train, test, [CHOSEN])[CHOSEN]
         out.loc[test.index, "baseline_flops_nearest_config"] = flops_nearest(train, test, "latency_ms")
         out.loc[test.index, "baseline_time_per_flop"] = time_per_flop(train, test)
         roof = make_regressor("roofline", group_col=None, log_target=True).fit(train, y)
@@ -288,13 +286,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nlowest development MAPE: {table.loc[table['dev_mape'].idxmin(), 'candidate']}; "
               f"{time.perf_counter() - start:.0f} s")
         return 0
-    if args.op_features and CHOSEN:
+    if args.op_features:
         data = with_derived_features(data)
     print(f"{len(data)} rows, {data['family'].nunique()} families, {data['device'].nunique()} files")
     summaries = [summarise(rows, predict_file(rows, args.regressors, bool(args.op_features)))
                  for _, rows in data.groupby("device", sort=True)]
     table = pd.DataFrame(summaries)
-    op_methods = [*(f"{kind}+ops" for kind in args.regressors), "composed", *([CHOSEN] if CHOSEN else [])]
+    op_methods = [*(f"{kind}+ops" for kind in args.regressors), "composed", CHOSEN]
     op_methods = op_methods if args.op_features else []
     args.regressors = [*args.regressors, *op_methods]
     methods = [*args.regressors, "baseline_flops_nearest_config", "baseline_time_per_flop", "baseline_roofline"]
