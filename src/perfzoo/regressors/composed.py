@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -158,6 +159,22 @@ def _shrinkage_rows(weighted: np.ndarray, prior: np.ndarray, strength: float) ->
     return rows, rows[np.arange(len(columns)), columns] * prior[columns]
 
 
+@dataclass(frozen=True)
+class _Design:
+    """The design of the rows of a frame: ``matrix`` ([base terms..., op features...] per row, a missing value
+    as 0), the rows with every operator feature (``has_ops``) and each row's present ``step_terms`` features
+    (``has_step_terms``, rows x terms)."""
+
+    matrix: np.ndarray
+    has_ops: np.ndarray
+    has_step_terms: np.ndarray
+
+    @property
+    def composable(self) -> np.ndarray:
+        """Rows with a complete operator trace and every ``step_terms`` feature (the others: the fallback)."""
+        return self.has_ops & self.has_step_terms.all(axis=1)
+
+
 @register_regressor
 class ComposedRegressor(Regressor):
     """Per-device sum of per-kind operator costs plus an overhead, non-negative, in linear space."""
@@ -195,21 +212,20 @@ class ComposedRegressor(Regressor):
         training extra."""
         return (*OVERHEAD_TERMS, *(f"{c}{suffix}" for c in self.step_terms for suffix in ("", "_training")))
 
-    def _design(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        """([base terms..., op features...] per row, rows with a complete operator trace and every
-        ``step_terms`` feature)."""
+    def _design(self, X: pd.DataFrame) -> _Design:
+        """The design of ``X``'s rows (:class:`_Design`)."""
         ops = numeric_matrix(X, list(OP_FEATURES))
-        traced = ~np.isnan(ops).any(axis=1)
         flag = self._training_flag(X)
         base = [np.ones(len(X)), flag]
+        has_step_terms = np.ones((len(X), 0), dtype=bool)
         if self.step_terms:
             require_columns(X, list(self.step_terms), what="composed step_terms (model features)")
             per_step = numeric_matrix(X, list(self.step_terms))
-            traced &= np.isfinite(per_step).all(axis=1)
+            has_step_terms = np.isfinite(per_step)
             for column in np.nan_to_num(per_step).T:
                 base += [column, column * flag]
-        design = np.column_stack([*base, np.nan_to_num(ops)])
-        return design, traced
+        matrix = np.column_stack([*base, np.nan_to_num(ops)])
+        return _Design(matrix, has_ops=~np.isnan(ops).any(axis=1), has_step_terms=has_step_terms)
 
     def _pooled(self, design: np.ndarray) -> np.ndarray:
         """[base terms..., Σ flops, Σ bytes, Σ count] of a design matrix."""
@@ -239,7 +255,8 @@ class ComposedRegressor(Regressor):
             target = np.exp(target)  # the sum of operator costs lives in original units
         if (target <= 0).any():
             raise InputError("composed: targets must be positive")
-        design, traced = self._design(X)
+        designed = self._design(X)
+        design, traced = designed.matrix, designed.composable
         if not traced.any():
             raise InputError("composed: no training row has an operator trace (op_* features all missing)")
         self.feature_names_ = [*self._base_terms(), *OP_FEATURES]
@@ -316,7 +333,8 @@ class ComposedRegressor(Regressor):
         check_is_fitted(self, "coef_")
         X = check_frame(X)
         require_columns(X, OP_FEATURES, what="operator feature (from the features rule)")
-        design, traced = self._design(X)
+        designed = self._design(X)
+        design, traced = designed.matrix, designed.composable
         groups = self._groups(X)
         nb = self._n_base
         overhead = np.zeros(len(X))
@@ -353,20 +371,20 @@ class ComposedRegressor(Regressor):
     def fallback_rows(self, X: pd.DataFrame) -> pd.DataFrame:
         """Rows predicted by the fallback regressor (no operator trace, or a ``step_terms`` feature
         missing): ``row``, ``fallback``, ``reason``."""
-        _, traced = self._design(check_frame(X))
-        return pd.DataFrame({"row": X.index[~traced], "fallback": self.fallback,
-                             "reason": self._untraced_reasons(X)[~traced]})
+        designed = self._design(check_frame(X))
+        untraced = ~designed.composable
+        return pd.DataFrame({"row": X.index[untraced], "fallback": self.fallback,
+                             "reason": self._untraced_reasons(X, designed)[untraced]})
 
-    def _untraced_reasons(self, X: pd.DataFrame) -> np.ndarray:
-        """Why each row cannot be composed: the tracer's error, else the missing operator or step features."""
-        traced_ops = ~np.isnan(numeric_matrix(X, list(OP_FEATURES))).any(axis=1)
+    def _untraced_reasons(self, X: pd.DataFrame, designed: _Design) -> np.ndarray:
+        """Why each row cannot be composed: the tracer's error, else the missing operator or step features
+        (``designed``: ``X``'s design)."""
         errors = (X[OP_ERROR_COLUMN].fillna("").astype(str).to_numpy() if OP_ERROR_COLUMN in X.columns
                   else np.full(len(X), ""))
-        step = numeric_matrix(X, list(self.step_terms)) if self.step_terms else np.zeros((len(X), 0))
-        missing_step = [", ".join(t for t, ok in zip(self.step_terms, np.isfinite(row), strict=True) if not ok)
-                        for row in step]
+        missing_step = [", ".join(t for t, ok in zip(self.step_terms, row, strict=True) if not ok)
+                        for row in designed.has_step_terms]
         reasons = [error or ("operator features missing" if not ops else f"{terms} missing")
-                   for error, ops, terms in zip(errors, traced_ops, missing_step, strict=True)]
+                   for error, ops, terms in zip(errors, designed.has_ops, missing_step, strict=True)]
         return np.array(reasons, dtype=object)
 
     def prediction_notes(self, X: pd.DataFrame) -> list[str]:
