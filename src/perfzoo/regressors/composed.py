@@ -175,6 +175,16 @@ class _Design:
         return self.has_ops & self.has_step_terms.all(axis=1)
 
 
+@dataclass(frozen=True)
+class _FitData:
+    """One fit's row-aligned arrays: the design matrix, the target in original units and, for
+    :class:`ComposedOpTimeRegressor`, the measured time of each costed kind (labels, never features)."""
+
+    design: np.ndarray
+    target: np.ndarray
+    kind_times: np.ndarray | None = None
+
+
 @register_regressor
 class ComposedRegressor(Regressor):
     """Per-device sum of per-kind operator costs plus an overhead, non-negative, in linear space."""
@@ -243,6 +253,12 @@ class ComposedRegressor(Regressor):
     # -- fit
 
     def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> ComposedRegressor:
+        self._fit(X, y)
+        return self
+
+    def _fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray, kind_times: np.ndarray | None = None) -> None:
+        """Fit on ``X`` and ``y``; ``kind_times`` (rows x costed kinds, :class:`_FitData`) reach
+        :meth:`_group_costs` only."""
         X = check_frame(X)
         require_columns(X, OP_FEATURES, what="operator feature (from the features rule)")
         if self.weighting not in WEIGHTINGS:
@@ -257,6 +273,7 @@ class ComposedRegressor(Regressor):
             raise InputError("composed: targets must be positive")
         designed = self._design(X)
         design, traced = designed.matrix, designed.composable
+        data = _FitData(design, target, kind_times)
         if not traced.any():
             raise InputError("composed: no training row has an operator trace (op_* features all missing)")
         self.feature_names_ = [*self._base_terms(), *OP_FEATURES]
@@ -274,16 +291,15 @@ class ComposedRegressor(Regressor):
             strength = (self._inner_cv_strength(design[rows], target[rows], inner_groups[rows])
                         if self.shrinkage == INNER_CV else float(self.shrinkage))
             self.coef_[group], self.pooled_coef_[group], self.seen_kinds_[group] = self._group_costs(
-                group, design, target, rows, strength)
+                group, data, rows, strength)
             self.shrinkage_[group] = strength
         self.fallback_model_ = REGISTRY[self.fallback]().fit(self._without_ops(X), y)
-        return self
 
-    def _group_costs(self, group: str, design: np.ndarray, target: np.ndarray, rows: np.ndarray,
-                     strength: float) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    def _group_costs(self, group: str, data: _FitData, rows: np.ndarray, strength: float
+                     ) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """(coefficients, pooled coefficients, kinds seen) of one group's ``rows``, fitted on the latency."""
-        coef, pooled = self._fit_costs(design[rows], target[rows], strength)
-        calls = design[rows][:, self._n_base:][:, _COUNT_COLUMN].sum(axis=0)
+        coef, pooled = self._fit_costs(data.design[rows], data.target[rows], strength)
+        calls = data.design[rows][:, self._n_base:][:, _COUNT_COLUMN].sum(axis=0)
         return coef, pooled, [k for k, n in zip(COSTED_KINDS, calls, strict=True) if n > 0]
 
     def _check_shrinkage(self) -> None:
@@ -473,23 +489,22 @@ class ComposedOpTimeRegressor(ComposedRegressor):
     def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> ComposedOpTimeRegressor:
         X = self._with_time_labels(check_frame(X))
         require_columns(X, COSTED_TIME_LABELS, what="measured per-kind time (results/features/op_times.parquet)")
-        self._kind_times = numeric_matrix(X, list(COSTED_TIME_LABELS))  # labels: read by _group_costs only
-        try:  # the checks and the fallback never see a label
-            super().fit(X.drop(columns=[c for c in X.columns if str(c).startswith(OP_TIME_PREFIX)]), y)
-        finally:
-            del self._kind_times
+        kind_times = numeric_matrix(X, list(COSTED_TIME_LABELS))  # labels: read by _group_costs only
+        # the checks and the fallback never see a label
+        self._fit(X.drop(columns=[c for c in X.columns if str(c).startswith(OP_TIME_PREFIX)]), y, kind_times)
         return self
 
-    def _group_costs(self, group: str, design: np.ndarray, target: np.ndarray, rows: np.ndarray,
-                     strength: float) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    def _group_costs(self, group: str, data: _FitData, rows: np.ndarray, strength: float
+                     ) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """The per-kind fits on the measured kind times of the group's rows that have them; a group without
         any (a GPU) keeps the end-to-end fit."""
-        timed = rows & ~np.isnan(self._kind_times).any(axis=1)
+        assert data.kind_times is not None  # fit passes them
+        timed = rows & ~np.isnan(data.kind_times).any(axis=1)
         if timed.any():
-            return self._fit_group(design, self._kind_times, target, timed, rows)
+            return self._fit_group(data.design, data.kind_times, data.target, timed, rows)
         if group == ALL_DEVICES:
             raise InputError("composed_optime: no training row has both an operator trace and per-op times")
-        return super()._group_costs(group, design, target, rows, strength)
+        return super()._group_costs(group, data, rows, strength)
 
     def _fit_group(self, design: np.ndarray, kind_times: np.ndarray, target: np.ndarray, timed: np.ndarray,
                    traced: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str]]:
