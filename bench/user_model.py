@@ -12,9 +12,9 @@ classifier over 12 x 256 sequences, a family no zoo profiles):
    (``regressor/split``) and the notes it gives (unseen operator kinds, widening outside the profiled
    range, warnings). Also the ``baseline:flops_nearest`` rule of thumb of the evaluate stage (the nearest
    config of the run's dataset, scaled by the FLOPs ratio), fitted on every row of the dataset.
-2. **measured** by the profile rule's shard runner (``profile_shard``) with the config's ``profiling:``
-   settings, the device's configured threads, the device's hardware record of ``--results`` (probe
-   baseline, same-setting check) and its interference detection (a disturbed measurement is re-measured
+2. **measured** by the profile rule's shard runner (``profile_shard_with_ops``) with the config's
+   ``profiling:`` settings, the device's configured threads, the device's hardware record of ``--results``
+   (probe baseline, same-setting check) and its interference detection (a disturbed measurement is re-measured
    after ``wait_s``, up to ``retries`` times). Every config is measured ``--repeats`` times, in rounds
    (round r measures every config once, odd rounds in reverse order), so a config's measurements are spread
    over the run; the measured value is the median of its unflagged measurements (each one the median of its
@@ -56,7 +56,7 @@ from perfzoo.models.zoo import expand_zoo, manifest_frame  # noqa: E402
 from perfzoo.prediction import predict  # noqa: E402
 from perfzoo.prediction.spec import parse_input  # noqa: E402
 from perfzoo.profiling.interference import drop_flagged_runs  # noqa: E402
-from perfzoo.profiling.runner import profile_shard  # noqa: E402
+from perfzoo.profiling.runner import profile_shard_with_ops  # noqa: E402
 from perfzoo.regressors.baselines import flops_nearest  # noqa: E402
 
 DEFAULT_MODEL = "examples/sequence_model.py:build"
@@ -151,8 +151,8 @@ def measure_rounds(configs: pd.DataFrame, device: str, device_cfg: dict[str, Any
         for r in range(repeats):
             order = (configs if r % 2 == 0 else configs.iloc[::-1]).reset_index(drop=True)
             journal = Path(folder) / f"round{r}.jsonl"
-            traces, _, _ = profile_shard(order, device, device_cfg, settings, journal, progress=False,
-                                         hardware=hardware)
+            traces = profile_shard_with_ops(order, device, device_cfg, settings, journal, progress=False,
+                                            hardware=hardware).traces
             frames.append(traces.assign(repeat=r, device=device, trace_file=f"round {r}"))
             elapsed = time.perf_counter() - started
             print(f"  round {r + 1}/{repeats} measured ({elapsed:.0f} s)", file=sys.stderr)

@@ -220,7 +220,7 @@ def test_cuda_device_on_this_machine_fails_before_profiling(config, tmp_path, mo
     configs = manifest_frame(expand_zoo(config))
     journal = tmp_path / "s.journal.jsonl"
     with pytest.raises(InputError) as info:
-        runner.profile_shard(configs, "a100", CUDA_DEVICE, SETTINGS, journal, progress=False)
+        runner.profile_shard_with_ops(configs, "a100", CUDA_DEVICE, SETTINGS, journal, progress=False)
     message = str(info.value)
     assert "'a100'" in message and "'A100'" in message and socket.gethostname() in message
     assert "\n" not in message and not journal.exists()
@@ -312,8 +312,9 @@ def test_sweep_visits_each_limit_once_per_repetition_and_restores(config, tmp_pa
     fake = in_process_worker["fake"]
     configs = two_configs(config)
     journal = tmp_path / "s.journal.jsonl"
-    traces, sensors, meta = runner.profile_shard(configs, "a100", sweep_device(), SETTINGS, journal,
-                                                 progress=False, nvml_lib=fake, cuda_backend=FakeCuda())
+    result = runner.profile_shard_with_ops(configs, "a100", sweep_device(), SETTINGS, journal, progress=False,
+                                           nvml_lib=fake, cuda_backend=FakeCuda())
+    traces, sensors, meta = result.traces, result.sensors, result.meta
     sweep = meta["power_limit_sweep"]
     by_rep: dict[int, list[float]] = {}
     for rep, limit in sweep["visited"]:
@@ -338,8 +339,9 @@ def test_sweep_visits_each_limit_once_per_repetition_and_restores(config, tmp_pa
     assert len(keys) == 24 and all(k.count("/") == 2 and k.endswith("W") for k in keys)
     journal.write_text("\n".join(lines[:6]) + "\n" + lines[6][:40])
     in_process_worker["measured"].clear()
-    again, _, meta2 = runner.profile_shard(configs, "a100", sweep_device(), SETTINGS, journal,
-                                           progress=False, nvml_lib=fake, cuda_backend=FakeCuda())
+    resumed = runner.profile_shard_with_ops(configs, "a100", sweep_device(), SETTINGS, journal,
+                                            progress=False, nvml_lib=fake, cuda_backend=FakeCuda())
+    again, meta2 = resumed.traces, resumed.meta
     assert meta2["tasks_resumed_from_journal"] == 5 and meta2["tasks_measured_now"] == 19
     assert len(in_process_worker["measured"]) == 19 and fake.limit_mw == ORIGINAL_MW
     assert not again.duplicated(["config_id", "repeat", "power_limit_w", "iter"]).any()
@@ -348,9 +350,9 @@ def test_sweep_visits_each_limit_once_per_repetition_and_restores(config, tmp_pa
 
 def test_out_of_range_limit_fails_before_profiling(config, tmp_path, in_process_worker) -> None:
     with pytest.raises(InputError, match=r"'a100'.*\[50\.0\].*100-400 W"):
-        runner.profile_shard(two_configs(config), "a100", sweep_device(power_limits_w=[50, 200]), SETTINGS,
-                             tmp_path / "j.jsonl", progress=False, nvml_lib=in_process_worker["fake"],
-                             cuda_backend=FakeCuda())
+        runner.profile_shard_with_ops(two_configs(config), "a100", sweep_device(power_limits_w=[50, 200]),
+                                      SETTINGS, tmp_path / "j.jsonl", progress=False,
+                                      nvml_lib=in_process_worker["fake"], cuda_backend=FakeCuda())
     assert in_process_worker["measured"] == [] and in_process_worker["fake"].set_calls == []
 
 
@@ -359,9 +361,10 @@ def test_sweep_not_permitted_is_skipped_and_configs_measured_at_the_limit_in_for
 ) -> None:
     fake = in_process_worker["fake"] = FakeNvml(can_set=False)
     with pytest.warns(RuntimeWarning, match="not permitted"):
-        traces, _, meta = runner.profile_shard(
+        result = runner.profile_shard_with_ops(
             two_configs(config), "a100", sweep_device(), SETTINGS, tmp_path / "j.jsonl", progress=False,
             nvml_lib=fake, cuda_backend=FakeCuda())
+    traces, meta = result.traces, result.meta
     assert "Insufficient Permissions" in meta["power_limit_sweep"]["skipped_reason"]
     runs = traces.drop_duplicates(["config_id", "repeat"])
     assert len(runs) == 2 and (runs["power_limit_w"] == 250.0).all() and not runs["power_limit_swept"].any()
@@ -370,9 +373,10 @@ def test_sweep_not_permitted_is_skipped_and_configs_measured_at_the_limit_in_for
 
 def test_no_sweep_keeps_the_noise_floor_repeat(config, tmp_path, in_process_worker) -> None:
     configs = manifest_frame(expand_zoo(config))
-    traces, sensors, meta = runner.profile_shard(
+    result = runner.profile_shard_with_ops(
         configs, "a100", CUDA_DEVICE, {**SETTINGS, "repeat_every": 1}, tmp_path / "j.jsonl", progress=False,
         nvml_lib=in_process_worker["fake"], cuda_backend=FakeCuda())
+    traces, sensors, meta = result.traces, result.sensors, result.meta
     assert "power_limit_sweep" not in meta
     assert traces.groupby(["config_id", "repeat"]).ngroups == 2 * len(configs)
     assert (traces["power_limit_w"] == 250.0).all() and not traces["power_limit_swept"].any()

@@ -24,7 +24,7 @@ from perfzoo.profiling.interference import (
     flagged_per_device,
     probe_baseline,
 )
-from perfzoo.profiling.runner import profile_shard
+from perfzoo.profiling.runner import profile_shard_with_ops
 from perfzoo.report.page import health_line
 from perfzoo.dataset.build import aggregate_runs, status_counts
 from perfzoo.profiling.worker import run_isolated
@@ -61,12 +61,13 @@ def test_busy_core_during_a_real_run_is_flagged_or_remeasured(config, tmp_path) 
     timer.start()
     journal = tmp_path / "j.jsonl"
     try:
-        traces, _, meta = profile_shard(configs, "cpu", {"kind": "cpu", "threads": threads}, settings,
+        result = profile_shard_with_ops(configs, "cpu", {"kind": "cpu", "threads": threads}, settings,
                                         journal, progress=False, hardware=hardware)
     finally:
         timer.cancel()
         if busy.poll() is None:
             stop()
+    traces, meta = result.traces, result.meta
     entries = [json.loads(line) for line in journal.read_text().splitlines()[1:]]
     def within(attempt: dict) -> bool:
         return attempt["started"] >= window["start"] and attempt["finished"] <= window["end"]
@@ -93,8 +94,9 @@ def test_busy_core_during_a_real_run_is_flagged_or_remeasured(config, tmp_path) 
 def test_other_thread_count_stops_before_measuring(config, tmp_path) -> None:
     configs = manifest_frame(expand_zoo(config))
     with pytest.raises(InputError) as err:
-        profile_shard(configs, "cpu", {"kind": "cpu", "threads": 1}, {**SETTINGS, "threads": 1},
-                      tmp_path / "j.jsonl", progress=False, hardware={"measurement_setting": {"threads": 2}})
+        profile_shard_with_ops(configs, "cpu", {"kind": "cpu", "threads": 1}, {**SETTINGS, "threads": 1},
+                               tmp_path / "j.jsonl", progress=False,
+                               hardware={"measurement_setting": {"threads": 2}})
     text = str(err.value)
     assert "\n" not in text and "'cpu'" in text and "threads is 1 in this run but 2 in" in text
     assert not (tmp_path / "j.jsonl").exists()

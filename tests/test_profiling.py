@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfzoo.profiling.runner import Journal, plan_tasks, profile_shard, traces_frame
+from perfzoo.profiling.runner import Journal, plan_tasks, profile_shard_with_ops, traces_frame
 from perfzoo.profiling.worker import run_isolated
 from perfzoo.stats import median_ci, relative_ci_halfwidth
 from perfzoo.models.zoo import expand_zoo, manifest_frame
@@ -70,7 +70,8 @@ def test_shard_goes_on_after_a_failure_and_resumes_from_journal(config, tmp_path
     configs = small_shard(config)
     journal = tmp_path / "s.journal.jsonl"
     settings = {**SETTINGS, "repeat_every": 2}
-    traces, _, meta = profile_shard(configs, "cpu", {"kind": "cpu"}, settings, journal, progress=False)
+    result = profile_shard_with_ops(configs, "cpu", {"kind": "cpu"}, settings, journal, progress=False)
+    traces, meta = result.traces, result.meta
     n_tasks = len(plan_tasks(configs, 2))
     assert meta["tasks"] == n_tasks and meta["tasks_measured_now"] == n_tasks
     failed = traces[traces["status"] == "error"]
@@ -81,7 +82,8 @@ def test_shard_goes_on_after_a_failure_and_resumes_from_journal(config, tmp_path
     # a job killed after two tasks: keep the header and two entries, plus a torn line being written
     lines = journal.read_text().splitlines()
     journal.write_text("\n".join(lines[:3]) + "\n" + lines[3][: len(lines[3]) // 2])
-    resumed, _, meta2 = profile_shard(configs, "cpu", {"kind": "cpu"}, settings, journal, progress=False)
+    again = profile_shard_with_ops(configs, "cpu", {"kind": "cpu"}, settings, journal, progress=False)
+    resumed, meta2 = again.traces, again.meta
     assert meta2["tasks_resumed_from_journal"] == 2
     assert meta2["tasks_measured_now"] == n_tasks - 2
     keys = ["config_id", "repeat", "iter"]

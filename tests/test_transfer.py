@@ -11,7 +11,7 @@ import pytest
 
 from perfzoo.io import InputError
 from perfzoo.prediction import Predictor
-from perfzoo.regressors import load_regressor, make_regressor, save_regressor
+from perfzoo.regressors import load_regressor, make_regressor, regressor_from_document, save_regressor
 from perfzoo.regressors.transfer import DeviceTransferRegressor
 from perfzoo.stats import conformal_halfwidth
 
@@ -131,6 +131,30 @@ def test_save_and_load_round_trip_without_pickle(tmp_path: Path) -> None:
     loaded = load_regressor(path)
     np.testing.assert_array_equal(loaded.predict(test), reg.predict(test))
     np.testing.assert_array_equal(loaded.predict_interval(test)[1], reg.predict_interval(test)[1])
+
+
+def without_interaction_state(reg: DeviceTransferRegressor) -> dict:
+    """The saved document of ``reg`` as written before the interaction features' standardisation was kept."""
+    doc = reg.to_document()
+    for name in ("x_mean_", "x_scale_"):
+        del doc["state"][name]
+    return doc
+
+
+def test_a_document_without_the_interaction_state_loads_only_when_it_uses_no_interaction_feature() -> None:
+    train, test = held_out(with_operator_share(roofline_panel()), "A")
+    plain = DeviceTransferRegressor(alpha=0.5).fit(train, train["latency_ms"])
+    loaded = regressor_from_document(without_interaction_state(plain), "old.json")
+    np.testing.assert_array_equal(loaded.predict(test), plain.predict(test))
+    for name in ("x_mean_", "x_scale_"):  # what the fit gives, so a save of the loaded one is the same file
+        assert getattr(loaded, name).dtype == getattr(plain, name).dtype
+        assert getattr(loaded, name).shape == getattr(plain, name).shape == (0,)
+    assert loaded.to_document()["state"] == plain.to_document()["state"]
+    with_ops = DeviceTransferRegressor(alpha=0.5, interaction_features=["op_attention_flops"])
+    with_ops.fit(train, train["latency_ms"])
+    with pytest.raises(InputError, match=r"^old\.json: 'device_transfer' regressor without fitted x_mean_, "
+                                         r"x_scale_ \(written by another perfzoo version\?\)"):
+        regressor_from_document(without_interaction_state(with_ops), "old.json")
 
 
 def test_a_non_positive_feature_is_an_error_naming_the_column() -> None:

@@ -9,6 +9,8 @@ OP_KINDS = (
     "softmax", "reduction", "elementwise", "embedding", "copy", "optimizer", "other", "view",
 )  # fmt: skip
 FREE_KIND = "view"
+GROUPED_KINDS = {"conv": "conv_grouped", "conv_backward": "conv_grouped_backward"}
+"""The kind of a convolution with ``groups > 1`` (depthwise and grouped), per kind of the plain one."""
 COSTED_KINDS = tuple(k for k in OP_KINDS if k != FREE_KIND)
 FLOP_KINDS = (
     "matmul", "attention", "conv", "conv_backward", "conv_grouped", "conv_grouped_backward", "other",

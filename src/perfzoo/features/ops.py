@@ -64,6 +64,7 @@ from perfzoo.features.attention import cpu_attention
 from perfzoo.features.op_kinds import (
     FLOP_KINDS,
     FREE_KIND,
+    GROUPED_KINDS,
     OP_COLUMNS,
     OP_ERROR_COLUMN,
     OP_FEATURES,
@@ -154,13 +155,18 @@ def _is_grouped(name: str, args: tuple) -> bool:
     return position is not None and len(args) > position and int(args[position]) > 1
 
 
+def grouped_kind(kind: str, grouped: bool) -> str:
+    """``kind``, or for a convolution with ``groups > 1`` its grouped kind (:data:`GROUPED_KINDS`)."""
+    return GROUPED_KINDS.get(kind, kind) if grouped else kind
+
+
 def op_kind(func: torch._ops.OpOverload, args: tuple = ()) -> str:
     """The kind (:data:`OP_KINDS`) of an aten operator, from its packet name or its ``pointwise`` tag; a
-    convolution with ``groups > 1`` (depthwise and grouped) is ``conv_grouped`` / ``conv_grouped_backward``."""
+    convolution with ``groups > 1`` in ``args`` has its grouped kind (:func:`grouped_kind`)."""
     name = func._overloadpacket.__name__
     for kind, names in _KIND_NAMES.items():
         if name in names:
-            return kind.replace("conv", "conv_grouped", 1) if _is_grouped(name, args) else kind
+            return grouped_kind(kind, _is_grouped(name, args))
     if getattr(func, "is_view", False) or torch.Tag.inplace_view in getattr(func, "tags", ()):  # transpose_
         return FREE_KIND
     if torch.Tag.pointwise in getattr(func, "tags", ()):
@@ -187,10 +193,7 @@ def recorded_op_kind(op: str, grouped: bool = False, phase: str = "forward") -> 
         func = getattr(getattr(getattr(torch.ops, namespace), packet), overload)
     except (AttributeError, RuntimeError):
         raise InputError(f"unknown operator {op!r} (not a registered torch operator overload)") from None
-    kind = op_kind(func)
-    if grouped and kind in ("conv", "conv_backward"):
-        kind = kind.replace("conv", "conv_grouped", 1)
-    return phase_kind(kind, phase)
+    return phase_kind(grouped_kind(op_kind(func), grouped), phase)
 
 
 def tensors_in(obj: Any) -> list[torch.Tensor]:

@@ -239,6 +239,11 @@ class Regressor(RegressorMixin, BaseEstimator):
             if k.endswith("_") and not k.startswith("_") and k not in self._payload_attrs
         }
 
+    def _state_empty_by_definition(self) -> dict[str, Any]:
+        """Fitted state that these parameters make empty whatever the data (what a fit gives), so that a
+        document written before such a field existed still loads; a subclass names its own."""
+        return {}
+
     def _dump_payload(self) -> dict[str, str] | None:
         return None
 
@@ -280,7 +285,7 @@ class Regressor(RegressorMixin, BaseEstimator):
             reg = cls(**_from_json(doc["params"]))
         except TypeError as exc:
             raise InputError(f"{source}: parameters do not match regressor {cls.kind!r} ({exc})") from None
-        state = _from_json(doc["state"])
+        state = {**reg._state_empty_by_definition(), **_from_json(doc["state"])}
         lacking = [name for name in cls._required_state if name not in state]
         if lacking:
             raise InputError(

@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -158,6 +159,32 @@ def _shrinkage_rows(weighted: np.ndarray, prior: np.ndarray, strength: float) ->
     return rows, rows[np.arange(len(columns)), columns] * prior[columns]
 
 
+@dataclass(frozen=True)
+class _Design:
+    """The design of the rows of a frame: ``matrix`` ([base terms..., op features...] per row, a missing value
+    as 0), the rows with every operator feature (``has_ops``) and each row's present ``step_terms`` features
+    (``has_step_terms``, rows x terms)."""
+
+    matrix: np.ndarray
+    has_ops: np.ndarray
+    has_step_terms: np.ndarray
+
+    @property
+    def composable(self) -> np.ndarray:
+        """Rows with a complete operator trace and every ``step_terms`` feature (the others: the fallback)."""
+        return self.has_ops & self.has_step_terms.all(axis=1)
+
+
+@dataclass(frozen=True)
+class _FitData:
+    """One fit's row-aligned arrays: the design matrix, the target in original units and, for
+    :class:`ComposedOpTimeRegressor`, the measured time of each costed kind (labels, never features)."""
+
+    design: np.ndarray
+    target: np.ndarray
+    kind_times: np.ndarray | None = None
+
+
 @register_regressor
 class ComposedRegressor(Regressor):
     """Per-device sum of per-kind operator costs plus an overhead, non-negative, in linear space."""
@@ -195,21 +222,20 @@ class ComposedRegressor(Regressor):
         training extra."""
         return (*OVERHEAD_TERMS, *(f"{c}{suffix}" for c in self.step_terms for suffix in ("", "_training")))
 
-    def _design(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        """([base terms..., op features...] per row, rows with a complete operator trace and every
-        ``step_terms`` feature)."""
+    def _design(self, X: pd.DataFrame) -> _Design:
+        """The design of ``X``'s rows (:class:`_Design`)."""
         ops = numeric_matrix(X, list(OP_FEATURES))
-        traced = ~np.isnan(ops).any(axis=1)
         flag = self._training_flag(X)
         base = [np.ones(len(X)), flag]
+        has_step_terms = np.ones((len(X), 0), dtype=bool)
         if self.step_terms:
             require_columns(X, list(self.step_terms), what="composed step_terms (model features)")
             per_step = numeric_matrix(X, list(self.step_terms))
-            traced &= np.isfinite(per_step).all(axis=1)
+            has_step_terms = np.isfinite(per_step)
             for column in np.nan_to_num(per_step).T:
                 base += [column, column * flag]
-        design = np.column_stack([*base, np.nan_to_num(ops)])
-        return design, traced
+        matrix = np.column_stack([*base, np.nan_to_num(ops)])
+        return _Design(matrix, has_ops=~np.isnan(ops).any(axis=1), has_step_terms=has_step_terms)
 
     def _pooled(self, design: np.ndarray) -> np.ndarray:
         """[base terms..., Σ flops, Σ bytes, Σ count] of a design matrix."""
@@ -227,6 +253,12 @@ class ComposedRegressor(Regressor):
     # -- fit
 
     def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> ComposedRegressor:
+        self._fit(X, y)
+        return self
+
+    def _fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray, kind_times: np.ndarray | None = None) -> None:
+        """Fit on ``X`` and ``y``; ``kind_times`` (rows x costed kinds, :class:`_FitData`) reach
+        :meth:`_group_costs` only."""
         X = check_frame(X)
         require_columns(X, OP_FEATURES, what="operator feature (from the features rule)")
         if self.weighting not in WEIGHTINGS:
@@ -239,7 +271,9 @@ class ComposedRegressor(Regressor):
             target = np.exp(target)  # the sum of operator costs lives in original units
         if (target <= 0).any():
             raise InputError("composed: targets must be positive")
-        design, traced = self._design(X)
+        designed = self._design(X)
+        design, traced = designed.matrix, designed.composable
+        data = _FitData(design, target, kind_times)
         if not traced.any():
             raise InputError("composed: no training row has an operator trace (op_* features all missing)")
         self.feature_names_ = [*self._base_terms(), *OP_FEATURES]
@@ -257,16 +291,15 @@ class ComposedRegressor(Regressor):
             strength = (self._inner_cv_strength(design[rows], target[rows], inner_groups[rows])
                         if self.shrinkage == INNER_CV else float(self.shrinkage))
             self.coef_[group], self.pooled_coef_[group], self.seen_kinds_[group] = self._group_costs(
-                group, design, target, rows, strength)
+                group, data, rows, strength)
             self.shrinkage_[group] = strength
         self.fallback_model_ = REGISTRY[self.fallback]().fit(self._without_ops(X), y)
-        return self
 
-    def _group_costs(self, group: str, design: np.ndarray, target: np.ndarray, rows: np.ndarray,
-                     strength: float) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    def _group_costs(self, group: str, data: _FitData, rows: np.ndarray, strength: float
+                     ) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """(coefficients, pooled coefficients, kinds seen) of one group's ``rows``, fitted on the latency."""
-        coef, pooled = self._fit_costs(design[rows], target[rows], strength)
-        calls = design[rows][:, self._n_base:][:, _COUNT_COLUMN].sum(axis=0)
+        coef, pooled = self._fit_costs(data.design[rows], data.target[rows], strength)
+        calls = data.design[rows][:, self._n_base:][:, _COUNT_COLUMN].sum(axis=0)
         return coef, pooled, [k for k, n in zip(COSTED_KINDS, calls, strict=True) if n > 0]
 
     def _check_shrinkage(self) -> None:
@@ -316,7 +349,8 @@ class ComposedRegressor(Regressor):
         check_is_fitted(self, "coef_")
         X = check_frame(X)
         require_columns(X, OP_FEATURES, what="operator feature (from the features rule)")
-        design, traced = self._design(X)
+        designed = self._design(X)
+        design, traced = designed.matrix, designed.composable
         groups = self._groups(X)
         nb = self._n_base
         overhead = np.zeros(len(X))
@@ -353,20 +387,20 @@ class ComposedRegressor(Regressor):
     def fallback_rows(self, X: pd.DataFrame) -> pd.DataFrame:
         """Rows predicted by the fallback regressor (no operator trace, or a ``step_terms`` feature
         missing): ``row``, ``fallback``, ``reason``."""
-        _, traced = self._design(check_frame(X))
-        return pd.DataFrame({"row": X.index[~traced], "fallback": self.fallback,
-                             "reason": self._untraced_reasons(X)[~traced]})
+        designed = self._design(check_frame(X))
+        untraced = ~designed.composable
+        return pd.DataFrame({"row": X.index[untraced], "fallback": self.fallback,
+                             "reason": self._untraced_reasons(X, designed)[untraced]})
 
-    def _untraced_reasons(self, X: pd.DataFrame) -> np.ndarray:
-        """Why each row cannot be composed: the tracer's error, else the missing operator or step features."""
-        traced_ops = ~np.isnan(numeric_matrix(X, list(OP_FEATURES))).any(axis=1)
+    def _untraced_reasons(self, X: pd.DataFrame, designed: _Design) -> np.ndarray:
+        """Why each row cannot be composed: the tracer's error, else the missing operator or step features
+        (``designed``: ``X``'s design)."""
         errors = (X[OP_ERROR_COLUMN].fillna("").astype(str).to_numpy() if OP_ERROR_COLUMN in X.columns
                   else np.full(len(X), ""))
-        step = numeric_matrix(X, list(self.step_terms)) if self.step_terms else np.zeros((len(X), 0))
-        missing_step = [", ".join(t for t, ok in zip(self.step_terms, np.isfinite(row), strict=True) if not ok)
-                        for row in step]
+        missing_step = [", ".join(t for t, ok in zip(self.step_terms, row, strict=True) if not ok)
+                        for row in designed.has_step_terms]
         reasons = [error or ("operator features missing" if not ops else f"{terms} missing")
-                   for error, ops, terms in zip(errors, traced_ops, missing_step, strict=True)]
+                   for error, ops, terms in zip(errors, designed.has_ops, missing_step, strict=True)]
         return np.array(reasons, dtype=object)
 
     def prediction_notes(self, X: pd.DataFrame) -> list[str]:
@@ -455,23 +489,22 @@ class ComposedOpTimeRegressor(ComposedRegressor):
     def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> ComposedOpTimeRegressor:
         X = self._with_time_labels(check_frame(X))
         require_columns(X, COSTED_TIME_LABELS, what="measured per-kind time (results/features/op_times.parquet)")
-        self._kind_times = numeric_matrix(X, list(COSTED_TIME_LABELS))  # labels: read by _group_costs only
-        try:  # the checks and the fallback never see a label
-            super().fit(X.drop(columns=[c for c in X.columns if str(c).startswith(OP_TIME_PREFIX)]), y)
-        finally:
-            del self._kind_times
+        kind_times = numeric_matrix(X, list(COSTED_TIME_LABELS))  # labels: read by _group_costs only
+        # the checks and the fallback never see a label
+        self._fit(X.drop(columns=[c for c in X.columns if str(c).startswith(OP_TIME_PREFIX)]), y, kind_times)
         return self
 
-    def _group_costs(self, group: str, design: np.ndarray, target: np.ndarray, rows: np.ndarray,
-                     strength: float) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    def _group_costs(self, group: str, data: _FitData, rows: np.ndarray, strength: float
+                     ) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """The per-kind fits on the measured kind times of the group's rows that have them; a group without
         any (a GPU) keeps the end-to-end fit."""
-        timed = rows & ~np.isnan(self._kind_times).any(axis=1)
+        assert data.kind_times is not None  # fit passes them
+        timed = rows & ~np.isnan(data.kind_times).any(axis=1)
         if timed.any():
-            return self._fit_group(design, self._kind_times, target, timed, rows)
+            return self._fit_group(data.design, data.kind_times, data.target, timed, rows)
         if group == ALL_DEVICES:
             raise InputError("composed_optime: no training row has both an operator trace and per-op times")
-        return super()._group_costs(group, design, target, rows, strength)
+        return super()._group_costs(group, data, rows, strength)
 
     def _fit_group(self, design: np.ndarray, kind_times: np.ndarray, target: np.ndarray, timed: np.ndarray,
                    traced: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str]]:

@@ -480,3 +480,13 @@ class DeviceTransferRegressor(Regressor):
             known = np.isfinite(scale)
             q[known] = float(self.scaled_halfwidth_) * scale[known]
         return np.exp(z - q), np.exp(z + q)
+
+    # -- persistence
+
+    def _state_empty_by_definition(self) -> dict[str, np.ndarray]:
+        """Without ``interaction_features`` their standardisation (``x_mean_``, ``x_scale_``) is of zero
+        columns, as the fit computes it."""
+        if self.interaction_features:
+            return {}
+        x_mean, x_scale = mean_and_scale(np.empty((1, 0)))
+        return {"x_mean_": x_mean, "x_scale_": x_scale}
