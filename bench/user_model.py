@@ -22,7 +22,10 @@ classifier over 12 x 256 sequences, a family no zoo profiles):
 
 Printed (and written with ``--out`` as CSV): one row per config with the prediction, its interval, the
 measurement, the error ``(predicted - measured) / measured`` in %, and the spread of the repeats
-((max - min) / median), beside the run's own noise floor. Nothing is tuned on these measurements.
+((max - min) / median), beside the run's own noise floor, and the memory reference step
+(``perfzoo.profiling.reference``) measured now beside the run's record of it: a peak-memory label also counts
+code the step touches first, which can shift by tens of MB between moments on one machine, so a memory
+error is read against the two references. Nothing is tuned on these measurements.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from perfzoo.models.zoo import expand_zoo, manifest_frame  # noqa: E402
 from perfzoo.prediction import predict  # noqa: E402
 from perfzoo.prediction.spec import parse_input  # noqa: E402
 from perfzoo.profiling.interference import drop_flagged_runs  # noqa: E402
+from perfzoo.profiling.reference import memory_reference  # noqa: E402
 from perfzoo.profiling.runner import profile_shard_with_ops  # noqa: E402
 from perfzoo.regressors.baselines import flops_nearest  # noqa: E402
 
@@ -267,6 +271,19 @@ def run_noise_floor(results: Path, device: str) -> str:
         f"{TARGETS[r.target]} {r.noise_mape:.1f} % ({r.pairs} pairs)" for r in floor.itertuples())
 
 
+def memory_reference_line(hardware: dict[str, Any], kind: str, threads: int) -> str:
+    """The fixed reference step measured now beside the run's record of it (``perfzoo.profiling.reference``):
+    peak-memory labels of two moments compare only when their references agree."""
+    then, now = hardware.get("memory_reference") or {}, memory_reference(kind, threads)
+    if "peak_mem_mb" not in then or "peak_mem_mb" not in now:
+        why = then.get("missing") or now.get("missing") or "the run's hardware record has no memory reference"
+        return f"memory reference: not compared ({why})"
+    shift = now["peak_mem_mb"] - then["peak_mem_mb"]
+    return (f"memory reference ({now['config']}): {now['peak_mem_mb']:.1f} MB now, {then['peak_mem_mb']:.1f} MB in "
+            f"the run's hardware record ({shift:+.1f} MB; its latency {now['latency_ms']:.2f} vs "
+            f"{then['latency_ms']:.2f} ms)")
+
+
 def provenance_line(device: str, threads: int) -> str:
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or "unknown"
@@ -322,7 +339,8 @@ def main() -> None:
     print(f"warning: {table['family_warning'].iloc[0]}" if table["family_warning"].iloc[0] else "")
     print(markdown(table))
     print()
-    for line in [*summary(table), run_noise_floor(results, args.device)]:
+    reference = memory_reference_line(hardware, device_cfg["kind"], int(device_cfg["threads"]))
+    for line in [*summary(table), run_noise_floor(results, args.device), reference]:
         print(line)
     for _, r in table.iterrows():
         print(f"{r['config']}: {r['breakdown']}" + (f"; notes: {r['notes']}" if r["notes"] else ""))

@@ -22,6 +22,7 @@ from perfzoo.hardware import (
 from perfzoo.io import InputError
 from perfzoo.profiling import cuda, nvml
 from perfzoo.profiling.interference import probe_baseline
+from perfzoo.profiling.reference import memory_reference
 
 
 def check_device(
@@ -142,6 +143,7 @@ def cpu_hardware(device: str, device_cfg: dict[str, Any]) -> dict[str, Any]:
         "measured_gemm_gflops_fp32": measure_gemm_gflops(threads),
         "measured_copy_gbs": measure_copy_gbs(threads),
         "probe_baseline": probe_baseline("cpu", threads),
+        "memory_reference": memory_reference("cpu", threads),
         "measurement_setting": MeasurementSetting.of(device_cfg).as_dict(),
         "energy_sensor": None,
         "energy_missing_reason": NO_ENERGY_SENSOR,
@@ -188,6 +190,7 @@ def cuda_hardware(
         "measured_copy_gbs": cuda.measure_copy_gbs(index, backend, megabytes=copy_mb, repeats=repeats),
         "probe_baseline": (probe_baseline("cuda", int(device_cfg.get("threads", 1)), index) if backend is None
                            else {"missing": "the CUDA boundary is substituted: no probe on a real GPU"}),
+        "memory_reference": memory_reference("cuda", int(device_cfg.get("threads", 1))),
         "measurement_setting": MeasurementSetting.of(device_cfg).as_dict(),
         "spec": spec,
         "spec_missing_reason": spec_reason,

@@ -1,0 +1,33 @@
+"""The memory reference of the hardware record: measured by the profiler's own worker, missing with a reason
+whenever it was not measured."""
+
+from __future__ import annotations
+
+from perfzoo.profiling import reference
+from perfzoo.profiling.microbench import describe_device
+from perfzoo.profiling.worker import Outcome
+
+
+def test_cpu_hardware_record_carries_a_measured_memory_reference() -> None:
+    record = describe_device("cpu", {"kind": "cpu", "threads": 1})
+    ref = record["memory_reference"]
+    assert ref["config"] == "resnet18@64px inference b1" and ref["threads"] == 1, ref
+    # ResNet-18's weights alone are 44.7 MB of float32; the label counts them and the step's activations
+    assert 44 < ref["peak_mem_mb"] < 1000 and ref["latency_ms"] > 0, ref
+
+
+def test_a_failed_reference_step_is_missing_with_its_reason(monkeypatch) -> None:
+    monkeypatch.setattr(reference, "run_isolated", lambda kind, spec, settings: Outcome("oom", "worker killed"))
+    assert reference.memory_reference("cpu", 1) == {
+        "missing": "the reference step failed (oom): worker killed"}
+
+
+def test_no_reference_number_on_cuda() -> None:
+    ref = reference.memory_reference("cuda", 1)
+    assert set(ref) == {"missing"} and "cuda" in ref["missing"]
+
+
+def test_the_reference_is_one_config_the_zoo_stage_would_write() -> None:
+    row = reference.reference_config()
+    assert (row["builder"], row["name"], row["batch"], row["mode"]) == ("torchvision", "resnet18", 1, "inference")
+    assert row["input_shape"] == "[3, 64, 64]" and row["precision"] == "fp32"
