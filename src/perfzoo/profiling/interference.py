@@ -71,7 +71,7 @@ class Policy:
     tolerance: float | None = None  # probe slower than its baseline by more than this fraction; None: recorded only
     load_tolerance: float = 0.25  # other processes used this many CPUs more than the worker leaves free
     steal_tolerance: float = 0.05  # steal time above this fraction of the worker's CPU time
-    spread_tolerance: float | None = None  # median iteration above (1 + this) x the fastest; None: not judged
+    spread_tolerance: float | None = None  # median above (1 + this) x the fastest iteration; None: not judged
     retries: int = 0  # re-measurements of a disturbed config
     wait_s: float = 0.0  # pause before each re-measurement
 
