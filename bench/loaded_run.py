@@ -10,12 +10,18 @@ PID ``--busy-for-s`` seconds later. A measurement is *disturbed* when its first 
 window.
 
 * ``detection``: the config's ``profiling.interference`` policy (flags, re-measures after ``wait_s``);
-* ``no detection``: nothing is judged (tolerances out of reach, no retries): what every run did before.
+* ``detection without spread``: the same without the spread check (``spread_tolerance`` null), i.e. judged
+  only by evidence from outside the measurement;
+* ``no detection``: nothing is judged (tolerances out of reach, no retries): what every run did before;
+* ``no busy core, no detection``: the reference pass, without the busy process.
 
 Printed per policy: disturbed measurements, how many were re-measured and how many stay flagged, disturbed
 ones that are neither (should be 0 with detection), the noise floor (repeat 1 against repeat 0) of all pairs
 and of the pairs whose two measurements are unflagged, the profiling time, and the report's first-screen
-line with its warning. ``--out`` writes the per-measurement rows as CSV.
+line with its warning. Then, per policy, the measured slowdown of the kept measurements that overlapped
+the window (those measured once), and of those that did not: their latency over the same measurement's in
+the reference pass, so "disturbed" (overlapped) can be told from "slowed down". ``--out`` writes the
+per-measurement rows (with the kept window's median / fastest iteration, ``spread``) as CSV.
 """
 
 from __future__ import annotations
@@ -41,13 +47,15 @@ import pandas as pd  # noqa: E402
 from perfzoo.config import load_config  # noqa: E402
 from perfzoo.dataset.build import aggregate_runs, noise_floor, status_counts  # noqa: E402
 from perfzoo.models.zoo import expand_zoo, manifest_frame  # noqa: E402
-from perfzoo.profiling.interference import drop_flagged_runs, probe_baseline  # noqa: E402
+from perfzoo.profiling.interference import drop_flagged_runs, probe_baseline, spread_ratio  # noqa: E402
 from perfzoo.profiling.runner import profile_shard  # noqa: E402
 from perfzoo.profiling.worker import run_isolated  # noqa: E402
 from perfzoo.report.page import health_line  # noqa: E402
 
 BUSY = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
-UNJUDGED = {"tolerance": None, "load_tolerance": 1e9, "steal_tolerance": 1e9, "retries": 0, "wait_s": 0}
+REFERENCE = "no busy core, no detection"
+UNJUDGED = {"tolerance": None, "load_tolerance": 1e9, "steal_tolerance": 1e9, "spread_tolerance": None,
+            "retries": 0, "wait_s": 0}
 
 
 class BusyCore:
@@ -92,20 +100,25 @@ def disturbed_keys(journal: Path, window: dict[str, float]) -> set[tuple[str, in
     return keys
 
 
-def profile_under_load(configs: pd.DataFrame, settings: dict[str, Any], threads: int, busy: BusyCore,
-                       folder: Path) -> tuple[pd.DataFrame, set[tuple[str, int]], float]:
-    """Traces (as the dataset stage reads them), the disturbed measurements and the wall time."""
+def profile_under_load(
+    configs: pd.DataFrame, settings: dict[str, Any], threads: int, busy: BusyCore | None, folder: Path
+) -> tuple[pd.DataFrame, set[tuple[str, int]], float]:
+    """Traces (as the dataset stage reads them), the disturbed measurements and the wall time; ``busy``
+    None: no busy core (the reference pass)."""
     hardware = {"measurement_setting": {"threads": threads}, "probe_baseline": probe_baseline("cpu", threads)}
     journal = folder / "journal.jsonl"
     started = time.perf_counter()
-    busy.start()
+    if busy is not None:
+        busy.start()
     try:
         traces, _, _ = profile_shard(configs, "cpu", {"kind": "cpu", "threads": threads}, settings, journal,
                                      progress=False, hardware=hardware)
     finally:
-        busy.stop()
+        if busy is not None:
+            busy.stop()
     wall = time.perf_counter() - started
-    return traces.assign(device="cpu", trace_file=str(journal)), disturbed_keys(journal, busy.window), wall
+    disturbed = disturbed_keys(journal, busy.window) if busy is not None else set()
+    return traces.assign(device="cpu", trace_file=str(journal)), disturbed, wall
 
 
 def summarise(policy: str, traces: pd.DataFrame, disturbed: set[tuple[str, int]], wall: float) -> dict[str, Any]:
@@ -130,6 +143,42 @@ def summarise(policy: str, traces: pd.DataFrame, disturbed: set[tuple[str, int]]
     }
 
 
+def per_measurement(traces: pd.DataFrame, disturbed: set[tuple[str, int]]) -> pd.DataFrame:
+    """One row per (config, repeat): the kept window's median latency and spread, its flags, and whether
+    its first attempt overlapped the busy window."""
+    ok = traces[traces["status"] == "ok"]
+    windows = ok.groupby(["config_id", "repeat"])["time_ms"].agg(
+        latency_ms="median", spread=lambda t: spread_ratio(list(t))).reset_index()
+    runs = traces.drop_duplicates(["config_id", "repeat"])
+    runs = runs[["config_id", "repeat", "interference", "attempts"]]
+    table = runs.merge(windows, on=["config_id", "repeat"], how="left")
+    table["overlapped"] = [(c, int(r)) in disturbed for c, r in zip(table["config_id"], table["repeat"])]
+    return table
+
+
+def slowdown(measurements: pd.DataFrame, reference: pd.DataFrame) -> pd.Series:
+    """Latency of each measurement over the same (config, repeat)'s in ``reference`` (indexed by them)."""
+    ref = reference["latency_ms"].reindex(pd.MultiIndex.from_frame(measurements[["config_id", "repeat"]]))
+    return pd.Series(measurements["latency_ms"].to_numpy() / ref.to_numpy(), dtype="float64").dropna()
+
+
+def slowdowns(measurements: pd.DataFrame, spread_tolerance: float | None) -> pd.DataFrame:
+    """Per policy: latency of each kept measurement that overlapped the busy window (its only attempt) over
+    the latency of the same (config, repeat) in the reference pass without a busy core."""
+    reference = measurements[measurements["policy"] == REFERENCE].set_index(["config_id", "repeat"])
+    rows = []
+    for policy, g in measurements[measurements["policy"] != REFERENCE].groupby("policy", sort=False):
+        hit = g[g["overlapped"] & (g["attempts"] == 1)]
+        s, others = slowdown(hit, reference), slowdown(g[~g["overlapped"]], reference)
+        row = {"policy": policy, "overlapped, kept as measured": len(hit), "with a reference": len(s),
+               "slowdown median": s.median(), "slowdown max": s.max(), "slowed > 10 %": int((s > 1.1).sum()),
+               "not overlapped: slowdown median": others.median(), "max": others.max()}
+        if spread_tolerance is not None:
+            row[f"spread > {1 + spread_tolerance:g}"] = int((hit["spread"] > 1 + spread_tolerance).sum())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(ROOT / "config.yaml"))
@@ -144,23 +193,32 @@ def main() -> None:
     manifest = manifest_frame(expand_zoo(config))
     picked = (manifest.head(args.configs) if args.configs else manifest.iloc[::2]).assign(shard="bench")
     base = {**config["profiling"], "threads": threads, "num_classes": config["zoo"]["num_classes"]}
-    policies = {"detection": base, "no detection": {**base, "interference": UNJUDGED}}
+    without_spread = {**base["interference"], "spread_tolerance": None}
+    policies = {"detection": base, "detection without spread": {**base, "interference": without_spread},
+                "no detection": {**base, "interference": UNJUDGED},
+                REFERENCE: {**base, "interference": UNJUDGED}}
     run_isolated("cpu", picked.iloc[0].to_dict(), base)  # start the worker server before timing anything
     rows, frames = [], []
     for policy, settings in policies.items():
         with tempfile.TemporaryDirectory() as folder:
-            busy = BusyCore(sorted(os.sched_getaffinity(0))[0], args.busy_after_s, args.busy_for_s)
+            busy = (BusyCore(sorted(os.sched_getaffinity(0))[0], args.busy_after_s, args.busy_for_s)
+                    if policy != REFERENCE else None)
             traces, disturbed, wall = profile_under_load(picked, settings, threads, busy, Path(folder))
         rows.append(summarise(policy, traces, disturbed, wall))
-        frames.append(traces.drop_duplicates(["config_id", "repeat"]).assign(policy=policy))
+        frames.append(per_measurement(traces, disturbed).assign(policy=policy))
     table = pd.DataFrame(rows)
+    measurements = pd.concat(frames, ignore_index=True)
     print(f"{len(picked)} configs, {threads} threads, busy core from {args.busy_after_s:g} s for "
           f"{args.busy_for_s:g} s of each policy's run\n")
     print(table.drop(columns="report").to_markdown(index=False, floatfmt=".1f"))
     for row in rows:
         print(f"\nreport's first screen ({row['policy']}): {row['report']}")
+    print("\nslowdown of the kept measurements that overlapped the busy window (measured once), against the "
+          f"same measurement in the {REFERENCE!r} pass:\n")
+    tolerance = base["interference"].get("spread_tolerance")
+    print(slowdowns(measurements, tolerance).to_markdown(index=False, floatfmt=".2f"))
     if args.out:
-        pd.concat(frames).to_csv(args.out, index=False)
+        measurements.to_csv(args.out, index=False)
 
 
 if __name__ == "__main__":
