@@ -3,6 +3,7 @@
     python bench/noise_floor.py                          # every 4th config of the default zoo, 3 windows
     python bench/noise_floor.py --configs 3 --max-time-s 0.1 --windows 2   # a quick check that it runs
     python bench/noise_floor.py --protocols detection,detection_spread     # the spread check's cost and gain
+    python bench/noise_floor.py --traces /tmp/run-a/results /tmp/run-b/results   # offline: finished runs
 
 Every config is measured twice, independently (repeat 0, then repeat 1 after all configs), by each
 protocol; the protocols take turns config by config, so they see the same machine. The noise floor of a
@@ -32,6 +33,11 @@ it); its profiling time is the wall time of its own measurements.
 
 ``--protocols`` measures only the named ones (``probe_normalised`` comes with ``current``).
 
+``--traces`` measures nothing: for each finished run's ``results`` folder it reads the traces
+(``traces/<device>/<shard>.parquet``) and prints, per spread tolerance of ``--tolerances``, the windows
+(config, repeat) whose median iteration exceeds ``1 + tolerance`` times their fastest and the latency noise
+floor of the repeat pairs where neither window does.
+
 The table is printed as Markdown; ``--out`` also writes the per-config latencies as CSV.
 """
 
@@ -39,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import statistics
 import sys
@@ -192,6 +199,37 @@ def summary(latencies: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def trace_windows(results: Path) -> pd.DataFrame:
+    """One row per measured window (device, config, repeat) of a finished run: median latency and spread."""
+    files = [f for f in sorted(results.glob("traces/*/*.parquet")) if f.name.count(".") == 1]
+    if not files:
+        raise SystemExit(f"{results}: no traces/<device>/<shard>.parquet")
+    traces = pd.concat([pd.read_parquet(f).assign(device=f.parent.name) for f in files], ignore_index=True)
+    ok = traces[traces["status"] == "ok"]
+    return ok.groupby(["device", "config_id", "repeat"])["time_ms"].agg(
+        latency_ms="median", iterations="size", spread=lambda t: spread_ratio(list(t))).reset_index()
+
+
+def spread_table(runs: list[Path], tolerances: list[float]) -> pd.DataFrame:
+    """Per run and tolerance: windows over it, and the noise floor of the pairs with neither window over."""
+    rows = []
+    for results in runs:
+        windows = trace_windows(results)
+        for tolerance in [None, *tolerances]:
+            over = windows["spread"] > (1 + tolerance if tolerance is not None else math.inf)
+            kept = windows.assign(over=over).pivot(index=["device", "config_id"], columns="repeat",
+                                                   values=["latency_ms", "over"]).dropna()
+            kept = kept[~kept["over"].any(axis=1).astype(bool)]
+            rows.append({"run": str(results), "tolerance": "none" if tolerance is None else f"{tolerance:g}",
+                         "windows": len(windows),
+                         "over": int(over.sum()), "over %": 100 * over.mean(),
+                         "of them <= 5 iterations": int((over & (windows["iterations"] <= 5)).sum()),
+                         "noise floor of the pairs left %": mape(kept["latency_ms"][0].to_numpy(),
+                                                                 kept["latency_ms"][1].to_numpy()),
+                         "pairs left": len(kept)})
+    return pd.DataFrame(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(ROOT / "config.yaml"))
@@ -202,7 +240,14 @@ def main() -> None:
     parser.add_argument("--protocols", default=",".join(p for p in PROTOCOLS if p != "probe_normalised"),
                         help="comma-separated protocols to measure (default: all)")
     parser.add_argument("--out", help="CSV of every latency")
+    parser.add_argument("--traces", nargs="+", type=Path, help="offline: finished runs' results folders")
+    parser.add_argument("--tolerances", default="0.1,0.15,0.2,0.25,0.3,0.4",
+                        help="spread tolerances of the --traces table")
     args = parser.parse_args()
+    if args.traces:
+        table = spread_table(args.traces, [float(t) for t in args.tolerances.split(",")])
+        print(table.to_markdown(index=False, floatfmt=".1f"))
+        return
     protocols = set(args.protocols.split(","))
     if unknown := protocols - set(PROTOCOLS):
         parser.error(f"--protocols: unknown {sorted(unknown)} (known: {', '.join(PROTOCOLS)})")
