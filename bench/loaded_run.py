@@ -5,9 +5,9 @@
 
 For each policy the configs are profiled by the real shard runner (``profile_shard``, the profile rule's
 code) with the config's measurement settings (repeats every ``repeat_every`` configs, as in a run). A
-busy process pinned to one CPU is started ``--busy-after-s`` seconds into the shard and killed by its own
-PID ``--busy-for-s`` seconds later. A measurement is *disturbed* when its first attempt overlaps that
-window.
+busy process pinned to one CPU (to each of the first ``--busy-cores`` CPUs) is started ``--busy-after-s``
+seconds into the shard and killed by its own PID ``--busy-for-s`` seconds later. A measurement is
+*disturbed* when its first attempt overlaps that window.
 
 * ``detection``: the config's ``profiling.interference`` policy (flags, re-measures after ``wait_s``);
 * ``detection without spread``: the same without the spread check (``spread_tolerance`` null), i.e. judged
@@ -58,13 +58,13 @@ UNJUDGED = {"tolerance": None, "load_tolerance": 1e9, "steal_tolerance": 1e9, "s
             "retries": 0, "wait_s": 0}
 
 
-class BusyCore:
-    """A busy loop on one CPU from ``after_s`` to ``after_s + for_s`` seconds after :meth:`start`."""
+class BusyCores:
+    """A busy loop on each of ``cpus`` from ``after_s`` to ``after_s + for_s`` seconds after :meth:`start`."""
 
-    def __init__(self, cpu: int, after_s: float, for_s: float) -> None:
-        self.cpu, self.after_s, self.for_s = cpu, after_s, for_s
+    def __init__(self, cpus: list[int], after_s: float, for_s: float) -> None:
+        self.cpus, self.after_s, self.for_s = cpus, after_s, for_s
         self.window: dict[str, float] = {}
-        self._process: subprocess.Popen | None = None
+        self._processes: list[subprocess.Popen] = []
         self._timers: list[threading.Timer] = []
 
     def start(self) -> None:
@@ -74,15 +74,17 @@ class BusyCore:
             timer.start()
 
     def _begin(self) -> None:
-        self._process = subprocess.Popen([sys.executable, "-c", BUSY, str(self.cpu)])
+        self._processes = [subprocess.Popen([sys.executable, "-c", BUSY, str(cpu)]) for cpu in self.cpus]
         self.window["start"] = time.time()
 
     def stop(self) -> None:
         for timer in self._timers:
             timer.cancel()
-        if self._process is not None and self._process.poll() is None:
-            os.kill(self._process.pid, 9)
-            self._process.wait()
+        running = [process for process in self._processes if process.poll() is None]
+        for process in running:
+            os.kill(process.pid, 9)
+            process.wait()
+        if running:
             self.window["end"] = time.time()
 
 
@@ -101,7 +103,7 @@ def disturbed_keys(journal: Path, window: dict[str, float]) -> set[tuple[str, in
 
 
 def profile_under_load(
-    configs: pd.DataFrame, settings: dict[str, Any], threads: int, busy: BusyCore | None, folder: Path
+    configs: pd.DataFrame, settings: dict[str, Any], threads: int, busy: BusyCores | None, folder: Path
 ) -> tuple[pd.DataFrame, set[tuple[str, int]], float]:
     """Traces (as the dataset stage reads them), the disturbed measurements and the wall time; ``busy``
     None: no busy core (the reference pass)."""
@@ -144,13 +146,13 @@ def summarise(policy: str, traces: pd.DataFrame, disturbed: set[tuple[str, int]]
 
 
 def per_measurement(traces: pd.DataFrame, disturbed: set[tuple[str, int]]) -> pd.DataFrame:
-    """One row per (config, repeat): the kept window's median latency and spread, its flags, and whether
-    its first attempt overlapped the busy window."""
+    """One row per (config, repeat): the kept window's median latency and spread, its flags and the other
+    processes' load over it, and whether its first attempt overlapped the busy window."""
     ok = traces[traces["status"] == "ok"]
     windows = ok.groupby(["config_id", "repeat"])["time_ms"].agg(
         latency_ms="median", spread=lambda t: spread_ratio(list(t))).reset_index()
     runs = traces.drop_duplicates(["config_id", "repeat"])
-    runs = runs[["config_id", "repeat", "interference", "attempts"]]
+    runs = runs[["config_id", "repeat", "interference", "attempts", "other_cpu_load", "probe_ratio"]]
     table = runs.merge(windows, on=["config_id", "repeat"], how="left")
     table["overlapped"] = [(c, int(r)) in disturbed for c, r in zip(table["config_id"], table["repeat"])]
     return table
@@ -186,6 +188,7 @@ def main() -> None:
     parser.add_argument("--configs", type=int, default=0, help="first N configs (0: every 2nd of the zoo)")
     parser.add_argument("--busy-after-s", type=float, default=20.0)
     parser.add_argument("--busy-for-s", type=float, default=60.0)
+    parser.add_argument("--busy-cores", type=int, default=1, help="busy loops, one per CPU from the first")
     parser.add_argument("--out", help="CSV of every measurement with its flags")
     args = parser.parse_args()
     config = load_config(args.config)
@@ -201,15 +204,16 @@ def main() -> None:
     rows, frames = [], []
     for policy, settings in policies.items():
         with tempfile.TemporaryDirectory() as folder:
-            busy = (BusyCore(sorted(os.sched_getaffinity(0))[0], args.busy_after_s, args.busy_for_s)
+            busy = (BusyCores(sorted(os.sched_getaffinity(0))[:args.busy_cores], args.busy_after_s,
+                              args.busy_for_s)
                     if policy != REFERENCE else None)
             traces, disturbed, wall = profile_under_load(picked, settings, threads, busy, Path(folder))
         rows.append(summarise(policy, traces, disturbed, wall))
         frames.append(per_measurement(traces, disturbed).assign(policy=policy))
     table = pd.DataFrame(rows)
     measurements = pd.concat(frames, ignore_index=True)
-    print(f"{len(picked)} configs, {threads} threads, busy core from {args.busy_after_s:g} s for "
-          f"{args.busy_for_s:g} s of each policy's run\n")
+    print(f"{len(picked)} configs, {threads} threads, {args.busy_cores} busy core(s) from "
+          f"{args.busy_after_s:g} s for {args.busy_for_s:g} s of each policy's run\n")
     print(table.drop(columns="report").to_markdown(index=False, floatfmt=".1f"))
     for row in rows:
         print(f"\nreport's first screen ({row['policy']}): {row['report']}")
