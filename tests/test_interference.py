@@ -1,5 +1,6 @@
-"""Interference: a busy core during a real profiling run is flagged or re-measured; the verdict, the
-counts for the report and the one-setting-per-device check."""
+"""Interference: a busy core during a real profiling run is flagged or re-measured, and so is a window that
+slows down halfway (cpu, and cuda against fakes); the verdict, the counts for the report and the
+one-setting-per-device check."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import asdict
 
 import pandas as pd
 import pytest
 
 from fakes import FakeNvml
 from perfzoo.io import InputError
-from perfzoo.profiling import nvml
+from perfzoo.profiling import nvml, runner
 from perfzoo.profiling.interference import (
     Policy,
     assess,
@@ -25,10 +27,11 @@ from perfzoo.profiling.interference import (
     probe_baseline,
     spread_ratio,
 )
+from perfzoo.profiling.cuda import measure_on_cuda
 from perfzoo.profiling.runner import profile_shard
 from perfzoo.report.page import health_line
 from perfzoo.dataset.build import aggregate_runs, status_counts
-from perfzoo.profiling.worker import run_isolated
+from perfzoo.profiling.worker import Outcome, run_isolated
 from perfzoo.models.zoo import expand_zoo, manifest_frame
 
 SETTINGS = {"warmup_iters": 1, "min_iters": 3, "max_iters": 8, "max_time_s": 0.3, "ci_target": 0.02,
@@ -138,16 +141,16 @@ def paced_zoo(tmp_path) -> dict:
 
 
 
-def test_window_with_a_slow_half_is_remeasured_and_kept_flagged_while_it_stays_so(tmp_path) -> None:
-    # one warm-up and 8 timed iterations (the CI target is out of reach): the slowing models run 3 at 10 ms,
-    # then 5 at 40 ms, a median 4x the fastest; the steady one stays near 1x (it sleeps: load hardly moves it)
-    settings = {**SETTINGS, "threads": 1, "num_classes": 2, "ci_target": 1e-9, "max_time_s": 5.0,
-                "interference": {"load_tolerance": 1000.0, "steal_tolerance": 1.0, "spread_tolerance": 0.5,
-                                 "retries": 1, "wait_s": 0.1}}
-    configs = manifest_frame(expand_zoo({"zoo": paced_zoo(tmp_path)}))
-    journal = tmp_path / "j.jsonl"
-    traces, _, meta = profile_shard(configs, "cpu", {"kind": "cpu", "threads": 1}, settings, journal,
-                                    progress=False)
+# one warm-up and 8 timed iterations (the CI target is out of reach): the slowing models run 3 at 10 ms, then
+# 5 at 40 ms, a median 4x the fastest; the steady one stays near 1x (it sleeps: load hardly moves it)
+PACED_SETTINGS = {**SETTINGS, "threads": 1, "num_classes": 2, "ci_target": 1e-9, "max_time_s": 5.0,
+                  "interference": {"load_tolerance": 1000.0, "steal_tolerance": 1.0, "spread_tolerance": 0.5,
+                                   "retries": 1, "wait_s": 0.1}}
+
+
+def assert_slow_halves_remeasured(configs: pd.DataFrame, traces: pd.DataFrame, meta: dict, journal) -> None:
+    """The steady model measured once and clean, the one slowing once re-measured and kept clean, the one
+    slowing always re-measured and kept flagged by its spread."""
     variant_of = dict(zip(configs["config_id"], configs["variant"]))
     rows = traces.drop_duplicates("config_id").assign(variant=lambda d: d["config_id"].map(variant_of))
     rows = rows.set_index("variant")
@@ -161,6 +164,33 @@ def test_window_with_a_slow_half_is_remeasured_and_kept_flagged_while_it_stays_s
     assert rows.loc["slows_always", "interference"] == verdicts["slows_always"][-1]
     assert rows.loc["slows_once", "interference"] == "" and rows.loc["slows_once", "attempts"] == 2
     assert meta["interference"] == {"flagged": 1, "remeasured": 2}
+
+
+def test_window_with_a_slow_half_is_remeasured_and_kept_flagged_while_it_stays_so(tmp_path) -> None:
+    configs = manifest_frame(expand_zoo({"zoo": paced_zoo(tmp_path)}))
+    journal = tmp_path / "j.jsonl"
+    traces, _, meta = profile_shard(configs, "cpu", {"kind": "cpu", "threads": 1}, PACED_SETTINGS, journal,
+                                    progress=False)
+    assert_slow_halves_remeasured(configs, traces, meta, journal)
+
+
+def test_cuda_window_with_a_slow_half_is_remeasured_alike(tmp_path, monkeypatch) -> None:
+    # the CUDA measurement code in-process, against the NVML and CUDA fakes (CUDA 'events' are wall clock)
+    from test_cuda_profiling import CUDA_DEVICE, FakeCuda
+    from test_cuda_profiling import FakeNvml as TwoGpuNvml
+
+    fake = TwoGpuNvml()
+
+    def in_process(kind: str, spec: dict, settings: dict) -> Outcome:
+        assert kind == "cuda"
+        return Outcome("ok", "", asdict(measure_on_cuda(spec, settings, backend=FakeCuda(), nvml_lib=fake)))
+
+    monkeypatch.setattr(runner, "run_isolated", in_process)
+    configs = manifest_frame(expand_zoo({"zoo": paced_zoo(tmp_path)}))
+    journal = tmp_path / "j.jsonl"
+    traces, _, meta = runner.profile_shard(configs, "a100", CUDA_DEVICE, PACED_SETTINGS, journal,
+                                           progress=False, nvml_lib=fake, cuda_backend=FakeCuda())
+    assert_slow_halves_remeasured(configs, traces, meta, journal)
 
 
 def test_other_thread_count_stops_before_measuring(config, tmp_path) -> None:
