@@ -146,13 +146,14 @@ def summarise(policy: str, traces: pd.DataFrame, disturbed: set[tuple[str, int]]
 
 
 def per_measurement(traces: pd.DataFrame, disturbed: set[tuple[str, int]]) -> pd.DataFrame:
-    """One row per (config, repeat): the kept window's median latency and spread, its flags and the other
-    processes' load over it, and whether its first attempt overlapped the busy window."""
+    """One row per (config, repeat): the kept window's median latency and spread, its flags, the other
+    processes' load and the steal time over it, and whether its first attempt overlapped the busy window."""
     ok = traces[traces["status"] == "ok"]
     windows = ok.groupby(["config_id", "repeat"])["time_ms"].agg(
         latency_ms="median", spread=lambda t: spread_ratio(list(t))).reset_index()
     runs = traces.drop_duplicates(["config_id", "repeat"])
-    runs = runs[["config_id", "repeat", "interference", "attempts", "other_cpu_load", "probe_ratio"]]
+    runs = runs[["config_id", "repeat", "interference", "attempts", "other_cpu_load", "steal_frac",
+                 "probe_ratio"]]
     table = runs.merge(windows, on=["config_id", "repeat"], how="left")
     table["overlapped"] = [(c, int(r)) in disturbed for c, r in zip(table["config_id"], table["repeat"])]
     return table
