@@ -2,6 +2,8 @@
 
     python bench/noise_floor.py                          # every 4th config of the default zoo, 3 windows
     python bench/noise_floor.py --configs 3 --max-time-s 0.1 --windows 2   # a quick check that it runs
+    python bench/noise_floor.py --protocols detection,detection_spread     # the spread check's cost and gain
+    python bench/noise_floor.py --traces /tmp/run-a/results /tmp/run-b/results   # offline: finished runs
 
 Every config is measured twice, independently (repeat 0, then repeat 1 after all configs), by each
 protocol; the protocols take turns config by config, so they see the same machine. The noise floor of a
@@ -19,7 +21,22 @@ it); its profiling time is the wall time of its own measurements.
   affinity is set before the worker is forked, and restored after);
 * ``one_thread``: as ``current`` with one intra-op thread instead of the device's ``threads`` (a
   measurement that waits for the slowest of several threads feels any other process on any core);
-  its latencies are those of another device setting, so only its noise floor and time compare.
+  its latencies are those of another device setting, so only its noise floor and time compare;
+* ``detection``: as the profile rule does it, the config's ``profiling.interference`` policy without the
+  spread check: measured, and re-measured after ``wait_s`` (at most ``retries`` times) while the policy
+  finds it disturbed; the attempt it keeps is the latency, its time includes every attempt and wait;
+* ``detection_spread``: the same with the config's ``spread_tolerance`` (a window whose median iteration
+  is more than ``1 + spread_tolerance`` times its fastest is disturbed). Both come from one chain of
+  attempts (the spread check only adds reasons, so its chain is never shorter): ``detection`` keeps the
+  first attempt it accepts, ``detection_spread`` goes on while the spread check still objects. Their
+  re-measured and still-flagged windows are counted.
+
+``--protocols`` measures only the named ones (``probe_normalised`` comes with ``current``).
+
+``--traces`` measures nothing: for each finished run's ``results`` folder it reads the traces
+(``traces/<device>/<shard>.parquet``) and prints, per spread tolerance of ``--tolerances``, the windows
+(config, repeat) whose median iteration exceeds ``1 + tolerance`` times their fastest and the latency noise
+floor of the repeat pairs where neither window does.
 
 The table is printed as Markdown; ``--out`` also writes the per-config latencies as CSV.
 """
@@ -27,6 +44,8 @@ The table is printed as Markdown; ``--out`` also writes the per-config latencies
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 import os
 import statistics
 import sys
@@ -43,12 +62,13 @@ import pandas as pd  # noqa: E402
 import psutil  # noqa: E402
 
 from perfzoo.config import load_config  # noqa: E402
-from perfzoo.profiling.interference import probe_baseline  # noqa: E402
+from perfzoo.profiling.interference import Policy, assess, probe_baseline, spread_ratio  # noqa: E402
 from perfzoo.profiling.worker import run_isolated  # noqa: E402
 from perfzoo.stats import mape  # noqa: E402
 from perfzoo.models.zoo import expand_zoo, manifest_frame  # noqa: E402
 
-PROTOCOLS = ("current", "probe_normalised", "interleaved", "pinned", "one_thread")
+PROTOCOLS = ("current", "probe_normalised", "interleaved", "pinned", "one_thread", "detection",
+             "detection_spread")
 
 
 def pin_workers(cpus: set[int] | None) -> None:
@@ -79,7 +99,41 @@ def speed_ratio(record: dict[str, Any], baseline: dict[str, Any]) -> float:
                                                        p["copy_ms"] / baseline["copy_ms"]))
 
 
-def run(configs: list[dict[str, Any]], settings: dict[str, Any], windows: int, threads: int) -> pd.DataFrame:
+def detection_rows(config: dict[str, Any], repeat: int, settings: dict[str, Any],
+                   baseline: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows of ``detection`` and ``detection_spread`` for one (config, repeat), from one chain of attempts."""
+    with_spread = Policy.from_settings(settings)
+    policies = {"detection": dataclasses.replace(with_spread, spread_tolerance=None),
+                "detection_spread": with_spread}
+    rows: dict[str, dict[str, Any]] = {}
+    spent, first_spread = 0.0, float("nan")
+    for attempt in range(with_spread.retries + 1):
+        if attempt:
+            time.sleep(with_spread.wait_s)
+            spent += with_spread.wait_s
+        start = time.perf_counter()
+        outcome = run_isolated("cpu", config, settings)
+        spent += time.perf_counter() - start
+        m = outcome.measurement if outcome.status == "ok" else None
+        times = m["times_ms"] if m else []
+        if attempt == 0:
+            first_spread = spread_ratio(times)
+        for name, policy in policies.items():
+            if name in rows:
+                continue
+            reason = assess(m, baseline, policy).interference
+            if not m or not reason or attempt == policy.retries:
+                rows[name] = {"protocol": name, "config_id": config["config_id"], "repeat": repeat,
+                              "latency_ms": statistics.median(times) if times else float("nan"),
+                              "wall_s": spent, "attempts": attempt + 1, "interference": reason,
+                              "first_spread": first_spread}
+        if len(rows) == len(policies):
+            break
+    return list(rows.values())
+
+
+def run(configs: list[dict[str, Any]], settings: dict[str, Any], windows: int, threads: int,
+        protocols: set[str]) -> pd.DataFrame:
     """Latency per (protocol, config, repeat), and the wall time each measurement took."""
     baseline = probe_baseline("cpu", threads)
     short = {**settings, "max_time_s": settings["max_time_s"] / windows}
@@ -89,15 +143,16 @@ def run(configs: list[dict[str, Any]], settings: dict[str, Any], windows: int, t
     rows: list[dict[str, Any]] = []
     per_window: dict[tuple[str, int], list[float]] = {}
     for repeat in (0, 1):
-        for window in range(windows):
+        for window in range(windows if "interleaved" in protocols else 1):
             for config in configs:
                 cid = config["config_id"]
-                if window == 0:
+                if window == 0 and "current" in protocols:
                     latency, record, wall = measure(config, settings)
                     rows.append({"protocol": "current", "config_id": cid, "repeat": repeat,
                                  "latency_ms": latency, "wall_s": wall})
                     rows.append({"protocol": "probe_normalised", "config_id": cid, "repeat": repeat,
                                  "latency_ms": latency / speed_ratio(record, baseline), "wall_s": wall})
+                if window == 0 and "pinned" in protocols:
                     pin_workers(pinned)
                     try:
                         latency, _, wall = measure(config, settings)
@@ -105,14 +160,20 @@ def run(configs: list[dict[str, Any]], settings: dict[str, Any], windows: int, t
                         pin_workers(None)
                     rows.append({"protocol": "pinned", "config_id": cid, "repeat": repeat,
                                  "latency_ms": latency, "wall_s": wall})
+                if window == 0 and "one_thread" in protocols:
                     latency, _, wall = measure(config, single)
                     rows.append({"protocol": "one_thread", "config_id": cid, "repeat": repeat,
                                  "latency_ms": latency, "wall_s": wall})
-                latency, _, wall = measure(config, short)
-                per_window.setdefault((cid, repeat), []).append(latency)
-                rows.append({"protocol": "interleaved_window", "config_id": cid, "repeat": repeat,
-                             "latency_ms": latency, "wall_s": wall})
+                if window == 0 and protocols & {"detection", "detection_spread"}:
+                    rows += detection_rows(config, repeat, settings, baseline)
+                if "interleaved" in protocols:
+                    latency, _, wall = measure(config, short)
+                    per_window.setdefault((cid, repeat), []).append(latency)
+                    rows.append({"protocol": "interleaved_window", "config_id": cid, "repeat": repeat,
+                                 "latency_ms": latency, "wall_s": wall})
     frame = pd.DataFrame(rows)
+    if "interleaved" not in protocols:
+        return frame
     window_rows = frame[frame["protocol"] == "interleaved_window"]
     windows_wall = window_rows.groupby(["config_id", "repeat"])["wall_s"].sum()
     interleaved = [{"protocol": "interleaved", "config_id": cid, "repeat": repeat,
@@ -123,13 +184,49 @@ def run(configs: list[dict[str, Any]], settings: dict[str, Any], windows: int, t
 
 
 def summary(latencies: pd.DataFrame) -> pd.DataFrame:
+    """Per protocol measured: pairs, noise floor, profiling time; re-measured and still-flagged windows."""
     rows = []
-    for protocol in PROTOCOLS:
+    for protocol in [p for p in PROTOCOLS if p in set(latencies["protocol"])]:
         g = latencies[latencies["protocol"] == protocol]
         pairs = g.pivot(index="config_id", columns="repeat", values="latency_ms").dropna()
-        rows.append({"protocol": protocol, "configs": len(pairs),
-                     "noise_floor_mape_pct": mape(pairs[0].to_numpy(), pairs[1].to_numpy()),
-                     "profiling_time_s": g["wall_s"].sum()})
+        row = {"protocol": protocol, "configs": len(pairs),
+               "noise_floor_mape_pct": mape(pairs[0].to_numpy(), pairs[1].to_numpy()),
+               "profiling_time_s": g["wall_s"].sum()}
+        if "attempts" in g and g["attempts"].notna().all():
+            row["re_measured"] = int((g["attempts"] > 1).sum())
+            row["still_flagged"] = int((g["interference"] != "").sum())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def trace_windows(results: Path) -> pd.DataFrame:
+    """One row per measured window (device, config, repeat) of a finished run: median latency and spread."""
+    files = [f for f in sorted(results.glob("traces/*/*.parquet")) if f.name.count(".") == 1]
+    if not files:
+        raise SystemExit(f"{results}: no traces/<device>/<shard>.parquet")
+    traces = pd.concat([pd.read_parquet(f).assign(device=f.parent.name) for f in files], ignore_index=True)
+    ok = traces[traces["status"] == "ok"]
+    return ok.groupby(["device", "config_id", "repeat"])["time_ms"].agg(
+        latency_ms="median", iterations="size", spread=lambda t: spread_ratio(list(t))).reset_index()
+
+
+def spread_table(runs: list[Path], tolerances: list[float]) -> pd.DataFrame:
+    """Per run and tolerance: windows over it, and the noise floor of the pairs with neither window over."""
+    rows = []
+    for results in runs:
+        windows = trace_windows(results)
+        for tolerance in [None, *tolerances]:
+            over = windows["spread"] > (1 + tolerance if tolerance is not None else math.inf)
+            kept = windows.assign(over=over).pivot(index=["device", "config_id"], columns="repeat",
+                                                   values=["latency_ms", "over"]).dropna()
+            kept = kept[~kept["over"].any(axis=1).astype(bool)]
+            rows.append({"run": str(results), "tolerance": "none" if tolerance is None else f"{tolerance:g}",
+                         "windows": len(windows),
+                         "over": int(over.sum()), "over %": 100 * over.mean(),
+                         "of them <= 5 iterations": int((over & (windows["iterations"] <= 5)).sum()),
+                         "noise floor of the pairs left %": mape(kept["latency_ms"][0].to_numpy(),
+                                                                 kept["latency_ms"][1].to_numpy()),
+                         "pairs left": len(kept)})
     return pd.DataFrame(rows)
 
 
@@ -140,8 +237,20 @@ def main() -> None:
     parser.add_argument("--configs", type=int, default=0, help="first N configs (0: every 4th of the zoo)")
     parser.add_argument("--windows", type=int, default=3, help="windows per interleaved repeat")
     parser.add_argument("--max-time-s", type=float, default=None, help="override profiling.max_time_s")
+    parser.add_argument("--protocols", default=",".join(p for p in PROTOCOLS if p != "probe_normalised"),
+                        help="comma-separated protocols to measure (default: all)")
     parser.add_argument("--out", help="CSV of every latency")
+    parser.add_argument("--traces", nargs="+", type=Path, help="offline: finished runs' results folders")
+    parser.add_argument("--tolerances", default="0.1,0.15,0.2,0.25,0.3,0.4",
+                        help="spread tolerances of the --traces table")
     args = parser.parse_args()
+    if args.traces:
+        table = spread_table(args.traces, [float(t) for t in args.tolerances.split(",")])
+        print(table.to_markdown(index=False, floatfmt=".1f"))
+        return
+    protocols = set(args.protocols.split(","))
+    if unknown := protocols - set(PROTOCOLS):
+        parser.error(f"--protocols: unknown {sorted(unknown)} (known: {', '.join(PROTOCOLS)})")
     config = load_config(args.config)
     threads = int(config["devices"][args.device]["threads"])
     manifest = manifest_frame(expand_zoo(config))
@@ -150,7 +259,7 @@ def main() -> None:
     if args.max_time_s is not None:
         settings["max_time_s"] = args.max_time_s
     started = time.perf_counter()
-    latencies = run(picked.to_dict("records"), settings, args.windows, threads)
+    latencies = run(picked.to_dict("records"), settings, args.windows, threads, protocols)
     table = summary(latencies)
     print(f"{len(picked)} configs, {threads} threads, max_time_s {settings['max_time_s']:g}, "
           f"{args.windows} windows; {time.perf_counter() - started:.0f} s in all\n")

@@ -1,5 +1,6 @@
-"""Interference: a busy core during a real profiling run is flagged or re-measured; the verdict, the
-counts for the report and the one-setting-per-device check."""
+"""Interference: a busy core during a real profiling run is flagged or re-measured, and so is a window that
+slows down halfway (cpu, and cuda against fakes); the verdict, the counts for the report and the
+one-setting-per-device check."""
 
 from __future__ import annotations
 
@@ -10,30 +11,65 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import asdict
 
 import pandas as pd
 import pytest
 
 from fakes import FakeNvml
 from perfzoo.io import InputError
-from perfzoo.profiling import nvml
+from perfzoo.profiling import nvml, runner
 from perfzoo.profiling.interference import (
     Policy,
     assess,
     drop_flagged_runs,
     flagged_per_device,
     probe_baseline,
+    spread_ratio,
 )
+from perfzoo.profiling.cuda import measure_on_cuda
 from perfzoo.profiling.runner import profile_shard_with_ops
 from perfzoo.report.page import health_line
 from perfzoo.dataset.build import aggregate_runs, status_counts
-from perfzoo.profiling.worker import run_isolated
+from perfzoo.profiling.worker import Outcome, run_isolated
 from perfzoo.models.zoo import expand_zoo, manifest_frame
 
 SETTINGS = {"warmup_iters": 1, "min_iters": 3, "max_iters": 8, "max_time_s": 0.3, "ci_target": 0.02,
             "timeout_s": 60, "max_rss_mb": 8000, "repeat_every": 0, "cooldown_s": 0, "optimizer": "sgd",
             "num_classes": 10}
 BUSY = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
+PACED = """
+import time
+from pathlib import Path
+
+from torch import nn
+
+
+class Paced(nn.Module):
+    \"\"\"Sleeps fast_ms per forward; after the first fast_calls forwards, slow_ms (a window that slows down
+    halfway). With a marker file, only the first worker process that runs it slows down.\"\"\"
+
+    def __init__(self, fast_ms, slow_ms, fast_calls, marker=""):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+        self.fast_ms, self.slow_ms, self.fast_calls, self.marker = fast_ms, slow_ms, fast_calls, marker
+        self.calls, self.slows = 0, None
+
+    def forward(self, x):
+        if x.device.type != "meta":
+            if self.slows is None:
+                self.slows = not (self.marker and Path(self.marker).exists())
+                if self.marker:
+                    Path(self.marker).touch()
+            self.calls += 1
+            slow = self.slows and self.calls > self.fast_calls
+            time.sleep((self.slow_ms if slow else self.fast_ms) / 1000)
+        return self.fc(x)
+
+
+def build(**kwargs):
+    return Paced(**kwargs)
+"""
 
 
 def measurement(probes, load=0.0, steal=0.0, error=""):
@@ -91,6 +127,73 @@ def test_busy_core_during_a_real_run_is_flagged_or_remeasured(config, tmp_path) 
     assert f"{kept_flagged} flagged for interference (of {len(rows)} configs;" in line, line
 
 
+def paced_zoo(tmp_path) -> dict:
+    """Three sleeping models: steady, slowing down halfway in its first worker only, and always."""
+    module = tmp_path / "paced.py"
+    module.write_text(PACED)
+    paces = {"steady": {"fast_calls": 10**6},
+             "slows_once": {"fast_calls": 4, "marker": str(tmp_path / "slowed")},
+             "slows_always": {"fast_calls": 4}}
+    models = [{"name": f"{module}:build", "variant": variant,
+               "kwargs": {"fast_ms": 10, "slow_ms": 40, **pace}} for variant, pace in paces.items()]
+    family = {"builder": "python", "input_shape": [4], "batch_sizes": [1], "modes": ["inference"],
+              "models": models}
+    return {"num_classes": 2, "families": {"paced": family}}
+
+
+
+# one warm-up and 8 timed iterations (the CI target is out of reach): the slowing models run 3 at 10 ms, then
+# 5 at 40 ms, a median 4x the fastest; the steady one stays near 1x (it sleeps: load hardly moves it)
+PACED_SETTINGS = {**SETTINGS, "threads": 1, "num_classes": 2, "ci_target": 1e-9, "max_time_s": 5.0,
+                  "interference": {"load_tolerance": 1000.0, "steal_tolerance": 1.0, "spread_tolerance": 0.5,
+                                   "retries": 1, "wait_s": 0.1}}
+
+
+def assert_slow_halves_remeasured(configs: pd.DataFrame, traces: pd.DataFrame, meta: dict, journal) -> None:
+    """The steady model measured once and clean, the one slowing once re-measured and kept clean, the one
+    slowing always re-measured and kept flagged by its spread."""
+    variant_of = dict(zip(configs["config_id"], configs["variant"]))
+    rows = traces.drop_duplicates("config_id").assign(variant=lambda d: d["config_id"].map(variant_of))
+    rows = rows.set_index("variant")
+    entries = [json.loads(line) for line in journal.read_text().splitlines()[1:]]
+    verdicts = {variant_of[e["key"].split("/")[0]]: [a["interference"] for a in e["attempts"]]
+                for e in entries}
+    assert verdicts["steady"] == [""]
+    assert verdicts["slows_once"][0].startswith("median ") and verdicts["slows_once"][1:] == [""]
+    assert len(verdicts["slows_always"]) == 2
+    assert all("x the fastest iteration" in v for v in verdicts["slows_always"])
+    assert rows.loc["slows_always", "interference"] == verdicts["slows_always"][-1]
+    assert rows.loc["slows_once", "interference"] == "" and rows.loc["slows_once", "attempts"] == 2
+    assert meta["interference"] == {"flagged": 1, "remeasured": 2}
+
+
+def test_window_with_a_slow_half_is_remeasured_and_kept_flagged_while_it_stays_so(tmp_path) -> None:
+    configs = manifest_frame(expand_zoo({"zoo": paced_zoo(tmp_path)}))
+    journal = tmp_path / "j.jsonl"
+    result = profile_shard_with_ops(configs, "cpu", {"kind": "cpu", "threads": 1}, PACED_SETTINGS, journal,
+                                    progress=False)
+    assert_slow_halves_remeasured(configs, result.traces, result.meta, journal)
+
+
+def test_cuda_window_with_a_slow_half_is_remeasured_alike(tmp_path, monkeypatch) -> None:
+    # the CUDA measurement code in-process, against the NVML and CUDA fakes (CUDA 'events' are wall clock)
+    from test_cuda_profiling import CUDA_DEVICE, FakeCuda
+    from test_cuda_profiling import FakeNvml as TwoGpuNvml
+
+    fake = TwoGpuNvml()
+
+    def in_process(kind: str, spec: dict, settings: dict) -> Outcome:
+        assert kind == "cuda"
+        return Outcome("ok", "", asdict(measure_on_cuda(spec, settings, backend=FakeCuda(), nvml_lib=fake)))
+
+    monkeypatch.setattr(runner, "run_isolated", in_process)
+    configs = manifest_frame(expand_zoo({"zoo": paced_zoo(tmp_path)}))
+    journal = tmp_path / "j.jsonl"
+    result = runner.profile_shard_with_ops(configs, "a100", CUDA_DEVICE, PACED_SETTINGS, journal,
+                                           progress=False, nvml_lib=fake, cuda_backend=FakeCuda())
+    assert_slow_halves_remeasured(configs, result.traces, result.meta, journal)
+
+
 def test_other_thread_count_stops_before_measuring(config, tmp_path) -> None:
     configs = manifest_frame(expand_zoo(config))
     with pytest.raises(InputError) as err:
@@ -123,6 +226,19 @@ def test_verdict_names_each_reason_and_never_invents_a_ratio() -> None:
     assert math.isnan(no_base.probe_ratio) and "probe failed: x" in no_base.probe_message
     none = assess(None, baseline, policy)
     assert math.isnan(none.probe_ratio) and none.probe_message and none.interference == ""
+
+
+def test_spread_verdict_flags_a_window_with_a_slow_half_not_a_steady_one() -> None:
+    policy = Policy(spread_tolerance=0.2)
+    steady, slow_half = [10.0, 10.3, 9.9, 10.1, 10.2], [10.0, 10.1, 13.5, 13.2, 13.4]
+    assert assess({"times_ms": steady}, None, policy).interference == ""
+    assert assess({"times_ms": slow_half}, None, policy).interference == "median 1.32x the fastest iteration"
+    assert assess({"times_ms": [10.0, 10.1, 30.0, 10.2, 9.9]}, None, policy).interference == ""  # one outlier
+    assert assess({"times_ms": slow_half}, None, Policy()).interference == ""  # not judged by default
+    both = {"times_ms": slow_half, **measurement([{"gemm_ms": 1.0, "copy_ms": 2.0}], load=1.9)}
+    verdict = assess(both, {"gemm_ms": 1.0, "copy_ms": 2.0}, policy)
+    assert verdict.interference == "median 1.32x the fastest iteration; other processes used 1.90 of 2 CPUs"
+    assert math.isnan(spread_ratio([])) and assess({"times_ms": []}, None, policy).interference == ""
 
 
 def test_flagged_rows_counted_and_left_out_of_fitting() -> None:

@@ -1,7 +1,7 @@
 """Interference: was the machine quiet while a config was measured?
 
-Two kinds of evidence, neither of which is the measured config itself (a steady slowdown makes a config's
-own iterations look perfectly consistent, so its noise cannot reveal interference):
+Two kinds of evidence from outside the measured config (a steady slowdown makes a config's own iterations
+look perfectly consistent, so its noise cannot reveal it):
 
 * a calibration probe, run in the worker just before and just after the measurement: the best of a few
   runs of a small GEMM and of a memory copy, at the measurement's thread count (on CUDA on the GPU, with a
@@ -13,6 +13,11 @@ own iterations look perfectly consistent, so its noise cannot reveal interferenc
   the CPUs the worker leaves free, ``cpus - threads``, by ``load_tolerance``) and hypervisor steal time
   (a fraction of those CPUs' time); on CUDA the parent also reads NVML just before each measurement
   (:func:`perfzoo.profiling.nvml.gpu_state`).
+
+and one from inside it: a window whose median iteration is more than ``1 + spread_tolerance`` times its
+fastest one ran slow for part of its length (the machine slowed down or sped up mid-window), so its median,
+the label, moved (:func:`spread_ratio`, on the iteration times of any device kind; not a trace column, as
+the trace keeps every iteration it is computed from).
 
 :class:`Policy` turns the evidence into an ``interference`` reason (empty when clean); the runner
 re-measures a disturbed config after a bounded wait and keeps the last attempt, flagged if it is still
@@ -66,6 +71,7 @@ class Policy:
     tolerance: float | None = None  # probe slower than its baseline by more than this fraction; None: recorded only
     load_tolerance: float = 0.25  # other processes used this many CPUs more than the worker leaves free
     steal_tolerance: float = 0.05  # steal time above this fraction of the worker's CPU time
+    spread_tolerance: float | None = None  # median above (1 + this) x the fastest iteration; None: not judged
     retries: int = 0  # re-measurements of a disturbed config
     wait_s: float = 0.0  # pause before each re-measurement
 
@@ -194,11 +200,27 @@ def probe_ratio(probes: Sequence[dict[str, float]], error: str,
     return max(max(p["gemm_ms"] / gemm, p["copy_ms"] / copy) for p in probes), ""
 
 
+def spread_ratio(times_ms: Sequence[float]) -> float:
+    """Median iteration time over the fastest one (NaN without iterations or with a fastest time <= 0)."""
+    fastest = min(times_ms, default=math.nan)
+    return statistics.median(times_ms) / fastest if fastest > 0 else math.nan
+
+
+def spread_reason(times_ms: Sequence[float], policy: Policy) -> str:
+    """'median 1.31x the fastest iteration' when the window's spread exceeds the policy's, else ''."""
+    ratio = spread_ratio(times_ms)
+    if policy.spread_tolerance is None or not ratio > 1 + policy.spread_tolerance:
+        return ""
+    return f"median {ratio:.2f}x the fastest iteration"
+
+
 def assess(measurement: dict[str, Any] | None, baseline: dict[str, Any] | None, policy: Policy,
            gpu_reasons: Sequence[str] = ()) -> Assessment:
     """The verdict on one outcome's measurement (a dict, as the worker sent it)."""
     info = ((measurement or {}).get("extra") or {}).get("interference")
     reasons = list(gpu_reasons)
+    if spread := spread_reason((measurement or {}).get("times_ms") or [], policy):
+        reasons.append(spread)
     if not info:
         return Assessment(math.nan, "no probe in this measurement", math.nan, math.nan, "; ".join(reasons))
     ratio, missing = probe_ratio(info.get("probes") or [], info.get("probe_error", ""), baseline)

@@ -266,18 +266,6 @@ class ShardResult:
     op_times: pd.DataFrame
 
 
-def profile_shard(
-    configs: pd.DataFrame, device: str, device_cfg: dict[str, Any], settings: dict[str, Any],
-    journal_path: Path, progress: bool = True, *, nvml_lib: Any | None = None,
-    cuda_backend: Any | None = None, hardware: dict[str, Any] | None = None,
-) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
-    """(traces, sensors, metadata) of :func:`profile_shard_with_ops`, the one shard runner (the profile rule's,
-    the tests' and the benchmarks'); kept for the callers that unpack these three tables."""
-    result = profile_shard_with_ops(configs, device, device_cfg, settings, journal_path, progress,
-                                    nvml_lib=nvml_lib, cuda_backend=cuda_backend, hardware=hardware)
-    return result.traces, result.sensors, result.meta
-
-
 def profile_shard_with_ops(
     configs: pd.DataFrame, device: str, device_cfg: dict[str, Any], settings: dict[str, Any],
     journal_path: Path, progress: bool = True, *, nvml_lib: Any | None = None,
