@@ -228,6 +228,41 @@ def test_verdict_names_each_reason_and_never_invents_a_ratio() -> None:
     assert math.isnan(none.probe_ratio) and none.probe_message and none.interference == ""
 
 
+def test_a_starved_worker_is_named_by_its_cpu_share_and_only_when_judged() -> None:
+    def with_share(share: float | None) -> dict:
+        m = measurement([{"gemm_ms": 1.0, "copy_ms": 2.0}])
+        if share is not None:
+            m["extra"]["interference"]["own_cpu_share"] = share
+        return m
+
+    baseline, policy = {"gemm_ms": 1.0, "copy_ms": 2.0}, Policy(cpu_share_tolerance=0.15)
+    assert assess(with_share(0.5), baseline, policy).interference == "the worker ran 0.50 of a CPU"
+    assert assess(with_share(0.97), baseline, policy).interference == ""
+    assert assess(with_share(None), baseline, policy).interference == ""  # a CUDA window: no share
+    assert assess(with_share(0.5), baseline, Policy()).interference == ""  # not judged by default
+
+
+def test_a_worker_sharing_its_cpu_with_busy_processes_is_flagged_by_its_share(config, tmp_path) -> None:
+    # one busy loop on every CPU: the one-thread worker gets about half a CPU; the load rule is out of reach
+    cpus = sorted(os.sched_getaffinity(0))
+    settings = {**SETTINGS, "threads": 1, "interference": {"load_tolerance": 1000.0, "cpu_share_tolerance": 0.15}}
+    configs = manifest_frame(expand_zoo(config)).head(1)
+    quiet = run_isolated("cpu", configs.iloc[0].to_dict(), settings)
+    quiet_share = quiet.measurement["extra"]["interference"]["own_cpu_share"]
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY, str(cpu)]) for cpu in cpus]
+    try:
+        time.sleep(0.3)
+        result = profile_shard_with_ops(configs, "cpu", {"kind": "cpu", "threads": 1}, settings,
+                                        tmp_path / "j.jsonl", progress=False)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    reason = result.traces["interference"].iloc[0]
+    assert reason.startswith("the worker ran ") and reason.endswith(" of a CPU"), (reason, quiet_share)
+    assert float(reason.split()[3]) < 0.85  # quiet_share: the same config alone (not asserted: a loaded machine)
+
+
 def test_spread_verdict_flags_a_window_with_a_slow_half_not_a_steady_one() -> None:
     policy = Policy(spread_tolerance=0.2)
     steady, slow_half = [10.0, 10.3, 9.9, 10.1, 10.2], [10.0, 10.1, 13.5, 13.2, 13.4]

@@ -10,8 +10,11 @@ look perfectly consistent, so its noise cannot reveal it):
   same code. A probe that fails, or a device without a baseline, leaves the ratio missing with a reason;
 * what the operating system says over the measurement: CPU time used on the worker's CPUs by other
   processes (per-CPU busy time minus the worker's own CPU time, in CPUs; it disturbs when it exceeds
-  the CPUs the worker leaves free, ``cpus - threads``, by ``load_tolerance``) and hypervisor steal time
-  (a fraction of those CPUs' time); on CUDA the parent also reads NVML just before each measurement
+  the CPUs the worker leaves free, ``cpus - threads``, by ``load_tolerance``), hypervisor steal time
+  (a fraction of those CPUs' time) and the worker's own CPU time per second of its window
+  (``own_cpu_share``: a compute-bound step keeps at least its main thread running, so less than
+  ``1 - cpu_share_tolerance`` of a CPU means another process held the worker's CPU, however little load
+  the per-CPU counters attribute to others; CPU devices only, as a CUDA worker waits for its GPU); on CUDA the parent also reads NVML just before each measurement
   (:func:`perfzoo.profiling.nvml.gpu_state`).
 
 and one from inside it: a window whose median iteration is more than ``1 + spread_tolerance`` times its
@@ -72,6 +75,7 @@ class Policy:
     load_tolerance: float = 0.25  # other processes used this many CPUs more than the worker leaves free
     steal_tolerance: float = 0.05  # steal time above this fraction of the worker's CPU time
     spread_tolerance: float | None = None  # median above (1 + this) x the fastest iteration; None: not judged
+    cpu_share_tolerance: float | None = None  # the worker ran less than (1 - this) of a CPU; None: not judged
     retries: int = 0  # re-measurements of a disturbed config
     wait_s: float = 0.0  # pause before each re-measurement
 
@@ -158,10 +162,11 @@ def cpu_window(before: CpuSnapshot, after: CpuSnapshot) -> dict[str, float]:
     wall = after.t_s - before.t_s
     if wall <= 0 or not after.cpus:
         return {"other_cpu_load": math.nan, "steal_frac": math.nan, "cpus": after.cpus, "window_s": wall}
-    others = (after.busy_s - before.busy_s) - (after.own_s - before.own_s)
+    own = after.own_s - before.own_s
+    others = (after.busy_s - before.busy_s) - own
     return {"other_cpu_load": max(others, 0.0) / wall,
             "steal_frac": (after.steal_s - before.steal_s) / (wall * after.cpus),
-            "cpus": after.cpus, "window_s": wall}
+            "own_cpu_share": own / wall, "cpus": after.cpus, "window_s": wall}
 
 
 def observe(kind: str, settings: dict[str, Any], measure: Callable[[], Measurement]) -> Measurement:
@@ -181,8 +186,11 @@ def observe(kind: str, settings: dict[str, Any], measure: Callable[[], Measureme
     result = measure()
     after = cpu_snapshot()
     probe()
+    window = cpu_window(before, after)
+    if kind != "cpu":
+        window.pop("own_cpu_share")  # a CUDA worker waits for its GPU: its CPU share says nothing
     result.extra["interference"] = {"probes": probes, "probe_error": "; ".join(errors), "threads": threads,
-                                    **cpu_window(before, after)}
+                                    **window}
     return result
 
 
@@ -233,6 +241,9 @@ def assess(measurement: dict[str, Any] | None, baseline: dict[str, Any] | None, 
         reasons.append(f"other processes used {load:.2f} of {cpus} CPUs")
     if steal > policy.steal_tolerance:
         reasons.append(f"steal time {steal:.0%}")
+    share = float(info.get("own_cpu_share", math.nan))
+    if policy.cpu_share_tolerance is not None and share < 1 - policy.cpu_share_tolerance:
+        reasons.append(f"the worker ran {share:.2f} of a CPU")
     return Assessment(ratio, missing, load, steal, "; ".join(reasons))
 
 
