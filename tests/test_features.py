@@ -146,7 +146,6 @@ def test_pool_strides_and_sequence_layers() -> None:
     assert feats["n_embedding"] == 1 and feats["input_bytes"] == b * seq * 8
 
 
-
 class _Recurrent(nn.Module):
     """A GRU over 20 time steps and a head: two child modules, hundreds of operators."""
 
@@ -163,6 +162,7 @@ def test_module_calls_count_calls_of_modules_not_the_operators_they_loop_over(mo
     feats, _ = featurise(_Recurrent, (20, 8), 2, mode)
     assert feats["n_module_calls"] == 3  # the model, its GRU and its head, in either mode
     assert feats["op_elementwise_count"] > 20 * feats["n_module_calls"]  # the GRU's gates, per time step
+
 
 # --------------------------------------------------------------------------- scaling laws
 

@@ -20,8 +20,10 @@ from fakes import FakeNvml
 from perfzoo.io import InputError
 from perfzoo.profiling import nvml, runner
 from perfzoo.profiling.interference import (
+    CpuSnapshot,
     Policy,
     assess,
+    cpu_window,
     drop_flagged_runs,
     flagged_per_device,
     probe_baseline,
@@ -240,6 +242,17 @@ def test_a_starved_worker_is_named_by_its_cpu_share_and_only_when_judged() -> No
     assert assess(with_share(0.97), baseline, policy).interference == ""
     assert assess(with_share(None), baseline, policy).interference == ""  # a CUDA window: no share
     assert assess(with_share(0.5), baseline, Policy()).interference == ""  # not judged by default
+
+
+def test_cpu_window_share_is_own_time_per_second_and_missing_without_a_window() -> None:
+    before = CpuSnapshot(t_s=10.0, busy_s=100.0, steal_s=0.0, own_s=50.0, cpus=2)
+    after = CpuSnapshot(t_s=12.0, busy_s=103.0, steal_s=0.0, own_s=51.0, cpus=2)
+    window = cpu_window(before, after)
+    assert window["own_cpu_share"] == pytest.approx(0.5) and window["other_cpu_load"] == pytest.approx(1.0)
+    assert "own_cpu_share" not in cpu_window(before, after, own_share=False)  # a CUDA worker's window
+    empty = cpu_window(before, before)
+    assert all(math.isnan(empty[k]) for k in ("other_cpu_load", "steal_frac", "own_cpu_share"))
+    assert "own_cpu_share" not in cpu_window(before, before, own_share=False)
 
 
 def test_a_worker_sharing_its_cpu_with_busy_processes_is_flagged_by_its_share(config, tmp_path) -> None:

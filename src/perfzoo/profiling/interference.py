@@ -14,8 +14,8 @@ look perfectly consistent, so its noise cannot reveal it):
   (a fraction of those CPUs' time) and the worker's own CPU time per second of its window
   (``own_cpu_share``: a compute-bound step keeps at least its main thread running, so less than
   ``1 - cpu_share_tolerance`` of a CPU means another process held the worker's CPU, however little load
-  the per-CPU counters attribute to others; CPU devices only, as a CUDA worker waits for its GPU); on CUDA the parent also reads NVML just before each measurement
-  (:func:`perfzoo.profiling.nvml.gpu_state`).
+  the per-CPU counters attribute to others; CPU devices only, as a CUDA worker waits for its GPU); on CUDA
+  the parent also reads NVML just before each measurement (:func:`perfzoo.profiling.nvml.gpu_state`).
 
 and one from inside it: a window whose median iteration is more than ``1 + spread_tolerance`` times its
 fastest one ran slow for part of its length (the machine slowed down or sped up mid-window), so its median,
@@ -157,16 +157,19 @@ def cpu_snapshot() -> CpuSnapshot:
                        own.user + own.system, len(mine))
 
 
-def cpu_window(before: CpuSnapshot, after: CpuSnapshot) -> dict[str, float]:
-    """Other processes' load (CPUs) and the steal fraction between two snapshots."""
+def cpu_window(before: CpuSnapshot, after: CpuSnapshot, own_share: bool = True) -> dict[str, float]:
+    """Other processes' load (CPUs), the steal fraction and, with ``own_share``, the worker's own CPU time per
+    second (``own_cpu_share``) between two snapshots; a window without length leaves them NaN."""
     wall = after.t_s - before.t_s
-    if wall <= 0 or not after.cpus:
-        return {"other_cpu_load": math.nan, "steal_frac": math.nan, "cpus": after.cpus, "window_s": wall}
     own = after.own_s - before.own_s
-    others = (after.busy_s - before.busy_s) - own
-    return {"other_cpu_load": max(others, 0.0) / wall,
-            "steal_frac": (after.steal_s - before.steal_s) / (wall * after.cpus),
-            "own_cpu_share": own / wall, "cpus": after.cpus, "window_s": wall}
+    window = {"other_cpu_load": math.nan, "steal_frac": math.nan, "own_cpu_share": math.nan, "cpus": after.cpus,
+              "window_s": wall}
+    if wall > 0 and after.cpus:
+        window.update(other_cpu_load=max((after.busy_s - before.busy_s) - own, 0.0) / wall,
+                      steal_frac=(after.steal_s - before.steal_s) / (wall * after.cpus), own_cpu_share=own / wall)
+    if not own_share:
+        del window["own_cpu_share"]
+    return window
 
 
 def observe(kind: str, settings: dict[str, Any], measure: Callable[[], Measurement]) -> Measurement:
@@ -186,9 +189,8 @@ def observe(kind: str, settings: dict[str, Any], measure: Callable[[], Measureme
     result = measure()
     after = cpu_snapshot()
     probe()
-    window = cpu_window(before, after)
-    if kind != "cpu":
-        window.pop("own_cpu_share")  # a CUDA worker waits for its GPU: its CPU share says nothing
+    # a CUDA worker waits for its GPU: its CPU share says nothing
+    window = cpu_window(before, after, own_share=kind == "cpu")
     result.extra["interference"] = {"probes": probes, "probe_error": "; ".join(errors), "threads": threads,
                                     **window}
     return result
