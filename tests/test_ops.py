@@ -15,6 +15,7 @@ from perfzoo.features.op_kinds import COSTED_KINDS, OP_COLUMNS, OP_ERROR_COLUMN,
 from perfzoo.features.ops import (
     MetaKernelCache,
     OpTraceError,
+    cached_bytes,
     op_aggregates,
     trace_step,
     traced_op_features,
@@ -73,10 +74,45 @@ def test_aggregates_sum_costed_kinds_and_leave_views_out():
     assert list(agg) == list(OP_FEATURES)
     costed = table[table["kind"] != "view"]
     assert sum(agg[f"op_{k}_count"] for k in COSTED_KINDS) == len(costed)
-    moved = costed["bytes_read"] + costed["bytes_written"]
+    moved = costed["bytes_read"] + costed["bytes_written"] - costed["bytes_cached"]
     assert sum(agg[f"op_{k}_bytes"] for k in COSTED_KINDS) == moved.sum()
+    assert 0 < costed["bytes_cached"].sum() <= costed["bytes_read"].sum()  # a tiny step: all in cache
     flops = agg["op_conv_flops"] + agg["op_conv_backward_flops"] + agg["op_matmul_flops"]
     assert flops == table["flops"].sum()
+
+
+class Recurrent(nn.Module):
+    """One weight applied at every time step, as a recurrent layer does."""
+
+    def __init__(self, steps: int = 5) -> None:
+        super().__init__()
+        self.cell, self.steps = nn.Linear(64, 64, bias=False), steps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.steps):
+            x = self.cell(x)
+        return x
+
+
+def test_a_weight_read_at_every_time_step_is_read_from_cache():
+    table = trace_step(*on_meta(Recurrent, (64,)), "inference", REGISTRY, "rnn")
+    products = table[table["kind"] == "matmul"]
+    weight = 64 * 64 * 4
+    assert len(products) == 5 and (products["bytes_read"] == weight + 2 * 64 * 4).all()
+    assert (products["bytes_cached"] == products["bytes_read"]).all()  # steady state: all in cache
+    small = trace_step(*on_meta(Recurrent, (64,)), "inference", REGISTRY, "rnn", cache_bytes=weight - 1)
+    assert (small.loc[small["kind"] == "matmul", "bytes_cached"] == 2 * 64 * 4).all()  # the weight never fits
+
+
+def test_cache_is_least_recently_used_over_whole_storages():
+    def op(*reads, writes=()):
+        return {"_accesses": (tuple(reads), tuple(writes))}
+
+    a, b, c = (1, 40, 40), (2, 40, 40), (3, 40, 80)  # (storage, bytes read, storage bytes)
+    rows = [op(a), op(b), op(a), op(c, writes=[(4, 8, 8)])]
+    assert cached_bytes(rows, capacity=100).tolist() == [0, 0, 40, 0]  # c evicts a and b, a evicts c
+    assert cached_bytes(rows, capacity=1000).tolist() == [40, 40, 40, 40]  # warm: every storage stays
+    assert cached_bytes([op((5, 10, 10)), op((5, 10, 20))], capacity=1000).tolist() == [0, 0]  # new storage
 
 
 class DataDependent(nn.Module):

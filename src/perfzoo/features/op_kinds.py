@@ -24,7 +24,7 @@ OP_FEATURES = tuple(OP_FEATURE_KINDS)
 OP_ERROR_COLUMN = "op_trace_error"
 OP_COLUMNS = [
     "model_id", "mode", "batch", "op_idx", "op", "kind", "phase", "in_shapes", "out_shapes", "dtype",
-    "flops", "bytes_read", "bytes_written", "intensity",
+    "flops", "bytes_read", "bytes_written", "bytes_cached", "intensity",
 ]  # fmt: skip
 PHASES = ("forward", "backward", "optimizer")
 OP_TIME_PREFIX = "optime_"

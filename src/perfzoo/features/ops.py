@@ -29,10 +29,15 @@ bytes_read, bytes_written
     Sum of the bytes of the input tensors and of the output tensors of the call (an in-place operator
     reads and writes its first argument). ``intensity = flops / (bytes_read + bytes_written)``, NaN for an
     operator that moves no bytes.
+bytes_cached
+    The part of ``bytes_read`` still in a cache of :data:`CACHE_BYTES` when the operator reads it, in the
+    steady state of a loop over the step (:func:`cached_bytes`): a recurrent layer's weights, read at every
+    time step, or an activation read right after it was written.
 
 Model level
 -----------
-:func:`op_aggregates` sums, per kind of :data:`COSTED_KINDS`, bytes and calls into ``op_<kind>_bytes`` and
+:func:`op_aggregates` sums, per kind of :data:`COSTED_KINDS`, the bytes moved to and from memory
+(``bytes_read + bytes_written - bytes_cached``) and calls into ``op_<kind>_bytes`` and
 ``op_<kind>_count``, and FLOPs into ``op_<kind>_flops`` for the kinds that have FLOP formulas
 (:data:`FLOP_KINDS`; for the others it would always be 0) (:data:`OP_FEATURES`).
 
@@ -46,8 +51,12 @@ reason in ``op_trace_error``, never zeros.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
 import json
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -249,6 +258,99 @@ def _metadata(out: Any) -> tuple:
                   for v in leaves]
 
 
+_ACCESSES = "_accesses"
+"""Key of a recorded row's memory accesses (:func:`_accesses` of its inputs and of its outputs); not a column."""
+CACHE_BYTES = 16 * 2**20
+"""Capacity of the cache the trace's reuse is judged against (``bytes_cached``): 16 MiB, chosen among 2, 4, 8, 16
+and 32 MiB by the lowest MAPE of ``composed`` on the selection splits of two default runs (``bench/RESULTS.md``,
+"Bytes read from cache"; 8 MiB was 0.01 points behind); it lies between the default CPU's L2 (1 MiB a core) and
+its shared L3 (32 MiB). One value for every device: the operator trace does not depend on the device."""
+
+
+class _Storages:
+    """A serial number for each storage the trace sees, so that the cache simulation depends on the step alone:
+    a storage freed and another allocated at its address get different numbers, whatever the allocator does."""
+
+    def __init__(self) -> None:
+        self.serials: dict[int, int] = {}
+        self.count = itertools.count()
+
+    def accesses(self, tensors: list[torch.Tensor]) -> tuple[tuple[int, int, int], ...]:
+        """(serial, bytes of the tensor, bytes of its storage) of each tensor an operator reads or writes."""
+        return tuple((self.serial(t), t.numel() * t.element_size(), self._storage(t)[1]) for t in tensors)
+
+    def serial(self, t: torch.Tensor, alias: int | None = None) -> int:
+        """The storage's serial number; a storage seen for the first time takes ``alias`` when given."""
+        key, _ = self._storage(t)
+        serial = self.serials.get(key)
+        if serial is None:
+            serial = self.serials[key] = next(self.count) if alias is None else alias
+            with contextlib.suppress(RuntimeError, NotImplementedError, TypeError):
+                weakref.finalize(t.untyped_storage(), self.serials.pop, key, None)
+        return serial
+
+    def fresh(self) -> int:
+        return next(self.count)
+
+    @staticmethod
+    def _storage(t: torch.Tensor) -> tuple[int, int]:
+        """(key, bytes) of the storage under ``t``: views share it; a tensor without one is its own."""
+        try:
+            storage = t.untyped_storage()
+            return storage._cdata, storage.nbytes()
+        except (RuntimeError, NotImplementedError):
+            return id(t), t.numel() * t.element_size()
+
+
+def _remapped(row: dict[str, Any], serials: dict[int, int], fresh: Callable[[], int]) -> dict[str, Any]:
+    """A recorded row again, its storages renamed by ``serials`` (a storage not in it gets a fresh number, added
+    to it): the rows of a decomposition replayed on other tensors."""
+    accesses = tuple(tuple((serials[s] if s in serials else serials.setdefault(s, fresh()), n, b)
+                           for s, n, b in group) for group in row.get(_ACCESSES, ()))
+    return {**row, _ACCESSES: accesses}
+
+
+def cached_bytes(rows: list[dict[str, Any]], capacity: int = CACHE_BYTES) -> np.ndarray:
+    """Per operator, the bytes it reads that are still in a least-recently-used cache of ``capacity`` bytes
+    of whole storages, in the steady state of a loop over the step (the step replayed once to warm the cache,
+    then counted): a weight read at every time step of a recurrent layer, or an activation read right after
+    it was written, is read from cache. Outputs are allocated in the cache as they are written; a storage
+    larger than the cache never stays in it."""
+    cache: OrderedDict[int, int] = OrderedDict()
+    held = 0
+    counted = np.zeros(len(rows), dtype=np.int64)
+    for counting in (False, True):
+        for i, row in enumerate(rows):
+            accesses = row.get(_ACCESSES, ())
+            for is_output, group in enumerate(accesses):
+                for key, nbytes, storage_bytes in group:
+                    hit = cache.get(key) == storage_bytes
+                    if hit:
+                        cache.move_to_end(key)
+                        if counting and not is_output:
+                            counted[i] += nbytes
+                        continue
+                    held -= cache.pop(key, 0)
+                    if storage_bytes > capacity:
+                        continue
+                    cache[key] = storage_bytes
+                    held += storage_bytes
+                    while held > capacity:
+                        held -= cache.popitem(last=False)[1]
+    return counted
+
+
+@dataclass(frozen=True)
+class _Decomposed:
+    """What a decomposition recorded: its rows and FLOPs, and the storage serials of the call's inputs and of
+    the decomposition's outputs."""
+
+    rows: list[dict[str, Any]]
+    flops: int
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+
+
 class OpRecorder(TorchDispatchMode):
     """Dispatch mode that runs every aten operator and records one row per call (and the FLOPs of all)."""
 
@@ -266,9 +368,10 @@ class OpRecorder(TorchDispatchMode):
         self.kernel: Callable[[Any, tuple, dict], Any] = _run_kernel
         """Runs an operator's kernel: plainly, or through a :class:`MetaKernelCache`."""
         self.decomposable: dict[Any, bool] = {}
-        self.decompositions: dict[tuple, tuple[list[dict[str, Any]], int]] = {}
-        """Rows and FLOPs a decomposition recorded, by phase and argument metadata (:meth:`run` with
-        ``keep_kernel`` replays them instead of decomposing again)."""
+        self.decompositions: dict[tuple, _Decomposed] = {}
+        """What a decomposition recorded, by phase and argument metadata (:meth:`run` with ``keep_kernel``
+        replays it instead of decomposing again)."""
+        self.storages = _Storages()
         self.failure: OpTraceError | None = None
         """The operator :meth:`run` with ``keep_kernel`` could not follow (the trace stopped there and the
         step ran on untraced)."""
@@ -306,18 +409,21 @@ class OpRecorder(TorchDispatchMode):
             key = _metadata_key(func, args, kwargs) if keep_kernel else None
             recorded = self.decompositions.get((self.phase, key)) if key is not None else None
             if recorded is not None:  # the same decomposition on the same metadata: the same records
-                self.rows.extend(dict(row) for row in recorded[0])
-                self.total_flops += recorded[1]
-                return self.kernel(func, args, kwargs)
+                return self._replay(recorded, func, args, kwargs)
             rows, flops = len(self.rows), self.total_flops
+            inputs = self._serials(tensors_in((args, kwargs)))
             with self:
                 out = func.decompose(*args, **kwargs)
             if out is not NotImplemented and not keep_kernel:
                 return out
             if out is not NotImplemented:
+                decomposed = self._serials(tensors_in(out))
                 out = self._kernel_output(func, args, kwargs, out)
+                for tensor, serial in zip(tensors_in(out), decomposed, strict=False):  # it stands for them
+                    self.storages.serial(tensor, alias=serial)
                 if key is not None and not self.differs and self.failure is None:
-                    self.decompositions[(self.phase, key)] = (self.rows[rows:], self.total_flops - flops)
+                    self.decompositions[(self.phase, key)] = _Decomposed(
+                        self.rows[rows:], self.total_flops - flops, inputs, decomposed)
                 return out
         elif formula and keep_kernel and self._decomposable(func):
             self.differs = f"FlopCounterMode decomposes {func}, which has a FLOP formula"
@@ -330,6 +436,19 @@ class OpRecorder(TorchDispatchMode):
             raise OpTraceError(f"model {self.model_id}: {func} cannot run on the meta device: {one_line(exc)}"
                                ) from None
         self._record(func, args, kwargs, out)
+        return out
+
+    def _serials(self, tensors: list[torch.Tensor]) -> tuple[int, ...]:
+        return tuple(self.storages.serial(t) for t in tensors) if self.record_rows else ()
+
+    def _replay(self, recorded: _Decomposed, func: Any, args: tuple, kwargs: dict) -> Any:
+        """The kernel's output, after the rows of a decomposition recorded on the same metadata, their storages
+        renamed: the recorded inputs and outputs to this call's, the intermediates to new ones."""
+        serials = dict(zip(recorded.inputs, self._serials(tensors_in((args, kwargs))), strict=False))
+        out = self.kernel(func, args, kwargs)
+        serials.update(zip(recorded.outputs, self._serials(tensors_in(out)), strict=False))
+        self.rows.extend(_remapped(row, serials, self.storages.fresh) for row in recorded.rows)
+        self.total_flops += recorded.flops
         return out
 
     def _decomposable(self, func: Any) -> bool:
@@ -361,6 +480,7 @@ class OpRecorder(TorchDispatchMode):
             "phase": self.phase, "in_shapes": _shapes(inputs), "out_shapes": _shapes(outputs),
             "dtype": str(outputs[0].dtype).removeprefix("torch.") if outputs else "",
             "flops": flops, "bytes_read": read, "bytes_written": written,
+            _ACCESSES: () if free else (self.storages.accesses(inputs), self.storages.accesses(outputs)),
         })  # fmt: skip
 
     def features(self, mode: str, batch: int) -> tuple[dict[str, Any], pd.DataFrame | None]:
@@ -556,11 +676,12 @@ def _training_step(
 
 
 def trace_step(model: nn.Module, x: torch.Tensor, mode: str, flop_registry: dict[Any, Callable[..., int]],
-               model_id: str = "", optimizer: str = "sgd") -> pd.DataFrame:
+               model_id: str = "", optimizer: str = "sgd", cache_bytes: int = CACHE_BYTES) -> pd.DataFrame:
     """Per-operator table (:data:`OP_COLUMNS`) of one step of ``model`` (on the meta device) on input ``x``.
 
-    ``flop_registry`` maps operator packets to FLOP formulas (``FlopCounterMode(...).flop_registry``). Raises
-    :class:`OpTraceError` naming the model and operator when an operator cannot be followed.
+    ``flop_registry`` maps operator packets to FLOP formulas (``FlopCounterMode(...).flop_registry``);
+    ``cache_bytes`` is the capacity behind ``bytes_cached``. Raises :class:`OpTraceError` naming the model and
+    operator when an operator cannot be followed.
     """
     if optimizer not in OPTIMIZERS:
         raise InputError(f"model {model_id}: unknown optimizer {optimizer!r} (expected one of {OPTIMIZERS})")
@@ -579,16 +700,18 @@ def trace_step(model: nn.Module, x: torch.Tensor, mode: str, flop_registry: dict
     except Exception as exc:  # noqa: BLE001 - a failure between operators names the last one that ran
         raise OpTraceError(f"model {model_id}: {mode} step failed on the meta device after "
                            f"{recorder.last_op or 'no operator'}: {one_line(exc)}") from None
-    return _op_table(recorder.rows, model_id, mode, int(x.shape[0]))
+    return _op_table(recorder.rows, model_id, mode, int(x.shape[0]), cache_bytes)
 
 
-def _op_table(rows: list[dict[str, Any]], model_id: str, mode: str, batch: int) -> pd.DataFrame:
+def _op_table(rows: list[dict[str, Any]], model_id: str, mode: str, batch: int,
+              cache_bytes: int = CACHE_BYTES) -> pd.DataFrame:
     table = pd.DataFrame.from_records(rows, columns=OP_COLUMNS[4:13])
+    table["bytes_cached"] = cached_bytes(rows, cache_bytes)
     table.insert(0, "op_idx", np.arange(len(table), dtype=np.int64))
     table.insert(0, "batch", batch)
     table.insert(0, "mode", mode)
     table.insert(0, "model_id", model_id)
-    table = table.astype({"flops": "int64", "bytes_read": "int64", "bytes_written": "int64"})
+    table = table.astype({"flops": "int64", "bytes_read": "int64", "bytes_written": "int64", "bytes_cached": "int64"})
     moved = (table["bytes_read"] + table["bytes_written"]).to_numpy(dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         table["intensity"] = np.where(moved > 0, table["flops"].to_numpy(dtype=float) / moved, np.nan)
@@ -601,9 +724,10 @@ def op_table(tables: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 def op_aggregates(table: pd.DataFrame) -> dict[str, float]:
-    """Model-level ``op_<kind>_flops/bytes/count`` (:data:`OP_FEATURES`) of a per-operator table."""
+    """Model-level ``op_<kind>_flops/bytes/count`` (:data:`OP_FEATURES`) of a per-operator table; the bytes
+    are those moved to and from memory, ``bytes_read + bytes_written - bytes_cached``."""
     costed = table[table["kind"] != FREE_KIND]
-    moved = costed["bytes_read"] + costed["bytes_written"]
+    moved = costed["bytes_read"] + costed["bytes_written"] - costed["bytes_cached"]
     by_kind = pd.DataFrame({"kind": costed["kind"], "flops": costed["flops"], "bytes": moved}).groupby("kind")
     sums, counts = by_kind.sum(), by_kind.size()
     uncounted = sorted(k for k, flops in sums["flops"].items() if flops and k not in FLOP_KINDS)

@@ -9,7 +9,9 @@ that have FLOP formulas, :data:`perfzoo.features.ops.FLOP_KINDS`)
 with every coefficient non-negative (``scipy.optimize.nnls`` on a column-scaled design): an operator never
 makes a step faster, and the model stays additive in linear space, so it composes over any model's trace and
 extrapolates in batch (FLOPs and bytes grow with batch, the per-call cost and the overhead do not). ``α_k``
-is a time per FLOP, ``β_k`` per byte moved, ``γ_k`` per call (launch and dispatch cost).
+is a time per FLOP, ``β_k`` per byte moved to or from memory (the bytes an operator reads from cache are left
+out, :data:`perfzoo.features.ops.CACHE_BYTES`: a recurrent layer's weights, read at every time step, are
+not priced at memory bandwidth each time), ``γ_k`` per call (launch and dispatch cost).
 
 Weighting
 ---------
