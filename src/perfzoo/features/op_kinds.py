@@ -5,15 +5,15 @@ fitting, regressors, prediction) and must not pay for importing torch."""
 from __future__ import annotations
 
 OP_KINDS = (
-    "matmul", "attention", "conv", "conv_backward", "conv_grouped", "conv_grouped_backward", "norm", "pool",
-    "softmax", "reduction", "elementwise", "embedding", "copy", "optimizer", "other", "view",
+    "matmul", "attention", "conv", "conv_backward", "conv_grouped", "conv_grouped_backward", "recurrent", "norm",
+    "pool", "softmax", "reduction", "elementwise", "embedding", "copy", "optimizer", "other", "view",
 )  # fmt: skip
 FREE_KIND = "view"
 GROUPED_KINDS = {"conv": "conv_grouped", "conv_backward": "conv_grouped_backward"}
 """The kind of a convolution with ``groups > 1`` (depthwise and grouped), per kind of the plain one."""
 COSTED_KINDS = tuple(k for k in OP_KINDS if k != FREE_KIND)
 FLOP_KINDS = (
-    "matmul", "attention", "conv", "conv_backward", "conv_grouped", "conv_grouped_backward", "other",
+    "matmul", "attention", "conv", "conv_backward", "conv_grouped", "conv_grouped_backward", "recurrent", "other",
 )  # fmt: skip
 """Kinds whose operators have FLOP formulas (FlopCounterMode counts matmuls, convolutions and attention)."""
 OP_STATS = ("flops", "bytes", "count")

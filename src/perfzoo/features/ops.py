@@ -69,7 +69,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_leaves
 
-from perfzoo.features.attention import cpu_attention
+from perfzoo.features.recurrent import cpu_kernels
 from perfzoo.features.op_kinds import (
     FLOP_KINDS,
     FREE_KIND,
@@ -96,6 +96,7 @@ _KIND_NAMES: dict[str, frozenset[str]] = {
     }),
     "conv": frozenset({"convolution", "_convolution", "mkldnn_convolution", "conv2d", "conv1d", "conv3d"}),
     "conv_backward": frozenset({"convolution_backward"}),
+    "recurrent": frozenset({"mkldnn_rnn_layer", "mkldnn_rnn_layer_backward"}),
     "norm": frozenset({
         "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
         "_native_batch_norm_legit_functional", "native_batch_norm_backward", "native_layer_norm",
@@ -687,7 +688,7 @@ def trace_step(model: nn.Module, x: torch.Tensor, mode: str, flop_registry: dict
         raise InputError(f"model {model_id}: unknown optimizer {optimizer!r} (expected one of {OPTIMIZERS})")
     recorder = OpRecorder(model_id, flop_registry)
     try:
-        with cpu_attention():
+        with cpu_kernels():
             if mode == "inference":
                 model.eval()
                 with torch.no_grad(), recorder.in_phase("forward"):
