@@ -35,6 +35,10 @@ def test_labels_are_medians_of_raw_iterations() -> None:
     assert floor.loc["peak_mem_mb", "noise_mape"] == pytest.approx(1.0)
     counts = status_counts(runs).set_index("status")["configs"].to_dict()
     assert counts == {"ok": 1, "oom": 1}
+    assert "memory_reference_mb" not in runs  # traces written before the reference was measured per shard
+    with_reference = aggregate_runs(traces.assign(memory_reference_mb=[95.0] * 5 + [80.0] * 3 + [math.nan]))
+    assert with_reference.set_index(["config_id", "repeat"])["memory_reference_mb"].to_dict() == pytest.approx(
+        {("a", 0): 95.0, ("a", 1): 80.0, ("b", 0): math.nan}, nan_ok=True)
 
 
 def test_truncated_trace_file_is_named(tmp_path) -> None:

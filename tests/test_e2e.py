@@ -81,6 +81,7 @@ def test_every_registry_output_exists_and_is_group_readable(run) -> None:
     first_screen = index[: index.index('id="contents"')]
     assert "no model configured under <code>predict:</code>" in first_screen  # this config predicts nothing
     assert "best MAPE" in first_screen and "1 of 6 profiled configs failed" in first_screen
+    assert "memory reference on cpu: " in first_screen and "(hardware rule: " in first_screen
 
 
 def test_failed_model_is_counted_and_the_rest_measured(run) -> None:
@@ -105,6 +106,8 @@ def test_reported_numbers_recomputed_from_raw_traces(run) -> None:
     config_id = manifest[(manifest["model_id"] == row["model_id"]) & (manifest["mode"] == row["mode"])
                          & (manifest["batch"] == row["batch"])]["config_id"].item()
     assert row["latency_ms"] == pytest.approx(medians.loc[config_id, 0])
+    measured_with = raw.loc[(raw["config_id"] == config_id) & (raw["repeat"] == 0), "memory_reference_mb"].iloc[0]
+    assert row["memory_reference_mb"] == measured_with > 0 and row["memory_reference_hardware_mb"] > 0
     assert np.isnan(row["energy_j"]) and "no energy sensor" in row["energy_missing_reason"]
 
 

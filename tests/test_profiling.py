@@ -78,6 +78,9 @@ def test_shard_goes_on_after_a_failure_and_resumes_from_journal(config, tmp_path
     assert set(failed["model_id"]) == set(configs.loc[configs["builder"] == "python", "model_id"])
     assert (traces["status"] == "ok").sum() > len(configs)  # the other configs were measured
     assert traces.groupby(["config_id", "repeat"]).ngroups == n_tasks
+    reference = meta["memory_reference"]  # measured before the shard's tasks, carried by each of their rows
+    assert reference["config"] == "resnet18@64px inference b1" and reference["peak_mem_mb"] > 0
+    assert (traces["memory_reference_mb"] == reference["peak_mem_mb"]).all()
 
     # a job killed after two tasks: keep the header and two entries, plus a torn line being written
     lines = journal.read_text().splitlines()
@@ -94,6 +97,11 @@ def test_shard_goes_on_after_a_failure_and_resumes_from_journal(config, tmp_path
     again = resumed.assign(key=resumed["config_id"] + "/" + resumed["repeat"].astype(str))
     pd.testing.assert_frame_equal(first[first["key"].isin(kept)].reset_index(drop=True),
                                   again[again["key"].isin(kept)].reset_index(drop=True))
+    measured_now = again[~again["key"].isin(kept)]  # the rest: with the reference of the second run
+    assert (measured_now["memory_reference_mb"] == meta2["memory_reference"]["peak_mem_mb"]).all()
+    done = profile_shard_with_ops(configs, "cpu", {"kind": "cpu"}, settings, journal, progress=False)
+    assert done.meta["tasks_measured_now"] == 0 and "nothing measured" in done.meta["memory_reference"]["missing"]
+    pd.testing.assert_frame_equal(done.traces, resumed)  # every row keeps the reference it was measured with
 
 
 def test_journal_of_other_settings_is_set_aside(tmp_path) -> None:

@@ -208,3 +208,18 @@ def test_first_screen_counts_flagged_configs_and_warns_about_a_high_noise_floor(
     assert "peak memory noise floor" not in line
     quiet = health_line(statuses.drop(columns="flagged"), noise.assign(noise_mape=[4.0, 0.4]), [], 0)
     assert "interference flags not computed" in quiet and "warning:" not in quiet
+
+
+def test_first_screen_warns_when_the_memory_reference_moved_between_shards_or_since_the_hardware_rule() -> None:
+    statuses = pd.DataFrame({"device": ["cpu"], "status": ["ok"], "configs": [3]})
+    noise = pd.DataFrame({"device": ["cpu"], "target": ["latency_ms"], "pairs": [2], "noise_mape": [3.0]})
+    rows = pd.DataFrame({"device": ["cpu", "cpu", "cpu", "gpu"], "memory_reference_mb": [95.0, 95.5, 95.2, None],
+                         "memory_reference_hardware_mb": [95.1, 95.1, 95.1, None]})
+    steady = health_line(statuses, noise, [], 0, rows)
+    assert "memory reference on cpu: 95.0-95.5 MB over 3 rows (hardware rule: 95.1 MB)" in steady
+    assert "warning:" not in steady and "on gpu" not in steady  # a CUDA device has none: nothing said
+    shifted = health_line(statuses, noise, [], 0, rows.assign(memory_reference_mb=[95.0, 66.0, 95.2, None]))
+    assert "warning: memory reference on cpu: 66.0-95.2 MB over 3 rows (hardware rule: 95.1 MB), 44 % apart" in shifted
+    since = health_line(statuses, noise, [], 0, rows.assign(memory_reference_hardware_mb=[80.0] * 4))
+    assert "warning: memory reference on cpu" in since  # the run's shards agree, the hardware rule's differs
+    assert "memory reference" not in health_line(statuses, noise, [], 0, rows.drop(columns="memory_reference_mb"))

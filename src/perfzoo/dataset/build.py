@@ -84,8 +84,16 @@ def aggregate_runs(traces: pd.DataFrame) -> pd.DataFrame:
                        n_iters=len(times), stop_reason=first["stop_reason"], peak_mem_mb=first["peak_mem_mb"],
                        throughput=first["batch"] / med * 1000)
             row.update({c: first[c] for c in RUN_ENERGY_COLUMNS if c in g.columns})
+            if MEMORY_REFERENCE in g.columns:
+                row[MEMORY_REFERENCE] = float(first[MEMORY_REFERENCE])
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+MEMORY_REFERENCE = "memory_reference_mb"
+"""The reference step's peak memory when the row's config was measured (:mod:`perfzoo.profiling.reference`):
+not a feature; the report compares it across a device's rows and with the hardware record
+(``memory_reference_hardware_mb``)."""
 
 
 def noise_floor(runs: pd.DataFrame) -> pd.DataFrame:
@@ -228,6 +236,9 @@ def build_dataset(
             .merge(hw, on="device", how="left"))
     if "power_limit_w" in key:
         data["hw_power_limit_w"] = data["power_limit_w"].astype("float64")
+    if MEMORY_REFERENCE in data.columns:
+        recorded = {d: (h.get("memory_reference") or {}).get("peak_mem_mb", math.nan) for d, h in hardware.items()}
+        data["memory_reference_hardware_mb"] = data["device"].map(recorded).astype("float64")
     if len(data) and data.duplicated(key).any():
         dup = data.loc[data.duplicated(key, keep=False), key].head(3).to_dict("records")
         raise InputError(f"dataset rows are not unique per {key}, e.g. {dup} (traces measured twice?)")

@@ -260,7 +260,8 @@ def _metadata(out: Any) -> tuple:
 
 
 _ACCESSES = "_accesses"
-"""Key of a recorded row's memory accesses (:func:`_accesses` of its inputs and of its outputs); not a column."""
+"""Key of a recorded row's memory accesses (:meth:`_Storages.accesses` of its inputs and of its outputs); not a
+column."""
 CACHE_BYTES = 16 * 2**20
 """Capacity of the cache the trace's reuse is judged against (``bytes_cached``): 16 MiB, chosen among 2, 4, 8, 16
 and 32 MiB by the lowest MAPE of ``composed`` on the selection splits of two default runs (``bench/RESULTS.md``,

@@ -49,14 +49,16 @@ PROBE_COPY_MB = 8
 PROBE_REPEATS = 5
 BASELINE_RUNS = 15
 INTERFERENCE_TRACE_COLUMNS = ["probe_ratio", "probe_message", "other_cpu_load", "steal_frac", "interference",
-                              "attempts"]
+                              "attempts", "memory_reference_mb"]
 """Per-config interference columns written after the energy columns of every trace.
 
 ``probe_ratio``: probe time over the device's baseline (NaN, with ``probe_message`` saying why, when it
 could not be computed); ``other_cpu_load``: CPUs' worth of time other processes used on the worker's CPUs
 during the measurement; ``steal_frac``: hypervisor steal time as a fraction of those CPUs' time;
 ``interference``: '' when clean, else the reasons; ``attempts``: measurements made of the config (more
-than one when a disturbed one was re-measured)."""
+than one when a disturbed one was re-measured); ``memory_reference_mb``: the peak memory of the fixed
+reference step (:mod:`perfzoo.profiling.reference`) measured when the shard started measuring (NaN on CUDA
+or when it failed), so that labels measured in different states of the machine can be told apart."""
 
 
 @dataclass(frozen=True)

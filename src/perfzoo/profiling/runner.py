@@ -26,6 +26,7 @@ from perfzoo.profiling.interference import INTERFERENCE_TRACE_COLUMNS, Assessmen
 from perfzoo.profiling.layers import LAYER_TIMING_COLUMNS, failed_layer_row
 from perfzoo.profiling.microbench import check_device
 from perfzoo.profiling.op_timing import CUDA_REASON, OP_TIME_COLUMNS, OP_TIMING_COLUMNS
+from perfzoo.profiling.reference import memory_reference
 from perfzoo.profiling.worker import Outcome, run_isolated
 from perfzoo.models.zoo import stable_id
 
@@ -163,7 +164,8 @@ def outcome_rows(task: Task, outcome: dict[str, Any]) -> Iterator[dict[str, Any]
             "repeat": task.repeat, "status": outcome["status"], "message": outcome["message"],
             "power_limit_w": task.power_limit_w if swept else math.nan, "power_limit_swept": swept,
             **(outcome.get("assessment") or NOT_ASSESSED.as_dict()),
-            "attempts": len(outcome.get("attempts") or [1])}
+            "attempts": len(outcome.get("attempts") or [1]),
+            "memory_reference_mb": outcome.get("memory_reference_mb", math.nan)}
     m = outcome.get("measurement")
     if outcome["status"] != "ok" or not m:
         yield {**base, "iter": 0, "time_ms": float("nan")}
@@ -189,7 +191,7 @@ def traces_frame(tasks: list[Task], done: dict[str, dict[str, Any]]) -> pd.DataF
                       "peak_mem_mb": "float64", "n_warmup": "float64", "threads": "float64",
                       **{c: "float64" for c in _FLOAT_ENERGY_COLUMNS},
                       "probe_ratio": "float64", "other_cpu_load": "float64", "steal_frac": "float64",
-                      "attempts": "int64"})
+                      "attempts": "int64", "memory_reference_mb": "float64"})
 
 
 def sensors_frame(tasks: list[Task], done: dict[str, dict[str, Any]]) -> pd.DataFrame:
@@ -228,6 +230,8 @@ class Measurer:
     baseline: dict[str, Any] | None = None
     before_task: Callable[[Task], dict[str, Any]] | None = None
     still_disturbed: int = 0  # configs in a row that stayed disturbed after their retries
+    memory_reference_mb: float = math.nan
+    """The reference step's peak memory measured before this shard's tasks (journalled with each entry)."""
 
     def entry(self, task: Task) -> dict[str, Any]:
         """The journal entry of ``task``: re-measured after ``wait_s`` while disturbed, up to ``retries``
@@ -252,7 +256,7 @@ class Measurer:
         if outcome.status == "ok":
             self.still_disturbed = self.still_disturbed + 1 if verdict.interference else 0
         return {"key": task.key, **_outcome_dict(outcome), **extra, "assessment": verdict.as_dict(),
-                "attempts": attempts}
+                "attempts": attempts, "memory_reference_mb": self.memory_reference_mb}
 
 
 @dataclass
@@ -299,9 +303,12 @@ def profile_shard_with_ops(
         journal = Journal(journal_path, fingerprint(device, settings, configs))
         done = journal.load()
         resumed = sum(1 for t in tasks if t.key in done)
-        todo = _run_tasks(tasks, done, journal, Measurer(kind, settings, baseline),
-                          f"profile {device}/{shard}", progress)
-        extra_meta: dict[str, Any] = {}
+        reference = (memory_reference(kind, int(settings.get("threads") or 1)) if resumed < len(tasks)
+                     else {"missing": "nothing measured in this run of the shard"})
+        measurer = Measurer(kind, settings, baseline,
+                            memory_reference_mb=float(reference.get("peak_mem_mb", math.nan)))
+        todo = _run_tasks(tasks, done, journal, measurer, f"profile {device}/{shard}", progress)
+        extra_meta: dict[str, Any] = {"memory_reference": reference}
     else:
         tasks, done, resumed, todo, extra_meta = _profile_cuda(
             configs, device, device_cfg, settings, journal_path, identity, progress, nvml_lib, shard,

@@ -65,7 +65,7 @@ def build_report(
     out_dir = workdir / "results/report"
     write_text(out_dir / "provenance.json", json.dumps(prov, indent=2, sort_keys=True) + "\n")
     records = [{"name": Path(p).stem, **read_json(p)} for p in sorted(record_paths)]
-    write_text(out_dir / "index.html", render_index(workdir, tables, records, notes, prov))
+    write_text(out_dir / "index.html", render_index(workdir, tables, records, notes, prov, data))
 
 
 def report_provenance(inputs: Any, config_subset: dict[str, Any]) -> dict[str, Any]:

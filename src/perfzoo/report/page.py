@@ -33,6 +33,11 @@ COVERAGE_COLUMNS = ("coverage90", "interval_coverage", "coverage")
 SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 NEAR_NOISE = 1.5  # best MAPE within 1.5x the noise floor counts as "at the noise floor"
 NOISE_WARNING_PCT = 10.0  # a noise floor above this many percent is warned about on the first screen
+MEMORY_REFERENCE_WARNING = 0.05
+"""Relative spread of a device's memory reference (over its rows' shards and its hardware record) above which
+the first screen warns: repeats of the reference within one state of the machine agree within 1 %; two states
+of one VM differed by 10-35 % (``bench/RESULTS.md``, "Peak-memory labels of the same configs, 90 minutes
+apart")."""
 
 
 def fmt(value: Any, unit: str = "") -> str:
@@ -194,9 +199,10 @@ def _target_line(metrics: pd.DataFrame, row: pd.Series, noise: float) -> str:
             f"{_baseline_text(metrics, row)}; {_coverage_text(metrics, row)}{_hardest_text(metrics, row['target'])}.")
 
 
-def health_line(statuses: pd.DataFrame, noise: pd.DataFrame, notes: list[str], n_warnings: int) -> str:
-    """Failed and interference-flagged configs, a warning for a noisy measurement, notes and prediction
-    warnings, in one sentence."""
+def health_line(statuses: pd.DataFrame, noise: pd.DataFrame, notes: list[str], n_warnings: int,
+                data: pd.DataFrame | None = None) -> str:
+    """Failed and interference-flagged configs, a warning for a noisy measurement, the memory reference of
+    each device (a warning when it moved), notes and prediction warnings, in one sentence."""
     total = int(statuses["configs"].sum()) if "configs" in statuses else 0
     failed = int(statuses.loc[statuses["status"] != "ok", "configs"].sum()) if total else 0
     if "flagged" in statuses:
@@ -205,7 +211,31 @@ def health_line(statuses: pd.DataFrame, noise: pd.DataFrame, notes: list[str], n
     else:
         flag_text = "interference flags " + NOT_COMPUTED
     return (f"{failed} of {total} profiled configs failed (oom, error or timeout); {flag_text}; "
-            f"{noise_warning(noise)}{len(notes)} note(s) below; {n_warnings} prediction warning(s).")
+            f"{noise_warning(noise)}{memory_reference_text(data)}{len(notes)} note(s) below; "
+            f"{n_warnings} prediction warning(s).")
+
+
+def memory_reference_text(data: pd.DataFrame | None) -> str:
+    """Per device, the range of the memory reference its rows were measured with and its hardware record's;
+    a warning when they lie more than :data:`MEMORY_REFERENCE_WARNING` apart."""
+    if data is None or "memory_reference_mb" not in data.columns:
+        return ""
+    parts = []
+    for device, rows in data.groupby("device", sort=True):
+        measured = rows["memory_reference_mb"].dropna()
+        if measured.empty:
+            continue
+        recorded = rows.get("memory_reference_hardware_mb", pd.Series(dtype=float)).dropna()
+        values = [float(measured.min()), float(measured.max()), *recorded.head(1).astype(float)]
+        spread = (max(values) - min(values)) / min(values)
+        text = (f"memory reference on {device}: {fmt(values[0])}-{fmt(values[1])} MB over {len(measured)} rows"
+                + (f" (hardware rule: {fmt(values[2])} MB)" if len(values) > 2 else ""))
+        if spread > MEMORY_REFERENCE_WARNING:
+            text = (f"warning: {text}, {100 * spread:.0f} % apart: its peak-memory labels were measured in "
+                    "different states of the machine (the first-touch code a step counts), so a memory error "
+                    "may be the machine's")
+        parts.append(text + "; ")
+    return "".join(parts)
 
 
 def noise_warning(noise: pd.DataFrame) -> str:
@@ -335,8 +365,8 @@ folds</summary><ul>{% for n in notes %}<li>{{ n }}</li>{% endfor %}</ul></detail
 """
 
 
-def render_index(workdir: Path, tables: dict[str, pd.DataFrame],
-                 records: list[dict[str, Any]], notes: list[str], prov: dict[str, Any]) -> str:
+def render_index(workdir: Path, tables: dict[str, pd.DataFrame], records: list[dict[str, Any]], notes: list[str],
+                 prov: dict[str, Any], data: pd.DataFrame | None = None) -> str:
     """The HTML page (see the module docstring)."""
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
                              lstrip_blocks=True)
@@ -344,6 +374,6 @@ def render_index(workdir: Path, tables: dict[str, pd.DataFrame],
     return env.from_string(TEMPLATE).render(
         prov=prov, summaries=summaries, shown=SHOWN, trust=trust_lines(tables["metrics"]),
         health=health_line(tables["status_counts"], tables["noise_floor"], notes,
-                           sum(len(s.warnings) for s in summaries)),
+                           sum(len(s.warnings) for s in summaries), data),
         notes=notes, sections=sections(workdir, tables, prov), anchor=anchor, not_computed=NOT_COMPUTED,
     )
