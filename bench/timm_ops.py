@@ -6,6 +6,8 @@ batch 2 in float16 (attention by the fused kernel where the CPU would pick it, `
 and written, calls). Every traced quantity is linear in the batch size for these models' inference
 steps (weights are read once per step, activations scale), so the two probes give each quantity at any
 batch exactly: ``q(B) = q(1) + (q(2) - q(1)) (B - 1)``; ``bench/timm_family.py --op-features`` uses that.
+The bytes are traced without a cache (``cache_bytes=0``: every byte read counts as moved), as the bytes
+read from cache are not linear in the batch (what fits at batch 2 does not at 256).
 
 A model that cannot be built or traced keeps its row with the one-line reason in ``op_trace_error`` and
 NaN features (never zeros). Results are appended to ``--out`` (parquet) every ``--save-every`` workloads,
@@ -51,7 +53,7 @@ def trace(name: str, size: int, batch: int, registry: dict) -> dict:
 
     try:
         x = torch.empty(batch, 3, size, size, device="meta", dtype=torch.half)
-        features, _ = traced_op_features(build, x, "inference", registry, f"{name}@{size}")
+        features, _ = traced_op_features(build, x, "inference", registry, f"{name}@{size}", cache_bytes=0)
     except Exception as exc:  # the builder's (or an unexpected tracing) error, named with the model
         features = {**dict.fromkeys(OP_FEATURES, float("nan")), OP_ERROR_COLUMN: f"failed: {one_line(exc)}"}
     return {"model_id": f"{name}@{size}", "batch": batch, **features}

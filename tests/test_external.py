@@ -26,6 +26,7 @@ from perfzoo.dataset.external import (
 )
 from perfzoo.features.meta import featurise
 from perfzoo.features import pool
+from perfzoo.features.op_kinds import OP_FEATURES
 from perfzoo.features.pool import FeatureJob, featurise_job, featurise_jobs, load_cache, scale_features
 from perfzoo.fitting import fit_split
 from perfzoo.hardware.specs import lookup_gpu
@@ -319,23 +320,24 @@ def test_batch_scaled_features_equal_a_direct_featurisation(monkeypatch: pytest.
     assert shared.method == "direct" and not shared.reason and shared.probes is None
     for batch in job.batches:
         assert {k: v for k, v in shared.features[batch].items() if k != "model_id"} == references[batch]
-    monkeypatch.setattr(pool, "SCALED_FROM", len(job.batches))  # as a job with more batches: scaled
-    result = featurise_job(job)
-    assert result.method == "scaled" and not result.reason
+    monkeypatch.setattr(pool, "SCALED_FROM", len(job.batches))  # as a job with more batches: probed
+    result = featurise_job(job)  # a traced step: its bytes read from cache are no line in the batch, so direct
+    assert result.method == "direct" and not result.reason
     for batch in job.batches:
         assert {k: v for k, v in result.features[batch].items() if k != "model_id"} == references[batch]
-    # the operator totals have a once-per-step part (the optimizer reads and writes every weight), so two
-    # probes (batches 2 and 4) cannot place their line: the third (batch 8) was taken
-    low, high, eight = result.probes
-    assert scale_features((low, high), 8) is None
-    assert scale_features((low, {**high, "flops": high["flops"] + 2}, eight), 8) is None  # not on a line: refused
-    assert scale_features((low, {**high, "params": high["params"] + 1}, eight), 8) is None  # batch-dependent
-    op_bytes = "op_elementwise_bytes"
-    assert scale_features((low, {**high, op_bytes: high[op_bytes] + 2}, eight), 8) is None  # operator total too
-    shifted = tuple({**p, "flops": p["flops"] + 6} for p in (low, high, eight))  # a once-per-step part
-    assert scale_features(shifted, 64)["flops"] == result.features[64]["flops"] + 6  # affine: exact
-    bent = (*shifted[:2], {**shifted[2], "flops": shifted[2]["flops"] + 4})  # not on one line
-    assert scale_features(bent, 64) is None
+    probes = tuple(featurise(partial(build_model, "timm", "efficientnet_b0", {}, 1000, (3, 96, 96)), (3, 96, 96),
+                             b, "training", "float32", "x")[0] for b in pool.PROBE_BATCHES)
+    assert scale_features(probes, 64) is None
+    # a step without an operator trace is scaled exactly; its other batch-dependent features are lines
+    untraced = tuple({**p, **dict.fromkeys(OP_FEATURES, float("nan"))} for p in probes)
+    low, high, eight = untraced
+    scaled = scale_features(untraced, 64)
+    assert scaled is not None and scaled["flops"] == references[64]["flops"]
+    assert scaled["activation_bytes"] == references[64]["activation_bytes"]
+    assert scale_features((low, {**high, "flops": high["flops"] + 2}, eight), 64) is None  # not on a line
+    assert scale_features((low, {**high, "params": high["params"] + 1}, eight), 64) is None  # batch-dependent
+    shifted = tuple({**p, "flops": p["flops"] + 6} for p in untraced)  # a once-per-step part
+    assert scale_features(shifted, 64)["flops"] == references[64]["flops"] + 6  # affine: exact
 
 
 def test_directly_featurised_batches_are_cached_and_reloaded(tmp_path: Path,

@@ -745,14 +745,15 @@ def _untraced(error: OpTraceError) -> dict[str, Any]:
 
 def traced_op_features(build: Callable[[], nn.Module], x: torch.Tensor, mode: str,
                        flop_registry: dict[Any, Callable[..., int]], model_id: str = "", optimizer: str = "sgd",
-                       ) -> tuple[dict[str, Any], pd.DataFrame | None]:
-    """(``op_*`` aggregates and ``op_trace_error``, per-operator table) of a freshly built meta model.
+                       cache_bytes: int = CACHE_BYTES) -> tuple[dict[str, Any], pd.DataFrame | None]:
+    """(``op_*`` aggregates and ``op_trace_error``, per-operator table) of a freshly built meta model
+    (``cache_bytes``: the capacity behind ``bytes_cached``; 0 counts every byte as moved).
 
     A step the tracer cannot follow gives NaN aggregates, the one-line reason naming the operator in
     ``op_trace_error`` and no table: missing, never zero.
     """
     try:
-        table = trace_step(build(), x, mode, flop_registry, model_id, optimizer)
+        table = trace_step(build(), x, mode, flop_registry, model_id, optimizer, cache_bytes)
     except OpTraceError as exc:
         return _untraced(exc), None
     return {**op_aggregates(table), OP_ERROR_COLUMN: ""}, table

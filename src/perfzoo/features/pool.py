@@ -12,9 +12,11 @@ traced once:
   than one value per channel" check in training). The batch-dependent features (FLOPs, MACs, activation
   and input bytes, Gianniti complexities) must be exactly proportional to the batch (value at 4 == 2 x
   value at 2, an even integer), or — checked with a third probe at batch 8 — exactly affine with an
-  integer slope (a part computed once per step, such as a relative position bias); so must the operator
-  totals (``op_*_flops/bytes/count``, or missing at every probe when the step could not be traced); every
-  other feature must be equal at all probes. Then each requested batch gets its value on that line:
+  integer slope (a part computed once per step, such as a relative position bias); the operator totals
+  must be missing at every probe (a step that could not be traced): the bytes an operator reads from cache
+  (``bytes_cached``, :data:`perfzoo.features.ops.CACHE_BYTES`) are not a line in the batch (what fits at a
+  probe need not fit at a larger batch), so a traced step is featurised directly; every other feature must
+  be equal at all probes. Then each requested batch gets its value on that line:
   exact integers, the numbers a direct featurisation at that batch gives (``method == "scaled"``).
   Otherwise every batch is featurised directly. The simulated peak memory (``sim_*`` columns, a maximum
   over the step, not a line in the batch) is simulated at every batch;
@@ -200,14 +202,8 @@ def scale_features(probes: tuple[dict[str, Any], ...], batch: int) -> dict[str, 
         if line is None:
             return None
         out[key] = line[0] + line[1] * batch
-    for key in OP_FEATURES:  # operator totals: affine in the batch, or missing at every batch (no trace)
-        values = [p[key] for p in probes]
-        if all(v != v for v in values):
-            continue
-        line = _line(values) if not any(v != v for v in values) else None
-        if line is None:
-            return None
-        out[key] = float(line[0] + line[1] * batch)
+    if any(p[key] == p[key] for p in probes for key in OP_FEATURES):  # traced: bytes from cache, no line
+        return None
     for key, value in probes[0].items():
         if key in (*PROPORTIONAL, *DERIVED, *PER_CALL, *SIM_COLUMNS, "sim_error", *OP_FEATURES):  # computed above
             continue
