@@ -288,6 +288,10 @@ def profile_shard_with_ops(
     ``hardware`` is the device's hardware record: its measurement setting must be this run's (else a
     one-line InputError, before anything is measured) and its probe baseline gives each measurement's
     ``probe_ratio`` (:mod:`perfzoo.profiling.interference`; without a record the ratio is missing).
+
+    On the CPU, a shard with configs left to measure first measures the memory reference
+    (:mod:`perfzoo.profiling.reference`); its peak memory is journalled with each measurement of this run
+    (``memory_reference_mb``) and the whole record is in the metadata.
     """
     kind = device_cfg["kind"]
     setting = MeasurementSetting.of(settings)
