@@ -31,9 +31,10 @@ import pandas as pd  # noqa: E402
 from composed_shrinkage import SELECTION_SPLITS, SPLITS, scores, with_module_calls  # noqa: E402
 
 import perfzoo.features.ops as ops  # noqa: E402
+from perfzoo.features.ops import op_aggregates  # noqa: E402
 from perfzoo.config import load_config  # noqa: E402
 from perfzoo.features.meta import featurise, featurise_manifest  # noqa: E402
-from perfzoo.features.op_kinds import FREE_KIND, OP_FEATURE_KINDS  # noqa: E402
+from perfzoo.features.op_kinds import OP_FEATURE_KINDS  # noqa: E402
 from perfzoo.fitting import build_regressor, regressor_inputs  # noqa: E402
 
 KEYS = ["model_id", "mode", "batch"]
@@ -51,18 +52,11 @@ def traced(results: Path, capacity: int) -> pd.DataFrame:
 
 
 def aggregates(table: pd.DataFrame, cached: bool) -> pd.DataFrame:
-    """``op_<kind>_flops/bytes/count`` per config; the bytes less those read from cache when ``cached``."""
-    costed = table[table["kind"] != FREE_KIND]
-    costed = costed.assign(bytes=costed["bytes_read"] + costed["bytes_written"]
-                           - (costed["bytes_cached"] if cached else 0))
-    sums = costed.groupby([*KEYS, "kind"]).agg(flops=("flops", "sum"), bytes=("bytes", "sum"),
-                                               count=("op", "size"))
-    configs = costed[KEYS].drop_duplicates().set_index(KEYS).index
-    columns = {}
-    for name, (kind, stat) in OP_FEATURE_KINDS.items():
-        present = kind in sums.index.get_level_values("kind")
-        columns[name] = sums[stat].xs(kind, level="kind").reindex(configs) if present else 0.0
-    return pd.DataFrame(columns, index=configs).fillna(0.0).reset_index()
+    """``op_<kind>_flops/bytes/count`` per config (the features stage's :func:`perfzoo.features.ops.op_aggregates`);
+    without ``cached``, every byte read counts as moved (the aggregates before ``bytes_cached``)."""
+    table = table if cached else table.assign(bytes_cached=0)
+    return pd.DataFrame([{**dict(zip(KEYS, key, strict=True)), **op_aggregates(rows)}
+                         for key, rows in table.groupby(KEYS, sort=True)])
 
 
 def with_ops(data: pd.DataFrame, ops_table: pd.DataFrame) -> pd.DataFrame:

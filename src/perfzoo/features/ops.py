@@ -51,7 +51,6 @@ reason in ``op_trace_error``, never zeros.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import json
@@ -279,29 +278,30 @@ class _Storages:
 
     def accesses(self, tensors: list[torch.Tensor]) -> tuple[tuple[int, int, int], ...]:
         """(serial, bytes of the tensor, bytes of its storage) of each tensor an operator reads or writes."""
-        return tuple((self.serial(t), t.numel() * t.element_size(), self._storage(t)[1]) for t in tensors)
+        return tuple(self._access(t) for t in tensors)
 
     def serial(self, t: torch.Tensor, alias: int | None = None) -> int:
         """The storage's serial number; a storage seen for the first time takes ``alias`` when given."""
-        key, _ = self._storage(t)
-        serial = self.serials.get(key)
-        if serial is None:
-            serial = self.serials[key] = next(self.count) if alias is None else alias
-            with contextlib.suppress(RuntimeError, NotImplementedError, TypeError):
-                weakref.finalize(t.untyped_storage(), self.serials.pop, key, None)
-        return serial
+        return self._access(t, alias)[0]
 
     def fresh(self) -> int:
         return next(self.count)
 
-    @staticmethod
-    def _storage(t: torch.Tensor) -> tuple[int, int]:
-        """(key, bytes) of the storage under ``t``: views share it; a tensor without one is its own."""
+    def _access(self, t: torch.Tensor, alias: int | None = None) -> tuple[int, int, int]:
+        """(serial, bytes of ``t``, bytes of its storage): views share a storage; a tensor without one is its
+        own, never forgotten."""
+        nbytes = t.numel() * t.element_size()
         try:
             storage = t.untyped_storage()
-            return storage._cdata, storage.nbytes()
         except (RuntimeError, NotImplementedError):
-            return id(t), t.numel() * t.element_size()
+            storage = None
+        key, storage_bytes = (storage._cdata, storage.nbytes()) if storage is not None else (id(t), nbytes)
+        serial = self.serials.get(key)
+        if serial is None:
+            serial = self.serials[key] = next(self.count) if alias is None else alias
+            if storage is not None:  # a freed storage's address may hold the next one: forget its number
+                weakref.finalize(storage, self.serials.pop, key, None)
+        return serial, nbytes, storage_bytes
 
 
 def _remapped(row: dict[str, Any], serials: dict[int, int], fresh: Callable[[], int]) -> dict[str, Any]:
@@ -705,9 +705,13 @@ def trace_step(model: nn.Module, x: torch.Tensor, mode: str, flop_registry: dict
     return _op_table(recorder.rows, model_id, mode, int(x.shape[0]), cache_bytes)
 
 
+_RECORDED_COLUMNS = OP_COLUMNS[OP_COLUMNS.index("op"):OP_COLUMNS.index("bytes_written") + 1]
+"""The columns :meth:`OpRecorder._record` writes per operator (the rest: the config's, and computed)."""
+
+
 def _op_table(rows: list[dict[str, Any]], model_id: str, mode: str, batch: int,
               cache_bytes: int = CACHE_BYTES) -> pd.DataFrame:
-    table = pd.DataFrame.from_records(rows, columns=OP_COLUMNS[4:13])
+    table = pd.DataFrame.from_records(rows, columns=_RECORDED_COLUMNS)
     table["bytes_cached"] = cached_bytes(rows, cache_bytes)
     table.insert(0, "op_idx", np.arange(len(table), dtype=np.int64))
     table.insert(0, "batch", batch)

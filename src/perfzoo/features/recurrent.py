@@ -68,7 +68,7 @@ def cpu_runs_fused_lstm(input: Any, hx: Any, params: Sequence[torch.Tensor], has
         return False  # a projection (proj_size) makes h smaller than c: the CPU's generic path
     if len(params) % (4 if has_biases else 2) or input.numel() == 0:
         return False
-    return torch.backends.mkldnn.is_available() and torch._C._get_mkldnn_enabled()
+    return torch.backends.mkldnn.is_available() and bool(torch.backends.mkldnn.enabled)
 
 
 def _fused_lstm(input: torch.Tensor, hx: Sequence[torch.Tensor], params: Sequence[torch.Tensor], has_biases: bool,

@@ -307,7 +307,7 @@ def profile_shard_with_ops(
         journal = Journal(journal_path, fingerprint(device, settings, configs))
         done = journal.load()
         resumed = sum(1 for t in tasks if t.key in done)
-        reference = (memory_reference(kind, int(settings.get("threads") or 1)) if resumed < len(tasks)
+        reference = (memory_reference(kind, int(settings["threads"])) if resumed < len(tasks)
                      else {"missing": "nothing measured in this run of the shard"})
         measurer = Measurer(kind, settings, baseline,
                             memory_reference_mb=float(reference.get("peak_mem_mb", math.nan)))
