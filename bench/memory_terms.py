@@ -1,9 +1,11 @@
 """Which calibration terms ``memory_sim`` should have: term sets side by side, and a nested choice.
 
-    python bench/memory_terms.py RESULTS_DIR
+    python bench/memory_terms.py RESULTS_DIR [--refeaturise]
 
 RESULTS_DIR is a finished default run's ``results/`` (read only: its ``dataset/dataset.parquet`` with the
-``sim_*`` features and its ``splits/*.parquet``). Every term set below is ``memory_sim``'s median
+``sim_*`` features and its ``splits/*.parquet``). ``--refeaturise`` featurises the run's zoo manifest again with
+the current code and takes ``sim_onednn_conv`` from it, for runs made before that column existed (the other
+features of the run's dataset are kept, so its other term sets are scored as the run had them). Every term set below is ``memory_sim``'s median
 regression (weights 1/y, per device) on other columns; each is fitted on every fold's training rows and
 scored on its test rows (MAPE %, pooled over folds). ``nested`` chooses, inside each outer fold, the term
 set with the lowest inner leave-one-family-out MAPE on that fold's training families alone, so no
@@ -30,13 +32,16 @@ TERMS: dict[str, Term] = {
     "peak": lambda X: X["sim_peak_bytes"].to_numpy(float) / MIB,
     "activation": lambda X: X["sim_activation_bytes"].to_numpy(float) / MIB,
     "sqrt_kinds": lambda X: np.sqrt(X["sim_op_kinds"].to_numpy(float)),
-    "conv": lambda X: X["sim_uses_conv"].to_numpy(float),
+    "training_activation": lambda X: ((X["mode"] == "training").to_numpy(float)
+                                      * X["sim_activation_bytes"].to_numpy(float) / MIB),
+    "conv": lambda X: (X["op_conv_count"].to_numpy(float) > 0).astype(float),  # any convolution ran
 }
 BASE = ("training", "peak", "activation", "sqrt_kinds", "conv")
 TERM_SETS: dict[str, tuple[str, ...] | None] = {
     "before (constant, training, peak, activation, sqrt kinds, conv)": ("constant", *BASE),
     "no constant": BASE,
-    "no constant + training x activation (memory_sim)": None,  # the regressor itself, not a copy of its terms
+    "no constant + training x activation": (*BASE[:3], "training_activation", *BASE[3:]),
+    "the same, convolution on oneDNN for conv (memory_sim)": None,  # the regressor itself, not a copy
 }
 
 
@@ -64,6 +69,16 @@ def inner_choice(train: pd.DataFrame) -> str:
     return min(scores, key=scores.__getitem__)
 
 
+def with_current_onednn_flag(data: pd.DataFrame, results: Path) -> pd.DataFrame:
+    """``data`` with ``sim_onednn_conv`` of the run's manifest featurised by the current code."""
+    from perfzoo.features.meta import featurise_manifest
+
+    models, _ = featurise_manifest(pd.read_parquet(results / "zoo" / "manifest.parquet"), 100, progress=False)
+    keys = ["model_id", "mode", "batch"]
+    return data.drop(columns=["sim_onednn_conv"], errors="ignore").merge(
+        models[[*keys, "sim_onednn_conv"]], on=keys, how="left", validate="one_to_one")
+
+
 def score(data: pd.DataFrame, split: pd.DataFrame) -> tuple[dict[str, float], pd.Series]:
     """(MAPE per term set and 'nested', how often each set was chosen by the nested choice)."""
     errors: dict[str, list[np.ndarray]] = {name: [] for name in [*TERM_SETS, "nested"]}
@@ -81,8 +96,12 @@ def score(data: pd.DataFrame, split: pd.DataFrame) -> tuple[dict[str, float], pd
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path)
+    parser.add_argument("--refeaturise", action="store_true", help="sim_onednn_conv from the current code")
     args = parser.parse_args()
-    data = pd.read_parquet(args.results / "dataset" / "dataset.parquet").set_index("row_id")
+    data = pd.read_parquet(args.results / "dataset" / "dataset.parquet")
+    if args.refeaturise:
+        data = with_current_onednn_flag(data, args.results)
+    data = data.set_index("row_id")
     data = data[data[TARGET].notna() & data["sim_peak_bytes"].notna()]
     if data["device"].nunique() != 1:
         raise SystemExit(f"{args.results}: this comparison fits one device; found {sorted(data['device'].unique())}")

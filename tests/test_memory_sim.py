@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 from torch import nn
+from torch.profiler import ProfilerActivity, profile
 
 from perfzoo.features.memory import SIM_COLUMNS, simulate_peak_memory
 from perfzoo.features.meta import MODEL_COLUMNS, featurise, simulated_memory
@@ -73,7 +74,7 @@ def test_training_needs_more_than_inference_and_adam_more_than_sgd() -> None:
     sgd = simulate_peak_memory(*two_linear(64), "training", "sgd")
     adam = simulate_peak_memory(*two_linear(64), "training", "adam")
     assert inference.peak_bytes < sgd.peak_bytes < adam.peak_bytes
-    assert inference.op_kinds < sgd.op_kinds < adam.op_kinds and sgd.uses_conv == 0
+    assert inference.op_kinds < sgd.op_kinds < adam.op_kinds and sgd.onednn_conv == 0
 
 
 def test_convolution_is_flagged_and_columns_reach_the_feature_table() -> None:
@@ -82,10 +83,44 @@ def test_convolution_is_flagged_and_columns_reach_the_feature_table() -> None:
 
     feats, _ = featurise(cnn, (3, 8, 8), 2, "training", model_id="cnn")
     assert list(feats) == MODEL_COLUMNS and set(SIM_COLUMNS) <= set(feats)
-    assert feats["sim_uses_conv"] == 1 and feats["sim_weight_bytes"] == feats["weight_bytes"]
+    assert feats["sim_onednn_conv"] == 1 and feats["sim_weight_bytes"] == feats["weight_bytes"]
     assert feats["sim_peak_bytes"] > feats["sim_start_bytes"] > feats["weight_bytes"]
     direct = simulated_memory(cnn, (3, 8, 8), 2, "training", model_id="cnn")
     assert direct.features() == {k: feats[k] for k in SIM_COLUMNS}
+
+
+def conv1d_front(batch: int, device: str) -> tuple[nn.Module, torch.Tensor]:
+    """The user example's Conv1d front end over 12 x 256 samples: small enough at batch 1 for PyTorch's own
+    kernel, on oneDNN from batch 2."""
+    with torch.device(device):
+        model = nn.Sequential(nn.Conv1d(12, 128, 7, stride=2, padding=3), nn.ReLU(), nn.Flatten(),
+                              nn.Linear(128 * 128, 10))
+        return model, torch.randn(batch, 12, 256)
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_onednn_flag_follows_the_backend_the_cpu_runs(batch: int) -> None:
+    model, x = conv1d_front(batch, "cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            model(x)
+    finally:
+        torch.set_num_threads(threads)
+    on_onednn = "aten::mkldnn_convolution" in {event.key for event in prof.key_averages()}
+    assert on_onednn == (batch > 1)  # the premise, on the real CPU
+    for mode in ("inference", "training"):
+        assert simulate_peak_memory(*conv1d_front(batch, "meta"), mode).onednn_conv == int(on_onednn)
+
+
+def test_recording_the_convolutions_keeps_no_tensor_alive() -> None:
+    with torch.device("meta"):
+        model = nn.Sequential(*(nn.Conv1d(16, 16, 3, padding=1) for _ in range(3)))
+        x = torch.empty(4, 16, 256)
+    result = simulate_peak_memory(model, x, "inference")
+    assert result.onednn_conv == 1
+    assert result.activation_bytes == 2 * x.numel() * 4  # one convolution's input and output, no earlier one
 
 
 def test_three_billion_parameter_transformer_is_simulated_without_real_memory() -> None:
@@ -132,12 +167,12 @@ def sim_frame(n: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
         "sim_peak_bytes": rng.uniform(1, 3000, n) * 2**20,
         "sim_activation_bytes": rng.uniform(0, 200, n) * 2**20,
         "sim_op_kinds": rng.integers(3, 40, n).astype(float),
-        "sim_uses_conv": rng.integers(0, 2, n).astype(float),
+        "sim_onednn_conv": rng.integers(0, 2, n).astype(float),
         "flops": rng.uniform(1, 2, n)})
     training = (frame["mode"] == "training").to_numpy(dtype=float)
     activation = frame["sim_activation_bytes"] / 2**20
     terms = np.column_stack([training, frame["sim_peak_bytes"] / 2**20, activation, training * activation,
-                             np.sqrt(frame["sim_op_kinds"]), frame["sim_uses_conv"]])
+                             np.sqrt(frame["sim_op_kinds"]), frame["sim_onednn_conv"]])
     coef = np.array([COEF[d] for d in frame["device"]])
     return frame, (terms * coef).sum(axis=1)
 
@@ -162,7 +197,7 @@ def test_a_step_that_allocates_and_runs_nothing_is_predicted_to_add_no_memory() 
     X, y = sim_frame(120)
     reg = MemorySimRegressor().fit(X, y)
     empty = X.iloc[:2].assign(mode="inference", sim_peak_bytes=0.0, sim_activation_bytes=0.0, sim_op_kinds=0.0,
-                              sim_uses_conv=0.0)
+                              sim_onednn_conv=0.0)
     np.testing.assert_array_equal(reg.predict(empty), [0.0, 0.0])  # no constant term to carry over
 
 

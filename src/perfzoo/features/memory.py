@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 SIM_STEPS = 2
 """Steps replayed: the first creates the optimizer state, the second runs with it (as every timed step)."""
 SIM_COLUMNS = ("sim_peak_bytes", "sim_start_bytes", "sim_weight_bytes", "sim_grad_bytes",
-               "sim_optimizer_bytes", "sim_activation_bytes", "sim_op_kinds", "sim_uses_conv")
+               "sim_optimizer_bytes", "sim_activation_bytes", "sim_op_kinds", "sim_onednn_conv")
 """Feature columns of :meth:`SimulatedMemory.features`, in order (numeric; ``sim_error`` says why they are
 missing in a feature table)."""
 CATEGORIES = ("weight", "input", "activation", "grad", "optimizer")
@@ -78,8 +78,11 @@ class SimulatedMemory:
     op_kinds: int
     """Distinct ATen operators (overload packets) the replayed steps ran: a proxy for the kernel code a
     process touches, which counts in a CPU process's resident memory."""
-    uses_conv: int
-    """1 when a convolution operator ran (on CPUs: oneDNN's kernels and their code), else 0."""
+    onednn_conv: int
+    """1 when a convolution of the step runs on oneDNN on the CPU (:func:`_runs_on_onednn`), else 0: oneDNN's
+    convolution code and its JIT kernels count in a CPU process's resident memory. PyTorch runs a small
+    convolution on its own im2col kernel instead (e.g. a ``Conv1d`` over 12 x 256 at batch 1), which
+    touches none of that."""
 
     def features(self) -> dict[str, int]:
         """The :data:`SIM_COLUMNS` feature values."""
@@ -100,6 +103,9 @@ class _LiveBytes:
         self.peak = 0
         self.at_peak: dict[str, int] = dict(self.totals)
         self.operators: set[str] = set()
+        self.convolutions: set[tuple] = set()
+        """:func:`_convolution_signature` of every forward convolution (its backward runs on the same library);
+        never the tensors themselves, which would stay live."""
         self.phase = "activation"
         self.paused = False
 
@@ -155,6 +161,7 @@ def _run_plainly(func: Any, args: tuple, kwargs: dict) -> Any:
 def _dispatch_mode(tracker: _LiveBytes, run: Runner = _run_plainly) -> Any:
     """A ``TorchDispatchMode`` that registers every operator and every tensor it returns with ``tracker``;
     ``run`` runs the operator."""
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from perfzoo.features.ops import tensors_in  # lazy: the column names are imported by stages without torch
@@ -164,6 +171,8 @@ def _dispatch_mode(tracker: _LiveBytes, run: Runner = _run_plainly) -> Any:
             if tracker.paused:
                 return run(func, args, kwargs or {})
             tracker.operators.add(str(func.overloadpacket))
+            if func.overloadpacket is torch.ops.aten.convolution:
+                tracker.convolutions.add(_convolution_signature(*args))
             out = run(func, args, kwargs or {})
             for tensor in tensors_in(out):
                 tracker.add(tensor, tracker.phase)
@@ -256,7 +265,50 @@ def simulate_peak_memory(model: nn.Module, x: torch.Tensor, mode: str, optimizer
                            grad_bytes=split["grad"], optimizer_bytes=split["optimizer"],
                            activation_bytes=split["activation"], input_bytes=split["input"],
                            op_kinds=len(tracker.operators),
-                           uses_conv=int(any("convolution" in name for name in tracker.operators)))
+                           onednn_conv=int(any(_runs_on_onednn(*args) for args in tracker.convolutions)))
+
+
+ONEDNN_BACKENDS = ("Mkldnn", "MkldnnTranspose")
+"""Names of PyTorch's ``_ConvBackend`` values that run on oneDNN (the second is absent from some versions)."""
+ONEDNN_THREADS = 1
+"""Threads at which :func:`_runs_on_onednn` asks PyTorch (the default CPU device's setting): PyTorch's choice
+depends on the thread count for unstrided 1 x 1 convolutions of fewer than 16 samples only."""
+
+
+TensorSignature = tuple[tuple[int, ...], "torch.dtype"]
+"""A tensor's shape and dtype."""
+
+
+def _convolution_signature(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                           *params: Any) -> tuple:
+    """``aten.convolution``'s arguments with each tensor as its :data:`TensorSignature` (hashable; holds no
+    tensor)."""
+    return (*((tuple(t.shape), t.dtype) if t is not None else None for t in (input, weight, bias)),
+            *(tuple(p) if isinstance(p, list | tuple) else p for p in params))
+
+
+def _runs_on_onednn(input: TensorSignature, weight: TensorSignature, bias: TensorSignature | None,
+                    stride: tuple[int, ...], padding: tuple[int, ...], dilation: tuple[int, ...], transposed: bool,
+                    output_padding: tuple[int, ...], groups: int) -> bool:
+    """Whether PyTorch runs ``aten.convolution`` with these arguments (:func:`_convolution_signature`) on oneDNN
+    on the CPU, at :data:`ONEDNN_THREADS` threads: PyTorch's own backend choice
+    (``torch._C._select_conv_backend``), asked with CPU stand-ins of the same shapes and dtypes whose strides are
+    all 0 (one element of memory each)."""
+    import torch
+
+    def stand_in(signature: TensorSignature) -> torch.Tensor:
+        shape, dtype = signature
+        return torch.empty(1, dtype=dtype).as_strided(shape, (0,) * len(shape))
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(ONEDNN_THREADS)
+    try:
+        backend = torch._C._select_conv_backend(
+            stand_in(input), stand_in(weight), None if bias is None else stand_in(bias), list(stride),
+            list(padding), list(dilation), bool(transposed), list(output_padding), int(groups))
+    finally:
+        torch.set_num_threads(threads)
+    return backend.name in ONEDNN_BACKENDS
 
 
 def feature_row(simulate: Callable[[], SimulatedMemory]) -> dict[str, Any]:

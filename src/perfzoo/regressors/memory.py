@@ -24,12 +24,12 @@ MIB = 2.0**20
 
 @register_regressor
 class MemorySimRegressor(Regressor):
-    """``peak_mem_mb ≈ a_t·[training] + b·peak + (c + c_t·[training])·activation + d·√op_kinds + e·uses_conv``.
+    """``peak_mem_mb ≈ a_t·[training] + b·peak + (c + c_t·[training])·activation + d·√op_kinds + e·onednn_conv``.
 
     The ``sim_*`` features come from :func:`perfzoo.features.memory.simulate_peak_memory` (bytes, used in
     MiB): the peak of live tensor bytes of the profiled step replayed on the meta device, the activation
     and temporary bytes live at that peak, the number of distinct operators the step ran and whether a
-    convolution ran. The square root of the operator count was chosen over the count itself after
+    convolution runs on oneDNN (PyTorch runs small ones on its own kernel). The square root of the operator count was chosen over the count itself after
     comparing both on the splits of the default CPU zoo (bench/memory_sim.py): kernels share library
     code, so the code a step touches grows less than in proportion to its distinct operators. The
     coefficients are fitted per device (``group_col``) by median regression with weights ``1 / y``, which
@@ -48,7 +48,8 @@ class MemorySimRegressor(Regressor):
     What the calibration absorbs, on the CPU, whose label is the profiling worker's peak resident set size
     above its baseline taken after ``gc`` and before the model is built (``perfzoo.profiling.core``):
     ``a_t`` the autograd engine, backward and optimizer kernels touched by training; ``e`` oneDNN's
-    convolution code and JIT kernels; ``d`` the code of the operators (libtorch, BLAS and oneDNN pages
+    convolution code and JIT kernels (a step whose convolutions PyTorch runs on its own im2col kernel
+    touches none of them: a ``Conv1d`` over 12 x 256 at batch 1); ``d`` the code of the operators (libtorch, BLAS and oneDNN pages
     touched for the first time); ``c`` the workspaces that kernels allocate internally in proportion to
     the activations (convolution reorders, im2col buffers, GEMM packing) and the allocator's
     fragmentation; ``b`` stays near 1 (weights, gradients and optimizer state are allocated as
@@ -62,9 +63,9 @@ class MemorySimRegressor(Regressor):
 
     kind = "memory_sim"
     FEATURES: ClassVar[tuple[str, ...]] = ("sim_peak_bytes", "sim_activation_bytes", "sim_op_kinds",
-                                           "sim_uses_conv")
+                                           "sim_onednn_conv")
     TERMS: ClassVar[tuple[str, ...]] = ("training", "peak_mib", "activation_mib", "training_activation_mib",
-                                        "sqrt_op_kinds", "uses_conv")
+                                        "sqrt_op_kinds", "onednn_conv")
     _required_state: ClassVar[tuple[str, ...]] = ("feature_names_", "terms_", "global_coef_", "group_coefs_")
 
     def __init__(self, group_col: str | None = "device", min_group_rows: int = 24,
@@ -77,10 +78,10 @@ class MemorySimRegressor(Regressor):
         """One row of :data:`TERMS` per row of ``X`` (NaN where a simulated feature is missing)."""
         X = check_frame(X)
         require_columns(X, [*self.FEATURES, "mode"], what="memory_sim")
-        peak, activation, op_kinds, uses_conv = numeric_matrix(X, self.FEATURES).T
+        peak, activation, op_kinds, onednn_conv = numeric_matrix(X, self.FEATURES).T
         training = (X["mode"].astype(str) == "training").to_numpy(dtype=float)
         return np.column_stack([training, peak / MIB, activation / MIB, training * activation / MIB,
-                                np.sqrt(op_kinds), uses_conv])
+                                np.sqrt(op_kinds), onednn_conv])
 
     def _groups(self, X: pd.DataFrame) -> np.ndarray:
         return group_labels(X, self.group_col, "memory_sim group")
