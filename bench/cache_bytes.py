@@ -41,14 +41,21 @@ KEYS = ["model_id", "mode", "batch"]
 OP_COLUMNS = list(OP_FEATURE_KINDS)
 
 
-def traced(results: Path, capacity: int) -> pd.DataFrame:
-    """The operator tables of every config of the run, ``bytes_cached`` for a cache of ``capacity`` bytes."""
+def traced(results: Path, capacity: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The operator tables of every config of the run, ``bytes_cached`` for a cache of ``capacity`` bytes, and
+    the model table featurised by the current code."""
     ops._op_table.__defaults__ = (capacity,)
     classes = load_config(results.parent / "config.yaml")["zoo"]["num_classes"]
     tables: list[pd.DataFrame] = []
-    featurise_manifest(pd.read_parquet(results / "zoo" / "manifest.parquet"), num_classes=classes,
-                       progress=False, op_tables=tables)
-    return pd.concat(tables, ignore_index=True)
+    models, _ = featurise_manifest(pd.read_parquet(results / "zoo" / "manifest.parquet"), num_classes=classes,
+                                   progress=False, op_tables=tables)
+    return pd.concat(tables, ignore_index=True), models
+
+
+def with_current_columns(data: pd.DataFrame, models: pd.DataFrame) -> pd.DataFrame:
+    """``data`` with the model columns it lacks (added to the features stage since the run) from ``models``."""
+    missing = [c for c in models.columns if c not in data.columns]
+    return data.merge(models[[*KEYS, *missing]], on=KEYS, how="left", validate="many_to_one") if missing else data
 
 
 def aggregates(table: pd.DataFrame, cached: bool) -> pd.DataFrame:
@@ -114,7 +121,8 @@ def main() -> None:
             data[column] = 0.0
     rows, users = {}, {}
     for mib in args.capacities_mib:
-        table = traced(args.results, mib * 2**20)
+        table, models = traced(args.results, mib * 2**20)
+        data = with_current_columns(data, models)
         variants = {f"{mib} MiB": True} if rows else {"no cache": False, f"{mib} MiB": True}
         for name, cached in variants.items():
             scored = with_ops(data, aggregates(table, cached))

@@ -381,3 +381,60 @@ def test_only_the_composed_regressor_sees_operator_features_in_fit_split():
     _, with_ops, _ = fit_split(data, split, "latency_ms", "linear", operator_features=True)
     assert "op_matmul_flops" in next(iter(with_ops.values())).feature_names_
     assert unsupported_reason("composed", "peak_mem_mb") is not None
+
+
+# --------------------------------------------------------------------------- composed blended with poly_lasso
+
+
+def blend_frame(n: int = 40) -> tuple[pd.DataFrame, np.ndarray]:
+    X, y = synthetic(n)
+    X["flops"], X["params"] = X["op_matmul_flops"], X["op_elementwise_bytes"] / 4
+    return X, y
+
+
+def test_blend_is_the_geometric_mean_of_its_members_each_fitted_as_on_its_own():
+    X, y = blend_frame()
+    blend = make_regressor("composed_blend").fit(X, y)
+    composed = make_regressor("composed").fit(X, y)
+    poly = make_regressor("poly_lasso").fit(X.drop(columns=list(OP_FEATURES)), y)
+    assert not any(c in OP_FEATURES for c in blend.members_[1].feature_names_)  # poly_lasso as on its own
+    new = X.tail(5)
+    expected = np.sqrt(composed.predict(new) * poly.predict(new))
+    np.testing.assert_allclose(blend.predict(new), expected, rtol=1e-12)
+    np.testing.assert_allclose(blend.member_predictions(new), np.column_stack(
+        [composed.predict(new), poly.predict(new)]), rtol=1e-12)
+
+
+def test_blend_gives_no_number_where_a_member_gives_none_and_passes_on_member_notes():
+    X, y = blend_frame()
+    blend = make_regressor("composed_blend").fit(X, y)
+    new = X.head(3).copy()
+    new.loc[1, ["op_pool_bytes", "op_pool_count"]] = [5e8, 3]  # a kind composed never saw
+    new.loc[2, "flops"] = np.inf  # poly_lasso's log features overflow: no finite prediction
+    members = blend.member_predictions(new)
+    pred = blend.predict(new)
+    assert np.isfinite(pred[:2]).all()
+    assert np.isnan(pred[2]) == (not (np.isfinite(members[2]).all() and (members[2] > 0).all()))
+    assert any(n.startswith("composed: operator kind 'pool' never seen") for n in blend.prediction_notes(new))
+
+
+def test_blend_round_trips_with_its_members_and_refuses_bad_members(tmp_path):
+    X, y = blend_frame()
+    blend = make_regressor("composed_blend").fit(X, y)
+    blend.save(tmp_path / "blend.json")
+    loaded = load_regressor(tmp_path / "blend.json")
+    assert [m.kind for m in loaded.members_] == ["composed", "poly_lasso"]
+    np.testing.assert_array_equal(loaded.predict(X), blend.predict(X))
+    for members in (("composed",), ("composed", "composed"), ("composed", "random_forrest"),
+                    ("composed_blend", "linear")):
+        with pytest.raises(InputError, match="members"):
+            make_regressor("composed_blend", members=members).fit(X, y)
+
+
+def test_the_fit_rule_gives_operator_features_to_the_blend_and_fits_it_on_latency_only():
+    from perfzoo.fitting import OPERATOR_FEATURE_REGRESSORS, unsupported_reason
+
+    assert {"composed", "composed_optime", "composed_blend"} <= OPERATOR_FEATURE_REGRESSORS
+    assert "poly_lasso" not in OPERATOR_FEATURE_REGRESSORS
+    assert unsupported_reason("composed_blend", "peak_mem_mb") is not None
+    assert unsupported_reason("composed_blend", "latency_ms") is None

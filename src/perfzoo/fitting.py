@@ -12,7 +12,7 @@ import pandas as pd
 from perfzoo.dataset.build import feature_columns, finite_target_rows
 from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURES
 from perfzoo.io import InputError, write_text
-from perfzoo.regressors import Regressor, make_regressor, regressor_from_document
+from perfzoo.regressors import REGISTRY, Regressor, make_regressor, regressor_from_document
 from perfzoo.stats import all_metrics
 
 MIN_TRAIN_ROWS = 3
@@ -24,10 +24,11 @@ FEATURE_SETS = ("all", "model")
 # Regressors that also see the operator aggregates (op_<kind>_*). The others keep the end-to-end features: with
 # the aggregates, poly_lasso fitted about 4x slower, and bench/RESULTS.md ("Composed operator-level predictor")
 # has the accuracy of linear, extra_trees and xgboost with and without them.
-OPERATOR_FEATURE_REGRESSORS = frozenset({"composed", "composed_optime"})
+OPERATOR_FEATURE_REGRESSORS = frozenset(kind for kind, cls in REGISTRY.items() if cls.uses_operator_features)
 # Methods that model one quantity only: execution time (roofline bound, sum of per-layer times, sum over the
 # operator trace) or peak memory (the simulated live tensor bytes of the step).
 ONLY_TARGETS = {"roofline": ("latency_ms",), "gianniti_layer": ("latency_ms",), "composed": ("latency_ms",),
+                "composed_blend": ("latency_ms",),
                 "composed_optime": ("latency_ms",), "memory_sim": ("peak_mem_mb",)}
 WHAT_IT_MODELS = {"latency_ms": "execution time", "peak_mem_mb": "peak memory"}
 

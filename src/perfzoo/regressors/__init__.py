@@ -11,6 +11,7 @@ The public API of the package, re-exported from its modules:
 - :mod:`~perfzoo.regressors.memory`: peak memory from the meta-device simulation, calibrated per device;
 - :mod:`~perfzoo.regressors.gianniti`: the end-to-end and per-layer models of Gianniti et al.;
 - :mod:`~perfzoo.regressors.composed`: per-kind operator costs summed over a model's meta-device operator trace;
+- :mod:`~perfzoo.regressors.blend`: the geometric mean of several regressors (``composed`` with ``poly_lasso``);
 - :mod:`~perfzoo.regressors.transfer`: predicting an unprofiled GPU from other GPUs;
 - :mod:`~perfzoo.regressors.selection`: cross-validated grid search;
 - :mod:`~perfzoo.regressors.baselines`: rule-of-thumb baselines scored beside the regressors.
@@ -30,6 +31,7 @@ from perfzoo.regressors.base import (
     save_regressor,
 )
 from perfzoo.regressors.baselines import BASELINES, baseline_predictions
+from perfzoo.regressors.blend import BlendRegressor
 from perfzoo.regressors.composed import ComposedRegressor
 from perfzoo.regressors.gianniti import GiannitiE2ERegressor, GiannitiLayerRegressor
 from perfzoo.regressors.linear import LinearRegressor, PolyLassoRegressor, RooflineRegressor
@@ -42,6 +44,7 @@ from perfzoo.regressors.trees import ExtraTreesRegressor, RandomForestRegressor,
 __all__ = [
     "BASELINES",
     "REGISTRY",
+    "BlendRegressor",
     "ComposedRegressor",
     "DeviceTransferRegressor",
     "ExtraTreesRegressor",

@@ -180,6 +180,8 @@ class Regressor(RegressorMixin, BaseEstimator):
     _required_state: ClassVar[tuple[str, ...]] = ("feature_names_",)
     #: fitted attributes kept out of the JSON state (stored in the payload instead)
     _payload_attrs: ClassVar[tuple[str, ...]] = ()
+    #: whether the regressor is fitted on the operator aggregates ``op_*`` (the fit rule then passes them)
+    uses_operator_features: ClassVar[bool] = False
 
     # -- features
 

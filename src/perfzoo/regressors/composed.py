@@ -192,6 +192,7 @@ class ComposedRegressor(Regressor):
     """Per-device sum of per-kind operator costs plus an overhead, non-negative, in linear space."""
 
     kind = "composed"
+    uses_operator_features = True
 
     def __init__(self, group_col: str | None = "device", weighting: str = "relative", fallback: str = "linear",
                  log_target: bool = False, step_terms: tuple[str, ...] = DEFAULT_STEP_TERMS,
