@@ -265,7 +265,7 @@ def simulate_peak_memory(model: nn.Module, x: torch.Tensor, mode: str, optimizer
                            grad_bytes=split["grad"], optimizer_bytes=split["optimizer"],
                            activation_bytes=split["activation"], input_bytes=split["input"],
                            op_kinds=len(tracker.operators),
-                           onednn_conv=int(any(_runs_on_onednn(*args) for args in tracker.convolutions)))
+                           onednn_conv=int(_any_on_onednn(tracker.convolutions)))
 
 
 ONEDNN_BACKENDS = ("Mkldnn", "MkldnnTranspose")
@@ -287,27 +287,38 @@ def _convolution_signature(input: torch.Tensor, weight: torch.Tensor, bias: torc
             *(tuple(p) if isinstance(p, list | tuple) else p for p in params))
 
 
+def _any_on_onednn(convolutions: Iterable[tuple]) -> bool:
+    """Whether PyTorch runs any of these convolutions (:func:`_convolution_signature`) on oneDNN on the CPU, at
+    :data:`ONEDNN_THREADS` threads (:func:`_runs_on_onednn`)."""
+    import torch
+
+    convolutions = list(convolutions)
+    if not convolutions:
+        return False
+    threads = torch.get_num_threads()
+    torch.set_num_threads(ONEDNN_THREADS)
+    try:
+        return any(_runs_on_onednn(*signature) for signature in convolutions)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _runs_on_onednn(input: TensorSignature, weight: TensorSignature, bias: TensorSignature | None,
                     stride: tuple[int, ...], padding: tuple[int, ...], dilation: tuple[int, ...], transposed: bool,
                     output_padding: tuple[int, ...], groups: int) -> bool:
     """Whether PyTorch runs ``aten.convolution`` with these arguments (:func:`_convolution_signature`) on oneDNN
-    on the CPU, at :data:`ONEDNN_THREADS` threads: PyTorch's own backend choice
-    (``torch._C._select_conv_backend``), asked with CPU stand-ins of the same shapes and dtypes whose strides are
-    all 0 (one element of memory each)."""
+    on the CPU at the current thread count: PyTorch's own backend choice (``torch._C._select_conv_backend``),
+    asked with CPU stand-ins of the same shapes and dtypes whose strides are all 0 (one element of memory
+    each)."""
     import torch
 
     def stand_in(signature: TensorSignature) -> torch.Tensor:
         shape, dtype = signature
         return torch.empty(1, dtype=dtype).as_strided(shape, (0,) * len(shape))
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(ONEDNN_THREADS)
-    try:
-        backend = torch._C._select_conv_backend(
-            stand_in(input), stand_in(weight), None if bias is None else stand_in(bias), list(stride),
-            list(padding), list(dilation), bool(transposed), list(output_padding), int(groups))
-    finally:
-        torch.set_num_threads(threads)
+    backend = torch._C._select_conv_backend(
+        stand_in(input), stand_in(weight), None if bias is None else stand_in(bias), list(stride), list(padding),
+        list(dilation), bool(transposed), list(output_padding), int(groups))
     return backend.name in ONEDNN_BACKENDS
 
 
