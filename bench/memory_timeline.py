@@ -86,15 +86,16 @@ def main() -> None:
     parser.add_argument("configs", nargs="+", help="MODEL:BATCH:MODE[:RESOLUTION]")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print("| config | real tensor peak above start (MiB) | at | simulated (MiB) | real - simulated | most allocated by |")
+    print("| config | real tensor peak above start (MiB) | at | simulated (MiB) | real - simulated "
+          "| most allocated by |")
     print("|---|---|---|---|---|---|")
     for spec in args.configs:
         name, batch, mode, *rest = spec.split(":")
         resolution = int(rest[0]) if rest else 64
         real, at, per_op = real_peak(name, int(batch), mode, resolution)
         simulated = simulated_peak(name, int(batch), mode, resolution)
-        print(f"| {name}@{resolution}px {mode} b{batch} | {real:.1f} | {at} | {simulated:.1f} | {real - simulated:+.1f} "
-              f"| {per_op} |", flush=True)
+        print(f"| {name}@{resolution}px {mode} b{batch} | {real:.1f} | {at} | {simulated:.1f} "
+              f"| {real - simulated:+.1f} | {per_op} |", flush=True)
 
 
 if __name__ == "__main__":

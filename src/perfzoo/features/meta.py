@@ -61,9 +61,9 @@ sim_op_kinds, sim_onednn_conv, sim_error
     The profiled step (``perfzoo.profiling.core.make_step``: cross-entropy loss and an optimizer step in
     training) replayed twice on the meta device by :func:`perfzoo.features.memory.simulate_peak_memory`: the
     peak of live tensor bytes, the bytes before the first step, the split of the peak by category, the
-    number of distinct operators and whether a convolution runs on oneDNN on the CPU. When that step cannot run (an output the
-    profiled cross-entropy loss does not take, as a backbone without a classifier head) they are NaN and
-    ``sim_error`` holds the one-line reason (else "").
+    number of distinct operators and whether a convolution runs on oneDNN on the CPU. When that step cannot
+    run (an output the profiled cross-entropy loss does not take, as a backbone without a classifier head)
+    they are NaN and ``sim_error`` holds the one-line reason (else "").
 n_module_calls
     ``nn.Module`` calls in one forward of the model, containers (``Sequential``, blocks) included, once per
     module call: each runs Python (``Module.__call__``, the ``forward`` body) outside any aten operator, a cost

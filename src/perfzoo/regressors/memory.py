@@ -29,8 +29,9 @@ class MemorySimRegressor(Regressor):
     The ``sim_*`` features come from :func:`perfzoo.features.memory.simulate_peak_memory` (bytes, used in
     MiB): the peak of live tensor bytes of the profiled step replayed on the meta device, the activation
     and temporary bytes live at that peak, the number of distinct operators the step ran and whether a
-    convolution runs on oneDNN (PyTorch runs small ones on its own kernel). The square root of the operator count was chosen over the count itself after
-    comparing both on the splits of the default CPU zoo (bench/memory_sim.py): kernels share library
+    convolution runs on oneDNN (PyTorch runs small ones on its own kernel). The square root of the operator
+    count was chosen over the count itself after comparing both on the splits of the default CPU zoo
+    (bench/memory_sim.py): kernels share library
     code, so the code a step touches grows less than in proportion to its distinct operators. The
     coefficients are fitted per device (``group_col``) by median regression with weights ``1 / y``, which
     minimises the mean absolute percentage error on the training rows and is robust to outliers; a device
@@ -49,10 +50,10 @@ class MemorySimRegressor(Regressor):
     above its baseline taken after ``gc`` and before the model is built (``perfzoo.profiling.core``):
     ``a_t`` the autograd engine, backward and optimizer kernels touched by training; ``e`` oneDNN's
     convolution code and JIT kernels (a step whose convolutions PyTorch runs on its own im2col kernel
-    touches none of them: a ``Conv1d`` over 12 x 256 at batch 1); ``d`` the code of the operators (libtorch, BLAS and oneDNN pages
-    touched for the first time); ``c`` the workspaces that kernels allocate internally in proportion to
-    the activations (convolution reorders, im2col buffers, GEMM packing) and the allocator's
-    fragmentation; ``b`` stays near 1 (weights, gradients and optimizer state are allocated as
+    touches none of them: a ``Conv1d`` over 12 x 256 at batch 1); ``d`` the code of the operators
+    (libtorch, BLAS and oneDNN pages touched for the first time); ``c`` the workspaces that kernels
+    allocate internally in proportion to the activations (convolution reorders, im2col buffers, GEMM
+    packing) and the allocator's fragmentation; ``b`` stays near 1 (weights, gradients and optimizer state are allocated as
     simulated). On CUDA, whose label is ``max_memory_allocated``, the same terms absorb the caching
     allocator's rounding and cuBLAS/cuDNN workspaces. A row without simulated features (a model the
     simulation failed on) gets no prediction (NaN), never an imputed one. Only the ``peak_mem_mb`` target
