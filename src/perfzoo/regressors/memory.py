@@ -53,8 +53,8 @@ class MemorySimRegressor(Regressor):
     touches none of them: a ``Conv1d`` over 12 x 256 at batch 1); ``d`` the code of the operators
     (libtorch, BLAS and oneDNN pages touched for the first time); ``c`` the workspaces that kernels
     allocate internally in proportion to the activations (convolution reorders, im2col buffers, GEMM
-    packing) and the allocator's fragmentation; ``b`` stays near 1 (weights, gradients and optimizer state are allocated as
-    simulated). On CUDA, whose label is ``max_memory_allocated``, the same terms absorb the caching
+    packing) and the allocator's fragmentation; ``b`` stays near 1 (weights, gradients and optimizer state
+    are allocated as simulated). On CUDA, whose label is ``max_memory_allocated``, the same terms absorb the caching
     allocator's rounding and cuBLAS/cuDNN workspaces. A row without simulated features (a model the
     simulation failed on) gets no prediction (NaN), never an imputed one. Only the ``peak_mem_mb`` target
     is meaningful. The model is additive in bytes, so ``log_target`` (a parameter of every regressor) must
