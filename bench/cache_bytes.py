@@ -4,8 +4,8 @@ capacities, refitted offline on a finished default run.
     python bench/cache_bytes.py RESULTS [--capacities-mib 2 4 8 16 32] [--user MODEL_FILE:build SHAPE CSV ...]
 
 For each capacity, every (model, mode, batch) of ``RESULTS/zoo/manifest.parquet`` is traced again by the
-features stage's own code (:func:`perfzoo.features.meta.featurise_manifest`, the capacity set on the operator
-table), its ``op_<kind>_bytes`` taken as ``bytes_read + bytes_written - bytes_cached`` and, as "no cache",
+features stage's own code (:func:`perfzoo.features.meta.featurise_manifest` with the capacity as its
+``cache_bytes``), its ``op_<kind>_bytes`` taken as ``bytes_read + bytes_written - bytes_cached`` and, as "no cache",
 ``bytes_read + bytes_written`` (the aggregates before ``bytes_cached`` existed); ``composed`` is refitted on
 every split as the fit rule does and scored as the evaluate rule does (:func:`composed_shrinkage.scores`: test
 MAPE %, coverage % of the 90 % intervals in brackets; ``select`` is the mean over family_monte_carlo and
@@ -30,7 +30,6 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from composed_shrinkage import SELECTION_SPLITS, SPLITS, scores, with_module_calls  # noqa: E402
 
-import perfzoo.features.ops as ops  # noqa: E402
 from perfzoo.features.ops import op_aggregates  # noqa: E402
 from perfzoo.config import load_config  # noqa: E402
 from perfzoo.features.meta import featurise, featurise_manifest  # noqa: E402
@@ -44,11 +43,10 @@ OP_COLUMNS = list(OP_FEATURE_KINDS)
 def traced(results: Path, capacity: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The operator tables of every config of the run, ``bytes_cached`` for a cache of ``capacity`` bytes, and
     the model table featurised by the current code."""
-    ops._op_table.__defaults__ = (capacity,)
     classes = load_config(results.parent / "config.yaml")["zoo"]["num_classes"]
     tables: list[pd.DataFrame] = []
     models, _ = featurise_manifest(pd.read_parquet(results / "zoo" / "manifest.parquet"), num_classes=classes,
-                                   progress=False, op_tables=tables)
+                                   progress=False, op_tables=tables, cache_bytes=capacity)
     return pd.concat(tables, ignore_index=True), models
 
 

@@ -13,6 +13,7 @@ from perfzoo.features import meta
 from perfzoo.features.meta import MODEL_COLUMNS, featurise
 from perfzoo.features.op_kinds import COSTED_KINDS, OP_COLUMNS, OP_ERROR_COLUMN, OP_FEATURES
 from perfzoo.features.ops import (
+    CACHE_BYTES,
     MetaKernelCache,
     OpTraceError,
     cached_bytes,
@@ -450,3 +451,17 @@ def test_the_fit_rule_gives_operator_features_to_the_blend_and_fits_it_on_latenc
     assert "poly_lasso" not in OPERATOR_FEATURE_REGRESSORS
     assert unsupported_reason("composed_blend", "peak_mem_mb") is not None
     assert unsupported_reason("composed_blend", "latency_ms") is None
+
+
+@pytest.mark.parametrize("build, shape", [
+    (lambda: nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)), (64,)),  # the shared steps
+    (lambda: nn.LSTM(6, 8, batch_first=True), (7, 6)),  # an LSTM: the separate passes
+])
+def test_the_cache_capacity_reaches_the_operator_table_on_both_featurisation_paths(build, shape):
+    tables = {}
+    for capacity in (0, CACHE_BYTES):
+        tables[capacity] = []
+        featurise(build, shape, 4, "inference", model_id="m", op_tables=tables[capacity], cache_bytes=capacity)
+    without, with_cache = tables[0][0], tables[CACHE_BYTES][0]
+    assert (without["bytes_cached"] == 0).all() and with_cache["bytes_cached"].sum() > 0
+    assert without.drop(columns="bytes_cached").equals(with_cache.drop(columns="bytes_cached"))

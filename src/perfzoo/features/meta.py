@@ -110,6 +110,7 @@ from perfzoo.features.memory import (
 )
 from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURES
 from perfzoo.features.ops import (
+    CACHE_BYTES,
     MetaKernelCache,
     OpRecorder,
     class_targets,
@@ -529,6 +530,7 @@ def featurise(
     trace_graph: bool = True,
     optimizer: str = "sgd",
     op_tables: list[pd.DataFrame] | None = None,
+    cache_bytes: int = CACHE_BYTES,
 ) -> tuple[dict, pd.DataFrame]:
     """Build the model on the meta device and return (model-level features, per-layer table).
 
@@ -541,6 +543,8 @@ def featurise(
     ``graph_error`` "not traced"), for callers that already traced the same model. The ``op_*`` features come
     from the profiled step (with the same ``optimizer``) traced into aten operators
     (:mod:`perfzoo.features.ops`); that per-operator table is appended to ``op_tables`` when given.
+    ``cache_bytes`` is the cache capacity behind its ``bytes_cached`` (:data:`perfzoo.features.ops.CACHE_BYTES`;
+    benchmarks compare others).
     """
     if mode not in MODES:
         raise InputError(f"model {model_id}: unknown mode {mode!r} (expected one of {', '.join(MODES)})")
@@ -556,9 +560,9 @@ def featurise(
             x = _make_input(tuple(int(d) for d in input_shape), batch, input_dtype)
         except (ValueError, TypeError, RuntimeError) as exc:
             raise InputError(f"model {model_id}: bad input spec: {one_line(exc)}") from None
-    step = _two_steps(model, x, mode, optimizer, model_id)
+    step = _two_steps(model, x, mode, optimizer, model_id, cache_bytes)
     if step is None:  # the shared steps could not stand in for the separate passes: run those
-        step = _separate_passes(build, x, mode, optimizer, model_id)
+        step = _separate_passes(build, x, mode, optimizer, model_id, cache_bytes)
         model = step.model
     with torch.device("meta"):
         graph_nodes, graph_edges, graph_error = (_graph_size(model) if trace_graph
@@ -693,7 +697,8 @@ class _SharedSteps:
                 handle.remove()
 
 
-def _two_steps(model: nn.Module, x: torch.Tensor, mode: str, optimizer: str, model_id: str) -> _Recorded | None:
+def _two_steps(model: nn.Module, x: torch.Tensor, mode: str, optimizer: str, model_id: str,
+               cache_bytes: int = CACHE_BYTES) -> _Recorded | None:
     """Everything the separate passes record, from the memory simulation's two replayed steps with
     :class:`_SharedSteps` riding along; None when the steps fail or the recordings could differ from the
     separate passes' (the caller then runs those), and for a model with an LSTM, whose operator trace and FLOP
@@ -707,14 +712,14 @@ def _two_steps(model: nn.Module, x: torch.Tensor, mode: str, optimizer: str, mod
         return None
     if shared.differs or shared.counter.failure or shared.flops is None or shared.flops_fw is None:
         return None
-    op_features, table = shared.trace.features(mode, int(x.shape[0]))
+    op_features, table = shared.trace.features(mode, int(x.shape[0]), cache_bytes)
     memory = feature_row(lambda: simulated)
     return _Recorded(model, shared.layers, shared.flops, shared.flops_fw, shared.loss_values, op_features, table,
                      memory)
 
 
-def _separate_passes(build: Callable[[], nn.Module], x: torch.Tensor, mode: str, optimizer: str, model_id: str
-                     ) -> _Recorded:
+def _separate_passes(build: Callable[[], nn.Module], x: torch.Tensor, mode: str, optimizer: str, model_id: str,
+                     cache_bytes: int = CACHE_BYTES) -> _Recorded:
     """The recordings by separate passes over the step of a new build: FlopCounterMode with the module hooks,
     the operator trace, the memory simulation (the reference :func:`_two_steps` stands in for)."""
     with torch.device("meta"):
@@ -736,7 +741,7 @@ def _separate_passes(build: Callable[[], nn.Module], x: torch.Tensor, mode: str,
             for handle in handles:
                 handle.remove()
         op_features, op_table = traced_op_features(lambda: model, x, mode, counter.flop_registry, model_id,
-                                                   optimizer)
+                                                   optimizer, cache_bytes)
     loss_values = _loss_values(output, int(x.shape[0])) if mode == "training" else None
     memory = simulated_memory_features(model, x, mode, optimizer, model_id)
     return _Recorded(model, recorder, flops, flops_fw, loss_values, op_features, op_table, memory)
@@ -789,10 +794,12 @@ def manifest_builder(row: dict[str, Any], num_classes: int) -> tuple[Callable[[]
 
 
 def featurise_manifest(manifest: pd.DataFrame, num_classes: int, progress: bool = True, optimizer: str = "sgd",
-                       op_tables: list[pd.DataFrame] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                       op_tables: list[pd.DataFrame] | None = None, cache_bytes: int = CACHE_BYTES
+                       ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Features of every (model, mode, batch) config of the zoo manifest: (model table, layer table);
     ``optimizer`` is the profiled training step's (config ``profiling.optimizer``), for the ``sim_*`` and
-    ``op_*`` columns; the per-operator tables are appended to ``op_tables`` when given."""
+    ``op_*`` columns; the per-operator tables are appended to ``op_tables`` when given; ``cache_bytes`` as
+    in :func:`featurise`."""
     models, layers = [], []
     rows = manifest.drop_duplicates(["model_id", "mode", "batch"]).to_dict("records")
     for row in tqdm(rows, desc="features", file=sys.stderr, disable=not progress, mininterval=1):
@@ -800,7 +807,8 @@ def featurise_manifest(manifest: pd.DataFrame, num_classes: int, progress: bool 
         build, input_dtype = manifest_builder(row, num_classes)
         try:
             feats, table = featurise(build, shape, int(row["batch"]), row["mode"], input_dtype,
-                                     row["model_id"], optimizer=optimizer, op_tables=op_tables)
+                                     row["model_id"], optimizer=optimizer, op_tables=op_tables,
+                                     cache_bytes=cache_bytes)
         except InputError as exc:  # a model that cannot be built keeps a row, its features missing
             print(f"features: {exc}", file=sys.stderr)
             feats, table = {"model_id": row["model_id"], "mode": row["mode"], "batch": int(row["batch"]),

@@ -485,12 +485,14 @@ class OpRecorder(TorchDispatchMode):
             _ACCESSES: () if free else (self.storages.accesses(inputs), self.storages.accesses(outputs)),
         })  # fmt: skip
 
-    def features(self, mode: str, batch: int) -> tuple[dict[str, Any], pd.DataFrame | None]:
+    def features(self, mode: str, batch: int, cache_bytes: int = CACHE_BYTES
+                 ) -> tuple[dict[str, Any], pd.DataFrame | None]:
         """(``op_*`` aggregates and ``op_trace_error``, per-operator table) of the rows recorded, as
-        :func:`traced_op_features` gives them (missing, with the reason, after a :attr:`failure`)."""
+        :func:`traced_op_features` gives them (missing, with the reason, after a :attr:`failure`);
+        ``cache_bytes`` is the capacity behind ``bytes_cached``."""
         if self.failure is not None:
             return _untraced(self.failure), None
-        table = _op_table(self.rows, self.model_id, mode, batch)
+        table = _op_table(self.rows, self.model_id, mode, batch, cache_bytes)
         return {**op_aggregates(table), OP_ERROR_COLUMN: ""}, table
 
     @contextmanager

@@ -501,7 +501,8 @@ class ComposedOpTimeRegressor(ComposedRegressor):
                      ) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """The per-kind fits on the measured kind times of the group's rows that have them; a group without
         any (a GPU) keeps the end-to-end fit."""
-        assert data.kind_times is not None  # fit passes them
+        if data.kind_times is None:  # fit passes them; a caller that does not is a programming error
+            raise InputError("composed_optime: fitted without the measured per-kind times (kind_times)")
         timed = rows & ~np.isnan(data.kind_times).any(axis=1)
         if timed.any():
             return self._fit_group(data.design, data.kind_times, data.target, timed, rows)
