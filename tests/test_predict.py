@@ -317,16 +317,26 @@ def test_predictor_choice_and_fold_average(run_dir: Path) -> None:
     from perfzoo.fitting import regressor_inputs
     from perfzoo.prediction import predict
 
+    from perfzoo.prediction.predictors import IN_FAMILY_SPLITS, NEEDS_PROFILED_LAYERS
+
     metrics = pd.read_parquet("results/evaluate/metrics.parquet")
-    # a profiled family: the best score on the random split; an anonymous module (no family to match):
-    # the best score with whole families held out
-    for model, split in (("mlp:mlp_small", "random"), (_mlp(), "leave_one_family_out")):
+    metrics = metrics[np.isfinite(metrics["mape"]) & ~metrics["regressor"].isin(NEEDS_PROFILED_LAYERS)]
+    # a profiled family: the best score over the held-out rows of the within-family splits every candidate was
+    # scored on, with the random split's models; an anonymous module (no family to match): the best score with
+    # whole families held out
+    for model, split, scored in (("mlp:mlp_small", "random", IN_FAMILY_SPLITS),
+                                 (_mlp(), "leave_one_family_out", ("leave_one_family_out",))):
         chosen_all = predict(model, batch=4, input_shape=64).record["predictors"]
         for target, chosen in chosen_all.items():
-            rows = metrics[(metrics["target"] == target) & (metrics["split"] == split)]
+            rows = metrics[metrics["target"] == target]
+            fitted = [r for r in rows.loc[rows["split"] == split, "regressor"]
+                      if Path(f"results/fit/{target}/{r}/{split}.models.json").is_file()]
+            rows = rows[rows["regressor"].isin(fitted) & rows["split"].isin(scored)]
+            rows = rows[rows.groupby("split")["regressor"].transform("nunique") == len(set(fitted))]
+            pooled = (rows["mape"] * rows["n"]).groupby(rows["regressor"]).sum() / rows.groupby("regressor")["n"].sum()
             assert chosen["split"] == split
-            assert chosen["regressor"] == rows.sort_values("mape").iloc[0]["regressor"], target
-            assert chosen["validation_mape"] == pytest.approx(rows["mape"].min())
+            assert chosen["regressor"] == pooled.idxmin(), target
+            assert chosen["validation_mape"] == pytest.approx(pooled.min())
     result = predict(_mlp(), batch=4, input_shape=64)
     assert set(result.record["missing_targets"]) >= {"throughput", "mean_power_w"}
     assert "fit.targets" in result.record["missing_targets"]["throughput"]
@@ -660,6 +670,16 @@ def test_fold_average_conformal_interval_and_split_choice(tmp_path: Path) -> Non
     assert choose_file(metrics, tmp_path, "latency_ms")[:2] == ("random_forest", "random")
     no_random = metrics[metrics["split"] != "random"]
     assert choose_file(no_random, tmp_path, "latency_ms")[:2] == ("xgboost", "leave_one_family_out")
+    # with the other within-family splits scored too, their held-out rows count: linear is better on 100 rows
+    # of family_monte_carlo, random_forest on the random split's 10, so linear is chosen, with random's models
+    within = pd.concat([metrics, pd.DataFrame({"target": "latency_ms", "regressor": ["linear", "random_forest"],
+                                               "split": "family_monte_carlo", "mape": [5.0, 8.0], "n": 100})])
+    regressor, split, score, n, scored_on = choose_file(within, tmp_path, "latency_ms")
+    assert (regressor, split, n, scored_on) == ("linear", "random", 110, ("random", "family_monte_carlo"))
+    assert score == pytest.approx((9.0 * 10 + 5.0 * 100) / 110)
+    # a split some candidate lacks is not pooled: the random split alone decides again
+    lacking = within[~((within["regressor"] == "random_forest") & (within["split"] == "family_monte_carlo"))]
+    assert choose_file(lacking, tmp_path, "latency_ms")[0] == "random_forest"
 
 
 def test_model_names_are_cached_per_user_not_per_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

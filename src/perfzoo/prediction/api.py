@@ -40,7 +40,7 @@ from perfzoo.prediction.bounds import (
 from perfzoo.prediction.devices import device_kind, device_row, device_settings, load_config, select_devices
 from perfzoo.prediction.featurise import Featuriser, child_strategy
 from perfzoo.prediction.predictors import (
-    PREFERRED_SPLIT,
+    IN_FAMILY_SPLITS,
     RUN_WORKFLOW,
     UNSEEN_FAMILY_SPLIT,
     Predictor,
@@ -158,15 +158,19 @@ def _featurise_overlapped(
     return featurised, inputs, featuriser.method
 
 
+IN_FAMILY_CHOICE = (f"best held-out MAPE over the {', '.join(IN_FAMILY_SPLITS)} splits (where evaluated; their "
+                    "held-out rows pooled)")
+
+
 def _choose_predictors(spec: ModelSpec, class_name: str, w: WorkflowInputs) -> str:
     """For a family never profiled, swap in the predictors scored with whole families held out (the
     scores that matter then); how the predictors were chosen."""
     if family_profiled([spec.name.split(":")[-1], class_name], w.data):
-        return f"best held-out MAPE on the {PREFERRED_SPLIT} split"
+        return IN_FAMILY_CHOICE
     unseen, _ = load_predictors(w.results, w.data, UNSEEN_FAMILY_SPLIT)
     swapped = {t: p for t, p in unseen.items() if p.split == UNSEEN_FAMILY_SPLIT and t in w.predictors}
     if not swapped:
-        return f"best held-out MAPE on the {PREFERRED_SPLIT} split"
+        return IN_FAMILY_CHOICE
     w.predictors.update(swapped)
     return (
         f"best held-out MAPE on the {UNSEEN_FAMILY_SPLIT} split, as the model's family was never "

@@ -1,11 +1,14 @@
 """The fitted predictors a prediction uses: for each target, the file with the best held-out score, its
 fold models, and the held-out residuals its interval is calibrated on.
 
-Choice of predictor. For each target, the row of ``results/evaluate/metrics.parquet`` with the lowest
-MAPE on the ``random`` split (else on any split) whose ``results/fit/{target}/{regressor}/{split}
-.models.json`` exists; for a model whose family was never profiled, the lowest MAPE on the
-``leave_one_family_out`` split instead (the score of predicting families held out of training), with
-that split's fitted models and residuals. The prediction is the mean of that file's fold models.
+Choice of predictor. For each target, the regressor with the lowest MAPE over the held-out rows of the
+splits within profiled families (:data:`IN_FAMILY_SPLITS`: ``random``, ``family_monte_carlo`` and
+``stratified_kfold``, their rows pooled; the random split alone holds 15 rows in the default run, too few to
+tell regressors apart) among those whose ``results/fit/{target}/{regressor}/random.models.json`` exists, with
+that file's fold models and residuals (else the lowest MAPE of any split with a fitted file); for a model whose
+family was never profiled, the lowest MAPE on the ``leave_one_family_out`` split instead (the score of
+predicting families held out of training), with that split's fitted models and residuals. The prediction is
+the mean of that file's fold models.
 
 Intervals (nominal 90 %). Regressors with their own calibrated intervals (``device_transfer``): those
 (mean over folds). Every other regressor: ``p × exp(±q)``, ``q`` the conformal quantile
@@ -47,6 +50,9 @@ TARGETS = (
 
 
 PREFERRED_SPLIT = "random"
+#: splits whose held-out rows are configs of profiled families: pooled, their scores choose the predictor of a
+#: model of a profiled family (whose fitted files are those of :data:`PREFERRED_SPLIT`)
+IN_FAMILY_SPLITS = (PREFERRED_SPLIT, "family_monte_carlo", "stratified_kfold")
 
 
 #: the split whose scores choose the predictors of a model from a family that was never profiled
@@ -92,6 +98,13 @@ class Predictor:
     n_scored: int | None
     calibration: Calibration | None = None
     coverage: MeasuredCoverage = field(default_factory=MeasuredCoverage)
+    scored_on: tuple[str, ...] = ()
+    """The splits whose held-out rows ``mape`` pools (empty: ``split`` alone)."""
+
+    @property
+    def score_text(self) -> str:
+        """Where ``mape`` was measured: the split, or the pooled splits."""
+        return " + ".join(self.scored_on or (self.split,))
 
     @property
     def feature_names(self) -> list[str]:
@@ -153,9 +166,10 @@ NEEDS_PROFILED_LAYERS = ("gianniti_layer",)
 
 def choose_file(
     metrics: pd.DataFrame, results: Path, target: str, preferred_split: str = PREFERRED_SPLIT
-) -> tuple[str, str, float | None, int | None]:
-    """(regressor, split, mape, n) of the best-scored existing predictor file of ``target``, by its score
-    on ``preferred_split`` where that split was evaluated."""
+) -> tuple[str, str, float | None, int | None, tuple[str, ...]]:
+    """(regressor, split, mape, n, splits scored on) of the best-scored existing predictor file of ``target``:
+    by its score on ``preferred_split`` where that split was evaluated, for :data:`PREFERRED_SPLIT` pooled over
+    :data:`IN_FAMILY_SPLITS` (:func:`_in_family_scores`)."""
     rows = metrics[
         (metrics["target"] == target)
         & np.isfinite(pd.to_numeric(metrics["mape"], errors="coerce"))
@@ -169,9 +183,13 @@ def choose_file(
     ]
     if len(rows):
         preferred = rows[rows["split"] == preferred_split]
+        scored_on: tuple[str, ...] = ()
+        if preferred_split == PREFERRED_SPLIT and len(preferred):
+            preferred, scored_on = _in_family_scores(metrics, target, preferred)
         best = (preferred if len(preferred) else rows).sort_values(["mape", "regressor", "split"]).iloc[0]
         n = pd.to_numeric(best.get("n"), errors="coerce")
-        return str(best["regressor"]), str(best["split"]), float(best["mape"]), None if pd.isna(n) else int(n)
+        return (str(best["regressor"]), str(best["split"]), float(best["mape"]), None if pd.isna(n) else int(n),
+                scored_on)
     files = sorted(
         (
             p
@@ -181,8 +199,30 @@ def choose_file(
         key=lambda p: (p.name != f"{preferred_split}.models.json", str(p)),
     )
     if files:  # fitted, but no held-out score (e.g. a split without test rows)
-        return files[0].parent.name, files[0].name.removesuffix(".models.json"), None, None
-    return "", "", None, None
+        return files[0].parent.name, files[0].name.removesuffix(".models.json"), None, None, ()
+    return "", "", None, None, ()
+
+
+def _in_family_scores(metrics: pd.DataFrame, target: str, candidates: pd.DataFrame
+                      ) -> tuple[pd.DataFrame, tuple[str, ...]]:
+    """``candidates`` (rows of the preferred split) with ``mape`` and ``n`` pooled over the held-out rows of the
+    :data:`IN_FAMILY_SPLITS` that every candidate was scored on (MAPE weighted by each split's rows), and those
+    splits. A split without row counts is left out, as is a split some candidate lacks."""
+    scores = metrics[(metrics["target"] == target) & metrics["split"].isin(IN_FAMILY_SPLITS)
+                     & metrics["regressor"].isin(candidates["regressor"])]
+    scores = scores.assign(mape=pd.to_numeric(scores["mape"], errors="coerce"),
+                           n=pd.to_numeric(scores.get("n"), errors="coerce"))
+    scores = scores[np.isfinite(scores["mape"]) & (scores["n"] > 0)]
+    per_split = scores.groupby("split")["regressor"].nunique()
+    splits = tuple(s for s in IN_FAMILY_SPLITS if per_split.get(s, 0) == candidates["regressor"].nunique())
+    if PREFERRED_SPLIT not in splits or len(splits) < 2:
+        return candidates, ()
+    scores = scores[scores["split"].isin(splits)]
+    rows = scores.groupby("regressor")["n"].sum()
+    pooled = pd.DataFrame({"mape": (scores["mape"] * scores["n"]).groupby(scores["regressor"]).sum() / rows,
+                           "n": rows})
+    return candidates.drop(columns=["mape", "n"], errors="ignore").merge(
+        pooled, left_on="regressor", right_index=True), splits
 
 
 def load_predictors(
@@ -197,8 +237,8 @@ def load_predictors(
     found: dict[str, Predictor] = {}
     missing: dict[str, str] = {}
     for target in TARGETS:
-        regressor, split, score, n = (
-            choose_file(metrics, results, target, preferred_split) if len(metrics) else ("", "", None, None)
+        regressor, split, score, n, scored_on = (
+            choose_file(metrics, results, target, preferred_split) if len(metrics) else ("", "", None, None, ())
         )
         if not regressor:
             missing[target] = _no_predictor_reason(results, data, target)
@@ -215,7 +255,7 @@ def load_predictors(
         calibration = held_out_calibration(path.with_name(f"{split}.predictions.parquet"))
         coverage = measured_coverage(metrics, target, regressor, split)
         found[target] = Predictor(
-            target, regressor, split, path, folds, meta, score, n, calibration, coverage
+            target, regressor, split, path, folds, meta, score, n, calibration, coverage, scored_on
         )
     return found, missing
 

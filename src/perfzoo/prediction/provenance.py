@@ -67,6 +67,7 @@ def _predictor_record(
         "folds": sorted(p.folds),
         "validation_mape": p.mape,
         "validation_n": p.n_scored,
+        "validation_splits": p.score_text,
         "interval": p.interval_source,
         "fitted_on": fitted_on,
         "dataset_sha256": dataset_sha,

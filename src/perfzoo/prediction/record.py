@@ -105,7 +105,7 @@ def _predictor_lines(r: Mapping[str, Any]) -> list[str]:
     lines = [f"predictors ({r.get('predictor_choice', '')}):"]
     for target, p in r["predictors"].items():
         score = (
-            f"MAPE {p['validation_mape']:.3g} % on {p['split']}"
+            f"MAPE {p['validation_mape']:.3g} % on {p.get('validation_splits') or p['split']}"
             if p["validation_mape"] is not None
             else "no held-out score"
         )
