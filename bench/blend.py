@@ -23,29 +23,23 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import pandas as pd  # noqa: E402
-from composed_shrinkage import with_module_calls  # noqa: E402
+from composed_shrinkage import SELECTION_SPLITS, SPLITS, TARGET, with_module_calls  # noqa: E402
+from composed_shrinkage import scores as composed_scores  # noqa: E402
 
 from perfzoo.features.op_kinds import OP_FEATURES  # noqa: E402
-from perfzoo.evaluate import metrics_table, with_intervals  # noqa: E402
-from perfzoo.fitting import fit_split  # noqa: E402
 
-TARGET = "latency_ms"
-SPLITS = ("leave_one_family_out", "batch_extrapolation", "random", "family_monte_carlo", "stratified_kfold")
-SELECTION_SPLITS = ("family_monte_carlo", "stratified_kfold")
 REGRESSORS = ("composed", "poly_lasso", "composed_blend")
 
 
 def scores(results: Path) -> pd.DataFrame:
-    """One row per (regressor, split): MAPE, coverage and the run's noise floor and references."""
+    """One row per (regressor, split): MAPE, coverage and the run's noise floor
+    (:func:`composed_shrinkage.scores` for each regressor)."""
     data = with_module_calls(results, pd.read_parquet(results / "dataset" / "dataset.parquet"))
     for column in OP_FEATURES:  # kinds added since the run: none of its operators is of them
         if column not in data.columns:
             data[column] = 0.0
-    predictions = [fit_split(data, pd.read_parquet(results / "splits" / f"{split}.parquet"), TARGET, name)[0]
-                   for split in SPLITS for name in REGRESSORS]
-    table = metrics_table(with_intervals(pd.concat(predictions, ignore_index=True)),
-                          pd.read_parquet(results / "dataset" / "noise_floor.parquet"))
-    return table[table["target"] == TARGET]
+    return pd.concat([composed_scores(results, {}, SPLITS, data, name).reset_index() for name in REGRESSORS],
+                     ignore_index=True)
 
 
 def run_best(results: Path) -> pd.DataFrame:

@@ -61,9 +61,11 @@ def with_module_calls(results: Path, data: pd.DataFrame) -> pd.DataFrame:
     return data.merge(counts, on=["model_id", "mode"], how="left", validate="many_to_one")
 
 
-def scores(results: Path, params: dict, splits: tuple[str, ...], data: pd.DataFrame) -> pd.DataFrame:
-    """Metrics of ``composed`` with ``params`` on every split, as the fit and evaluate rules compute them."""
-    predictions = [fit_split(data, pd.read_parquet(results / "splits" / f"{s}.parquet"), TARGET, REGRESSOR,
+def scores(results: Path, params: dict, splits: tuple[str, ...], data: pd.DataFrame,
+           regressor: str = REGRESSOR) -> pd.DataFrame:
+    """Metrics of ``regressor`` (``composed``) with ``params`` on every split, as the fit and evaluate rules
+    compute them."""
+    predictions = [fit_split(data, pd.read_parquet(results / "splits" / f"{s}.parquet"), TARGET, regressor,
                              params)[0] for s in splits]
     noise = pd.read_parquet(results / "dataset" / "noise_floor.parquet")
     return metrics_table(with_intervals(pd.concat(predictions, ignore_index=True)), noise).set_index("split")

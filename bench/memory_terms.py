@@ -4,8 +4,8 @@
 
 RESULTS_DIR is a finished default run's ``results/`` (read only: its ``dataset/dataset.parquet`` with the
 ``sim_*`` features and its ``splits/*.parquet``). ``--refeaturise`` featurises the run's zoo manifest again with
-the current code and takes ``sim_onednn_conv`` from it, for runs made before that column existed (the other
-features of the run's dataset are kept, so its other term sets are scored as the run had them). Every term set below is ``memory_sim``'s median
+the current code and takes the columns the run's dataset lacks from it (``sim_onednn_conv`` for runs made before it
+existed; the other features of the run's dataset are kept, so its other term sets are scored as the run had them). Every term set below is ``memory_sim``'s median
 regression (weights 1/y, per device) on other columns; each is fitted on every fold's training rows and
 scored on its test rows (MAPE %, pooled over folds). ``nested`` chooses, inside each outer fold, the term
 set with the lowest inner leave-one-family-out MAPE on that fold's training families alone, so no
@@ -15,12 +15,14 @@ held-out row takes part in the choice. Printed as Markdown.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from perfzoo.features.ops import CACHE_BYTES
 from perfzoo.regressors import MemorySimRegressor
 
 TARGET, MIB = "peak_mem_mb", 2.0**20
@@ -69,16 +71,6 @@ def inner_choice(train: pd.DataFrame) -> str:
     return min(scores, key=scores.__getitem__)
 
 
-def with_current_onednn_flag(data: pd.DataFrame, results: Path) -> pd.DataFrame:
-    """``data`` with ``sim_onednn_conv`` of the run's manifest featurised by the current code."""
-    from perfzoo.features.meta import featurise_manifest
-
-    models, _ = featurise_manifest(pd.read_parquet(results / "zoo" / "manifest.parquet"), 100, progress=False)
-    keys = ["model_id", "mode", "batch"]
-    return data.drop(columns=["sim_onednn_conv"], errors="ignore").merge(
-        models[[*keys, "sim_onednn_conv"]], on=keys, how="left", validate="one_to_one")
-
-
 def score(data: pd.DataFrame, split: pd.DataFrame) -> tuple[dict[str, float], pd.Series]:
     """(MAPE per term set and 'nested', how often each set was chosen by the nested choice)."""
     errors: dict[str, list[np.ndarray]] = {name: [] for name in [*TERM_SETS, "nested"]}
@@ -99,8 +91,11 @@ def main() -> None:
     parser.add_argument("--refeaturise", action="store_true", help="sim_onednn_conv from the current code")
     args = parser.parse_args()
     data = pd.read_parquet(args.results / "dataset" / "dataset.parquet")
-    if args.refeaturise:
-        data = with_current_onednn_flag(data, args.results)
+    if args.refeaturise:  # the run's manifest featurised again, with the run's config (bench/cache_bytes.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from cache_bytes import traced, with_current_columns
+
+        data = with_current_columns(data, traced(args.results, CACHE_BYTES)[1])
     data = data.set_index("row_id")
     data = data[data[TARGET].notna() & data["sim_peak_bytes"].notna()]
     if data["device"].nunique() != 1:

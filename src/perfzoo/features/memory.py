@@ -103,9 +103,9 @@ class _LiveBytes:
         self.peak = 0
         self.at_peak: dict[str, int] = dict(self.totals)
         self.operators: set[str] = set()
+        # the _convolution_signature of every forward convolution (its backward runs on the same library); never
+        # the tensors themselves, which would stay live
         self.convolutions: set[tuple] = set()
-        """:func:`_convolution_signature` of every forward convolution (its backward runs on the same library);
-        never the tensors themselves, which would stay live."""
         self.phase = "activation"
         self.paused = False
 
@@ -313,6 +313,8 @@ def _runs_on_onednn(input: TensorSignature, weight: TensorSignature, bias: Tenso
     import torch
 
     def stand_in(signature: TensorSignature) -> torch.Tensor:
+        # the choice reads shapes and dtypes only; attention's stand-ins (features.attention) keep the strides,
+        # which the flash kernel's choice reads, and so allocate (untouched) memory of the tensor's size
         shape, dtype = signature
         return torch.empty(1, dtype=dtype).as_strided(shape, (0,) * len(shape))
 

@@ -40,6 +40,7 @@ import pandas as pd
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
+from perfzoo.features.op_kinds import OP_FEATURES
 from perfzoo.io import InputError, atomic_path, read_json, suggest
 from perfzoo.provenance import package_versions
 from perfzoo.stats import mean_and_scale
@@ -72,6 +73,12 @@ def group_labels(X: pd.DataFrame, group_col: str | None, what: str, pooled: str 
         return np.full(len(X), pooled, dtype=object)
     require_columns(X, [group_col], what=what)
     return X[group_col].astype(str).to_numpy(dtype=object)
+
+
+def without_operator_features(X: pd.DataFrame) -> pd.DataFrame:
+    """The end-to-end features of ``X``: its operator aggregates ``op_<kind>_*`` dropped, as a regressor that does
+    not use them (:attr:`Regressor.uses_operator_features`) sees a frame."""
+    return X.drop(columns=[c for c in X.columns if c in OP_FEATURES])
 
 
 def numeric_columns(X: pd.DataFrame) -> list[str]:

@@ -24,7 +24,6 @@ import numpy as np
 import pandas as pd
 from sklearn.utils.validation import check_is_fitted
 
-from perfzoo.features.op_kinds import OP_FEATURES
 from perfzoo.io import InputError
 from perfzoo.regressors.base import (
     REGISTRY,
@@ -32,6 +31,7 @@ from perfzoo.regressors.base import (
     check_frame,
     register_regressor,
     regressor_from_document,
+    without_operator_features,
 )
 
 DEFAULT_MEMBERS = ("composed", "poly_lasso")
@@ -62,9 +62,7 @@ class BlendRegressor(Regressor):
     @staticmethod
     def _inputs(member: type[Regressor] | Regressor, X: pd.DataFrame) -> pd.DataFrame:
         """``X`` as ``member`` sees it on its own: without the operator features unless it uses them."""
-        if member.uses_operator_features:
-            return X
-        return X.drop(columns=[c for c in X.columns if c in OP_FEATURES])
+        return X if member.uses_operator_features else without_operator_features(X)
 
     def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> BlendRegressor:
         self._check_members()

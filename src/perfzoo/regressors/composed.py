@@ -99,6 +99,7 @@ from perfzoo.regressors.base import (
     regressor_from_document,
     require_columns,
     sorted_importances,
+    without_operator_features,
 )
 
 WEIGHTINGS = ("relative", "mape", "none")
@@ -248,11 +249,6 @@ class ComposedRegressor(Regressor):
     def _groups(self, X: pd.DataFrame) -> np.ndarray:
         return group_labels(X, self.group_col, "composed group", pooled=ALL_DEVICES)
 
-    @staticmethod
-    def _without_ops(X: pd.DataFrame) -> pd.DataFrame:
-        """The end-to-end features of ``X``: the fallback never sees the (missing) operator features."""
-        return X.drop(columns=[c for c in X.columns if c in OP_FEATURES])
-
     # -- fit
 
     def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> ComposedRegressor:
@@ -296,7 +292,7 @@ class ComposedRegressor(Regressor):
             self.coef_[group], self.pooled_coef_[group], self.seen_kinds_[group] = self._group_costs(
                 group, data, rows, strength)
             self.shrinkage_[group] = strength
-        self.fallback_model_ = REGISTRY[self.fallback]().fit(self._without_ops(X), y)
+        self.fallback_model_ = REGISTRY[self.fallback]().fit(without_operator_features(X), y)  # never the operator features
 
     def _group_costs(self, group: str, data: _FitData, rows: np.ndarray, strength: float
                      ) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -375,7 +371,7 @@ class ComposedRegressor(Regressor):
         overhead, costs, _, traced = self._contributions(X)
         out = overhead + costs.sum(axis=1)
         if not traced.all():
-            out[~traced] = self.fallback_model_.predict(self._without_ops(X.loc[~traced]))
+            out[~traced] = self.fallback_model_.predict(without_operator_features(X.loc[~traced]))
         return out
 
     def unseen_kinds(self, X: pd.DataFrame) -> pd.DataFrame:
