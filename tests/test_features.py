@@ -279,6 +279,44 @@ def test_multi_billion_parameter_encoder_featurises_in_little_memory() -> None:
     assert result["peak"] < 2**30, f"peak RSS over 1 GiB (imports alone: {mib['before']} MiB): {mib}"
 
 
+class SharedAndFunctional(nn.Module):
+    """A parameter shared by two modules, read as an attribute, and buffers handed to a functional."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 6)
+        self.b.weight = self.a.weight
+        self.scale = nn.Parameter(torch.ones(6))
+        self.register_buffer("mean", torch.zeros(6))
+        self.register_buffer("var", torch.ones(6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.b(self.a(x)) * self.scale + self.a.weight.sum()
+        return nn.functional.batch_norm(x, self.mean, self.var, self.scale, None, False)
+
+
+def graph_counts(graph: torch.fx.Graph) -> tuple[float, float]:
+    nodes = list(graph.nodes)
+    return float(len(nodes)), float(sum(len(n.all_input_nodes) for n in nodes))
+
+
+@pytest.mark.parametrize("build", [SharedAndFunctional, tiny_cnn, ShapeBranch], ids=lambda b: b.__name__)
+def test_graph_and_its_size_are_those_of_torch_fx_symbolic_trace(build) -> None:
+    from perfzoo.features.meta import _graph_size, _IndexedTracer
+
+    model = build()
+    try:
+        reference = torch.fx.symbolic_trace(model).graph
+    except Exception:  # noqa: BLE001 - both must fail
+        reference = None
+    got = _graph_size(model)
+    if reference is None:
+        assert math.isnan(got[0]) and math.isnan(got[1]) and got[2]
+        return
+    assert got == (*graph_counts(reference), "")
+    assert str(_IndexedTracer().trace(model)) == str(reference)  # the same nodes, get_attr names included
+
+
 # --------------------------------------------------------------------------- failures
 
 
