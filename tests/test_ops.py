@@ -233,6 +233,40 @@ def test_kernel_cache_reuses_fresh_outputs_and_never_a_view_of_an_input():
     assert cache.hits == 1
 
 
+def test_kernel_cache_starts_afresh_at_its_bound():
+    cache, aten = MetaKernelCache(max_entries=2), torch.ops.aten
+    tensors = [torch.empty(n, 3, device="meta") for n in (1, 2, 3)]
+    for t in tensors:
+        cache(aten.neg.default, (t,), {})
+    assert len(cache.outputs) == 1  # the third entry found two: cleared, then kept
+    cache(aten.neg.default, (tensors[0],), {})
+    assert cache.hits == 0  # the first was dropped with the rest
+
+
+def test_a_warm_process_kernel_cache_changes_no_feature(monkeypatch):
+    # featurising one model after others (the process's kernel cache answering their layers' shapes) gives the
+    # numbers of a featurisation with a cold cache
+    def featurised(build, shape, mode):
+        features, layers = featurise(build, shape, 4, mode, "float32", "m")
+        return features, layers
+
+    cold = meta.MetaKernelCache(max_entries=meta.KERNEL_CACHE_ENTRIES)
+    monkeypatch.setattr(meta, "PROCESS_KERNELS", cold)
+    alone = {mode: featurised(bn_silu_cnn, (3, 8, 8), mode) for mode in ("inference", "training")}
+    warm = meta.MetaKernelCache(max_entries=meta.KERNEL_CACHE_ENTRIES)
+    monkeypatch.setattr(meta, "PROCESS_KERNELS", warm)
+    featurised(tiny_cnn, (3, 8, 8), "training")
+    featurised(bn_silu_cnn, (3, 8, 8), "inference")
+    hits = warm.hits
+    for mode in ("training", "inference"):
+        features, layers = featurised(bn_silu_cnn, (3, 8, 8), mode)
+        assert features.keys() == alone[mode][0].keys()
+        assert all(features[k] == alone[mode][0][k] or (features[k] != features[k] and alone[mode][0][k] != alone[mode][0][k])
+                   for k in features)
+        assert layers.equals(alone[mode][1])
+    assert warm.hits > hits  # the cache did answer
+
+
 def test_kernel_cache_answers_an_in_place_operator_with_its_argument_unless_it_changes_its_metadata():
     cache, aten = MetaKernelCache(), torch.ops.aten
     x, y = torch.empty(2, 3, device="meta"), torch.empty(2, 3, device="meta")

@@ -328,6 +328,14 @@ def _conv_backward_flop(
     return flops
 
 
+KERNEL_CACHE_ENTRIES = 50_000
+"""Most operator outputs :data:`PROCESS_KERNELS` keeps (a few hundred bytes each; about 14 per featurised timm
+config)."""
+PROCESS_KERNELS = MetaKernelCache(max_entries=KERNEL_CACHE_ENTRIES)
+"""The kernel cache of every step this process featurises: layers of the same shapes recur across the models of
+a zoo or an imported table (a tenth of a timm import's featurisation time)."""
+
+
 def _flop_counter() -> FlopCounterMode:
     return FlopCounterMode(
         display=False,
@@ -643,7 +651,7 @@ class _SharedSteps:
     def __init__(self, model: nn.Module, mode: str, batch: int, model_id: str) -> None:
         self.model, self.mode, self.batch, self.model_id = model, mode, batch, model_id
         registry = _flop_counter().flop_registry
-        self.kernels = MetaKernelCache()
+        self.kernels = PROCESS_KERNELS
         self.counter = OpRecorder(model_id, registry, record_rows=False)
         self.trace = OpRecorder(model_id, registry)
         self.counter.kernel = self.trace.kernel = self.kernels
@@ -874,8 +882,8 @@ def simulated_memory(build: Callable[[], nn.Module], input_shape: tuple[int, ...
 
 
 def _through_kernel_cache() -> StepRider:
-    """A rider that runs the operators of both replayed steps through one :class:`MetaKernelCache`."""
-    kernels = MetaKernelCache()
+    """A rider that runs the operators of both replayed steps through the process's :class:`MetaKernelCache`."""
+    kernels = PROCESS_KERNELS
 
     @contextlib.contextmanager
     def ride(index: int, untracked: Callable[[], contextlib.AbstractContextManager[None]]) -> Iterator[Runner]:

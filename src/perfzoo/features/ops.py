@@ -514,18 +514,24 @@ class MetaKernelCache:
     nothing else) seen before on the same metadata returns its first argument without its kernel, when the
     kernel returned that argument with its metadata unchanged then (``unsqueeze_`` changes them: it always
     runs). On the meta device a kernel writes no values, and autograd bumps the version counter outside it.
+
+    Nothing in an entry belongs to a model, so one cache may serve every model a process featurises; with
+    ``max_entries`` it starts afresh when it holds that many.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_entries: int | None = None) -> None:
         self.outputs: dict[tuple, Any] = {}
         self.kinds: dict[Any, str] = {}
         self.hits = 0
+        self.max_entries = max_entries
 
     def __call__(self, func: Any, args: tuple, kwargs: dict) -> Any:
         key = self._key(func, args, kwargs)
         entry = self.outputs.get(key, _UNSEEN) if key is not None else None
         if entry is _UNSEEN:
             out = func(*args, **kwargs)
+            if self.max_entries is not None and len(self.outputs) >= self.max_entries:
+                self.outputs.clear()
             if self.kinds[func] == _IN_PLACE:  # key[1][1]: the first argument's metadata before the call
                 self.outputs[key] = _SELF if out is args[0] and _argument_key(args[0]) == key[1][1] else None
             else:
