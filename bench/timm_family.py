@@ -81,11 +81,27 @@ PER_SAMPLE_OPS = [f"{f}_per_sample" for f in OP_FEATURES]
 WITH_OPS = [*FEATURES, *PER_SAMPLE_OPS]
 
 
+NOT_LINEAR = "operator totals not linear in the batch (the batch-4 probe is off the line of batches 1 and 2)"
+
+
+def off_the_line(ops: pd.DataFrame) -> pd.DataFrame:
+    """One row (``model_id``, reason) per workload traced at batch 4 whose totals there are not those the
+    probes at batches 1 and 2 extrapolate to (``q(4) = 3 q(2) - 2 q(1)``)."""
+    at = {b: ops[ops["batch"] == b].set_index("model_id")[list(OP_FEATURES)] for b in (1, 2, 4)}
+    common = at[1].index.intersection(at[2].index).intersection(at[4].index)
+    expected = 3 * at[2].loc[common] - 2 * at[1].loc[common]
+    off = ~np.isclose(at[4].loc[common], expected, rtol=1e-9, atol=0).all(axis=1)
+    return pd.DataFrame({"model_id": common[off], OP_ERROR_COLUMN: NOT_LINEAR})
+
+
 def with_op_features(data: pd.DataFrame, path: Path) -> pd.DataFrame:
     """Rows with their operator totals at their own batch (``q(B) = q(1) + (q(2) - q(1))(B - 1)``) and per
-    sample; rows whose workload has no trace are left out, counted and named by reason."""
+    sample; rows whose workload has no trace, or whose totals are not linear in the batch
+    (:func:`off_the_line`), are left out, counted and named by reason."""
     ops = pd.read_parquet(path)
     failed = ops[ops[OP_ERROR_COLUMN].fillna("") != ""].drop_duplicates("model_id")
+    failed = pd.concat([failed[["model_id", OP_ERROR_COLUMN]],
+                        off_the_line(ops[~ops["model_id"].isin(failed["model_id"])])], ignore_index=True)
     ok = ops[~ops["model_id"].isin(failed["model_id"])]
     one = ok[ok["batch"] == 1].set_index("model_id")[list(OP_FEATURES)]
     two = ok[ok["batch"] == 2].set_index("model_id")[list(OP_FEATURES)]
@@ -98,7 +114,8 @@ def with_op_features(data: pd.DataFrame, path: Path) -> pd.DataFrame:
     missing = data[~data.index.isin(kept.index)]
     print(f"operator features: {kept['model_id'].nunique()} workloads kept, "
           f"{missing['model_id'].nunique()} left out ({len(missing)} rows): "
-          f"{len(failed)} not traceable, {missing['model_id'].nunique() - len(failed)} not in {path}")
+          f"{len(failed)} not traceable or not linear in the batch, "
+          f"{missing['model_id'].nunique() - len(failed)} not in {path}")
     for reason, models in failed.groupby(OP_ERROR_COLUMN)["model_id"]:
         print(f"  {len(models)} x {reason[:160]}: {', '.join(sorted(models)[:6])}{' ...' if len(models) > 6 else ''}")
     return kept
@@ -106,8 +123,8 @@ def with_op_features(data: pd.DataFrame, path: Path) -> pd.DataFrame:
 
 OP_SHARES = [f"{f}_share" for f in OP_FEATURES]
 #: ``sign(x) log(1 + |x|)`` of the CSV and per-sample operator features (monotone, so the same order as the
-#: raw values; signed because the two-probe extrapolation gives a few negative totals, e.g. the conv calls of
-#: the CondConv models): extra trees draw each cut point uniformly between a node's smallest and largest
+#: raw values; signed in case a total is negative, as the two-probe extrapolation made the CondConv models'
+#: before the batch-4 check left them out): extra trees draw each cut point uniformly between a node's smallest and largest
 #: value, so on a feature spanning decades most raw cuts fall in the top decade
 LOG_FEATURES = [f"slog_{c}" for c in WITH_OPS]
 
