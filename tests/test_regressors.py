@@ -368,3 +368,18 @@ def test_gianniti_fallbacks() -> None:
     assert np.allclose(pred[at_training_batch], truth[at_training_batch])
     with pytest.raises(InputError, match="batch"):
         reg.predict(X.drop(columns=["batch"]))
+
+
+def test_the_targets_a_method_models_come_from_its_class_and_a_blend_takes_its_members(monkeypatch):
+    from perfzoo.fitting import ONLY_TARGETS, unsupported_reason
+    from perfzoo.regressors import blend
+
+    assert ONLY_TARGETS["composed_optime"] == ("latency_ms",)  # inherited from composed
+    assert "xgboost" not in ONLY_TARGETS  # models any target
+    assert "execution time" in unsupported_reason("composed_blend", "peak_mem_mb")  # composed is a member
+    monkeypatch.setattr(blend, "DEFAULT_MEMBERS", ("linear", "xgboost"))
+    assert blend.BlendRegressor.targets_modelled() is None
+    monkeypatch.setattr(blend, "DEFAULT_MEMBERS", ("memory_sim", "linear"))
+    assert blend.BlendRegressor.targets_modelled() == ("peak_mem_mb",)
+    monkeypatch.setattr(blend, "DEFAULT_MEMBERS", ("memory_sim", "composed"))
+    assert blend.BlendRegressor.targets_modelled() == ()

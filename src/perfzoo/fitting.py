@@ -25,11 +25,10 @@ FEATURE_SETS = ("all", "model")
 # the aggregates, poly_lasso fitted about 4x slower, and bench/RESULTS.md ("Composed operator-level predictor")
 # has the accuracy of linear, extra_trees and xgboost with and without them.
 OPERATOR_FEATURE_REGRESSORS = frozenset(kind for kind, cls in REGISTRY.items() if cls.uses_operator_features)
-# Methods that model one quantity only: execution time (roofline bound, sum of per-layer times, sum over the
-# operator trace) or peak memory (the simulated live tensor bytes of the step).
-ONLY_TARGETS = {"roofline": ("latency_ms",), "gianniti_layer": ("latency_ms",), "composed": ("latency_ms",),
-                "composed_blend": ("latency_ms",),
-                "composed_optime": ("latency_ms",), "memory_sim": ("peak_mem_mb",)}
+# Methods that model one quantity only (Regressor.targets_modelled): execution time (roofline bound, sum of
+# per-layer times, sum over the operator trace, a blend with one of those) or peak memory (the simulated live
+# tensor bytes of the step).
+ONLY_TARGETS = {kind: targets for kind, cls in REGISTRY.items() if (targets := cls.targets_modelled()) is not None}
 WHAT_IT_MODELS = {"latency_ms": "execution time", "peak_mem_mb": "peak memory"}
 
 
@@ -37,7 +36,8 @@ def unsupported_reason(regressor: str, target: str) -> str | None:
     """Why ``regressor`` does not apply to ``target`` (None when it does)."""
     targets = ONLY_TARGETS.get(regressor)
     if targets is not None and target not in targets:
-        return f"{regressor} models {WHAT_IT_MODELS[targets[0]]}; it does not predict {target}"
+        what = " and ".join(WHAT_IT_MODELS[t] for t in targets) or "no target (its members model different ones)"
+        return f"{regressor} models {what}; it does not predict {target}"
     return None
 ID_COLUMNS = ["row_id", "model_id", "device", "mode", "batch", "family", "label"]
 PREDICTION_COLUMNS = ["split", "fold", "set", *ID_COLUMNS, "target", "regressor", "y_true", "y_pred",

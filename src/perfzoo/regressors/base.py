@@ -189,6 +189,13 @@ class Regressor(RegressorMixin, BaseEstimator):
     _payload_attrs: ClassVar[tuple[str, ...]] = ()
     #: whether the regressor is fitted on the operator aggregates ``op_*`` (the fit rule then passes them)
     uses_operator_features: ClassVar[bool] = False
+    #: the only targets the method models (execution time, peak memory); None: any target
+    only_targets: ClassVar[tuple[str, ...] | None] = None
+
+    @classmethod
+    def targets_modelled(cls) -> tuple[str, ...] | None:
+        """The targets the method models (:attr:`only_targets`; None: any)."""
+        return cls.only_targets
 
     # -- features
 

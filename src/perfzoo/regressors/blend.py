@@ -50,6 +50,16 @@ class BlendRegressor(Regressor):
         self.members = members
         self.log_target = log_target
 
+    @classmethod
+    def targets_modelled(cls) -> tuple[str, ...] | None:
+        """The targets every default member models (a blend needs each member's number)."""
+        modelled = [REGISTRY[m].targets_modelled() for m in DEFAULT_MEMBERS]
+        limited = [set(t) for t in modelled if t is not None]
+        if not limited:
+            return None
+        common = set.intersection(*limited)
+        return tuple(t for t in next(t for t in modelled if t is not None) if t in common)
+
     def _check_members(self) -> None:
         members = list(self.members)
         unknown = [m for m in members if m not in REGISTRY or m == self.kind]

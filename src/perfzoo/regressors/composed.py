@@ -193,6 +193,7 @@ class ComposedRegressor(Regressor):
     """Per-device sum of per-kind operator costs plus an overhead, non-negative, in linear space."""
 
     kind = "composed"
+    only_targets = ("latency_ms",)
     uses_operator_features = True
 
     def __init__(self, group_col: str | None = "device", weighting: str = "relative", fallback: str = "linear",

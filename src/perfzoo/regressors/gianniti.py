@@ -434,6 +434,7 @@ class GiannitiLayerRegressor(Regressor):
     """
 
     kind = "gianniti_layer"
+    only_targets = ("latency_ms",)
     required_columns: ClassVar[tuple[str, ...]] = tuple(ROW_KEY)
 
     def __init__(

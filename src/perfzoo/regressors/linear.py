@@ -43,6 +43,7 @@ class RooflineRegressor(Regressor):
     """
 
     kind = "roofline"
+    only_targets = ("latency_ms",)
     required_columns: ClassVar[tuple[str, ...]] = (
         "flops",
         "weight_bytes",

@@ -63,6 +63,7 @@ class MemorySimRegressor(Regressor):
     """
 
     kind = "memory_sim"
+    only_targets = ("peak_mem_mb",)
     FEATURES: ClassVar[tuple[str, ...]] = ("sim_peak_bytes", "sim_activation_bytes", "sim_op_kinds",
                                            "sim_onednn_conv")
     TERMS: ClassVar[tuple[str, ...]] = ("training", "peak_mib", "activation_mib", "training_activation_mib",
