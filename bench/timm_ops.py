@@ -16,7 +16,8 @@ A model that cannot be built or traced keeps its row with the one-line reason in
 NaN features (never zeros). Results are appended to ``--out`` (parquet) every ``--save-every`` workloads,
 so an interrupted run resumes where it stopped.
 
-Usage: ``PYTHONPATH=src python bench/timm_ops.py [DIR] --out bench/timm_ops.parquet [--limit N]``
+Usage: ``PYTHONPATH=src python bench/timm_ops.py [DIR] --out bench/timm_ops.parquet [--limit N] [--part K/N]``
+(with ``--part``, one process per part, each with its own ``--out``; concatenate the parts' files)
 """
 
 from __future__ import annotations
@@ -68,9 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/timm_ops.parquet"))
     parser.add_argument("--limit", type=int, default=None, help="only the first N workloads")
     parser.add_argument("--save-every", type=int, default=25)
+    parser.add_argument("--part", default="0/1", help="K/N: only every N-th workload from the K-th (a process each)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    todo = workloads(args.directory)[: args.limit]
+    part, parts = (int(v) for v in args.part.split("/"))
+    todo = workloads(args.directory)[: args.limit][part::parts]
     done = pd.read_parquet(args.out) if args.out.exists() else pd.DataFrame(columns=["model_id", "batch"])
     seen = set(zip(done["model_id"], done["batch"].astype(int), strict=True))
     rows: list[dict] = []
