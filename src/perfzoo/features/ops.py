@@ -531,7 +531,7 @@ class MetaKernelCache:
         if entry is _UNSEEN:
             out = func(*args, **kwargs)
             if self.max_entries is not None and len(self.outputs) >= self.max_entries:
-                self.outputs.clear()
+                self.clear()
             if self.kinds[func] == _IN_PLACE:  # key[1][1]: the first argument's metadata before the call
                 self.outputs[key] = _SELF if out is args[0] and _argument_key(args[0]) == key[1][1] else None
             else:
@@ -541,6 +541,11 @@ class MetaKernelCache:
             return func(*args, **kwargs)
         self.hits += 1
         return args[0] if entry is _SELF else _rebuilt(entry)
+
+    def clear(self) -> None:
+        """Forget every answer (a cold cache, as in a new process)."""
+        self.outputs.clear()
+        self.hits = 0
 
     def _key(self, func: Any, args: tuple, kwargs: dict) -> tuple | None:
         kind = self.kinds.get(func)
