@@ -370,16 +370,13 @@ def test_gianniti_fallbacks() -> None:
         reg.predict(X.drop(columns=["batch"]))
 
 
-def test_the_targets_a_method_models_come_from_its_class_and_a_blend_takes_its_members(monkeypatch):
-    from perfzoo.fitting import ONLY_TARGETS, unsupported_reason
-    from perfzoo.regressors import blend
+def test_the_targets_a_method_models_come_from_its_class_and_a_blend_takes_its_members():
+    from perfzoo.fitting import unsupported_reason
 
-    assert ONLY_TARGETS["composed_optime"] == ("latency_ms",)  # inherited from composed
-    assert "xgboost" not in ONLY_TARGETS  # models any target
+    assert "execution time" in unsupported_reason("composed_optime", "peak_mem_mb")  # inherited from composed
+    assert unsupported_reason("xgboost", "peak_mem_mb") is None  # models any target
     assert "execution time" in unsupported_reason("composed_blend", "peak_mem_mb")  # composed is a member
-    monkeypatch.setattr(blend, "DEFAULT_MEMBERS", ("linear", "xgboost"))
-    assert blend.BlendRegressor.targets_modelled() is None
-    monkeypatch.setattr(blend, "DEFAULT_MEMBERS", ("memory_sim", "linear"))
-    assert blend.BlendRegressor.targets_modelled() == ("peak_mem_mb",)
-    monkeypatch.setattr(blend, "DEFAULT_MEMBERS", ("memory_sim", "composed"))
-    assert blend.BlendRegressor.targets_modelled() == ()
+    assert unsupported_reason("composed_blend", "latency_ms") is None
+    assert unsupported_reason("composed_blend", "peak_mem_mb", {"members": ["linear", "xgboost"]}) is None
+    assert "peak memory" in unsupported_reason("composed_blend", "latency_ms", {"members": ["memory_sim", "linear"]})
+    assert "no target" in unsupported_reason("composed_blend", "latency_ms", {"members": ["memory_sim", "composed"]})

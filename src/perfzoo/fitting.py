@@ -25,16 +25,15 @@ FEATURE_SETS = ("all", "model")
 # the aggregates, poly_lasso fitted about 4x slower, and bench/RESULTS.md ("Composed operator-level predictor")
 # has the accuracy of linear, extra_trees and xgboost with and without them.
 OPERATOR_FEATURE_REGRESSORS = frozenset(kind for kind, cls in REGISTRY.items() if cls.uses_operator_features)
-# Methods that model one quantity only (Regressor.targets_modelled): execution time (roofline bound, sum of
-# per-layer times, sum over the operator trace, a blend with one of those) or peak memory (the simulated live
-# tensor bytes of the step).
-ONLY_TARGETS = {kind: targets for kind, cls in REGISTRY.items() if (targets := cls.targets_modelled()) is not None}
 WHAT_IT_MODELS = {"latency_ms": "execution time", "peak_mem_mb": "peak memory"}
 
 
-def unsupported_reason(regressor: str, target: str) -> str | None:
-    """Why ``regressor`` does not apply to ``target`` (None when it does)."""
-    targets = ONLY_TARGETS.get(regressor)
+def unsupported_reason(regressor: str, target: str, params: dict[str, Any] | None = None) -> str | None:
+    """Why ``regressor`` (a config name, with the config's ``params``) does not apply to ``target`` (None when it
+    does). Some methods model one quantity only (:meth:`Regressor.targets_modelled`): execution time (roofline
+    bound, sum of per-layer times, sum over the operator trace, a blend with one of those) or peak memory (the
+    simulated live tensor bytes of the step)."""
+    targets = build_regressor(regressor, params).targets_modelled()
     if targets is not None and target not in targets:
         what = " and ".join(WHAT_IT_MODELS[t] for t in targets) or "no target (its members model different ones)"
         return f"{regressor} models {what}; it does not predict {target}"

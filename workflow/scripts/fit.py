@@ -8,7 +8,7 @@ from perfzoo.workflow import run_step
 def main() -> None:
     wc = snakemake.wildcards
     data, split = read_parquet(snakemake.input.dataset), read_parquet(snakemake.input.split)
-    if reason := unsupported_reason(wc.regressor, wc.target):
+    if reason := unsupported_reason(wc.regressor, wc.target, snakemake.params.regressor):
         predictions, models, notes = skipped_fit(reason)
     elif wc.regressor == "xgboost_grid" and wc.split not in snakemake.params.grid_search_splits:
         predictions, models, notes = skipped_fit(f"grid search runs on splits {snakemake.params.grid_search_splits}")

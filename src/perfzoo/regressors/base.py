@@ -192,10 +192,9 @@ class Regressor(RegressorMixin, BaseEstimator):
     #: the only targets the method models (execution time, peak memory); None: any target
     only_targets: ClassVar[tuple[str, ...] | None] = None
 
-    @classmethod
-    def targets_modelled(cls) -> tuple[str, ...] | None:
-        """The targets the method models (:attr:`only_targets`; None: any)."""
-        return cls.only_targets
+    def targets_modelled(self) -> tuple[str, ...] | None:
+        """The targets the method models with these parameters (:attr:`only_targets`; None: any)."""
+        return self.only_targets
 
     # -- features
 

@@ -50,10 +50,10 @@ class BlendRegressor(Regressor):
         self.members = members
         self.log_target = log_target
 
-    @classmethod
-    def targets_modelled(cls) -> tuple[str, ...] | None:
-        """The targets every default member models (a blend needs each member's number)."""
-        modelled = [REGISTRY[m].targets_modelled() for m in DEFAULT_MEMBERS]
+    def targets_modelled(self) -> tuple[str, ...] | None:
+        """The targets every member models (a blend needs each member's number)."""
+        self._check_members()
+        modelled = [REGISTRY[m]().targets_modelled() for m in self.members]
         limited = [set(t) for t in modelled if t is not None]
         if not limited:
             return None
