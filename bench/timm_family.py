@@ -18,7 +18,7 @@ MAPE in % pooled over every row of the file (each row predicted once, when its f
 also the median over families of the per-family MAPE. The per-file summary is written to ``--out``.
 
 With ``--op-features FILE`` (made by ``bench/timm_ops.py``: perfzoo's operator trace of every workload
-on the meta device, at batch 1 and 2), the rows are those whose trace exists (the others are counted and
+on the meta device, at batches 2, 4 and 8), the rows are those whose trace exists and is linear in the batch (the others are counted and
 left out of every method, so all methods score the same rows), and more methods use the operator kinds:
 ``<regressor>+ops`` for every regressor asked for (the CSV features plus, per sample, FLOPs, bytes and calls
 of every operator kind at the row's batch, exact from the two probes) and ``composed`` (perfzoo's composed
@@ -81,34 +81,38 @@ PER_SAMPLE_OPS = [f"{f}_per_sample" for f in OP_FEATURES]
 WITH_OPS = [*FEATURES, *PER_SAMPLE_OPS]
 
 
-NOT_LINEAR = "operator totals not linear in the batch (the batch-4 probe is off the line of batches 1 and 2)"
+NOT_LINEAR = "operator totals not linear in the batch (the batch-8 probe is off the line of batches 2 and 4)"
+LINE, CHECK = (2, 4), 8
+"""The probe batches whose line gives a workload's totals at its batch, and the probe that checks the line
+(``bench/timm_ops.py``)."""
 
 
 def off_the_line(ops: pd.DataFrame) -> pd.DataFrame:
-    """One row (``model_id``, reason) per workload traced at batch 4 whose totals there are not those the
-    probes at batches 1 and 2 extrapolate to (``q(4) = 3 q(2) - 2 q(1)``)."""
-    at = {b: ops[ops["batch"] == b].set_index("model_id")[list(OP_FEATURES)] for b in (1, 2, 4)}
-    common = at[1].index.intersection(at[2].index).intersection(at[4].index)
-    expected = 3 * at[2].loc[common] - 2 * at[1].loc[common]
-    off = ~np.isclose(at[4].loc[common], expected, rtol=1e-9, atol=0).all(axis=1)
+    """One row (``model_id``, reason) per workload traced at the check batch whose totals there are not those the
+    two line probes extrapolate to."""
+    at = {b: ops[ops["batch"] == b].set_index("model_id")[list(OP_FEATURES)] for b in (*LINE, CHECK)}
+    common = at[LINE[0]].index.intersection(at[LINE[1]].index).intersection(at[CHECK].index)
+    low, high = at[LINE[0]].loc[common], at[LINE[1]].loc[common]
+    expected = high + (high - low) * (CHECK - LINE[1]) / (LINE[1] - LINE[0])
+    off = ~np.isclose(at[CHECK].loc[common], expected, rtol=1e-9, atol=0).all(axis=1)
     return pd.DataFrame({"model_id": common[off], OP_ERROR_COLUMN: NOT_LINEAR})
 
 
 def with_op_features(data: pd.DataFrame, path: Path) -> pd.DataFrame:
-    """Rows with their operator totals at their own batch (``q(B) = q(1) + (q(2) - q(1))(B - 1)``) and per
-    sample; rows whose workload has no trace, or whose totals are not linear in the batch
-    (:func:`off_the_line`), are left out, counted and named by reason."""
+    """Rows with their operator totals at their own batch (on the line of the probes at batches 2 and 4,
+    ``q(B) = q(2) + (q(4) - q(2)) (B - 2) / 2``) and per sample; rows whose workload has no trace, or whose totals
+    are not linear in the batch (:func:`off_the_line`), are left out, counted and named by reason."""
     ops = pd.read_parquet(path)
     failed = ops[ops[OP_ERROR_COLUMN].fillna("") != ""].drop_duplicates("model_id")
     failed = pd.concat([failed[["model_id", OP_ERROR_COLUMN]],
                         off_the_line(ops[~ops["model_id"].isin(failed["model_id"])])], ignore_index=True)
     ok = ops[~ops["model_id"].isin(failed["model_id"])]
-    one = ok[ok["batch"] == 1].set_index("model_id")[list(OP_FEATURES)]
-    two = ok[ok["batch"] == 2].set_index("model_id")[list(OP_FEATURES)]
+    one = ok[ok["batch"] == LINE[0]].set_index("model_id")[list(OP_FEATURES)]
+    two = ok[ok["batch"] == LINE[1]].set_index("model_id")[list(OP_FEATURES)]
     kept = data[data["model_id"].isin(one.index.intersection(two.index))].copy()
     b = kept["batch"].to_numpy()[:, None]
     q1, q2 = one.loc[kept["model_id"]].to_numpy(), two.loc[kept["model_id"]].to_numpy()
-    step = q1 + (q2 - q1) * (b - 1)
+    step = q1 + (q2 - q1) * (b - LINE[0]) / (LINE[1] - LINE[0])
     kept[list(OP_FEATURES)] = step
     kept[PER_SAMPLE_OPS] = step / b
     missing = data[~data.index.isin(kept.index)]

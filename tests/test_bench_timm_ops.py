@@ -20,12 +20,25 @@ def probes(model_id: str, totals: dict[int, float]) -> list[dict]:
 
 
 def test_a_workload_off_the_line_of_its_first_two_probes_is_named_and_only_it():
-    linear = probes("convnet@224", {1: 10.0, 2: 17.0, 4: 31.0})  # 7 per sample plus 3 once per step
-    condconv = probes("condconv@224", {1: 10.0, 2: 4.0, 4: 20.0})  # its line would give -8 at batch 4
-    untested = probes("old@224", {1: 1.0, 2: 5.0})  # traced before the third probe: not judged here
+    linear = probes("convnet@224", {1: 9.0, 2: 17.0, 4: 31.0, 8: 59.0})  # 7 per sample + 3 (batch 1 unread)
+    condconv = probes("condconv@224", {2: 10.0, 4: 4.0, 8: 20.0})  # its line would give -8 at batch 8
+    untested = probes("old@224", {2: 1.0, 4: 5.0})  # traced before the third probe: not judged here
     frame = pd.DataFrame(linear + condconv + untested)
     off = off_the_line(frame)
     assert list(off["model_id"]) == ["condconv@224"]
     assert (off.iloc[:, 1] == NOT_LINEAR).all()
-    frame.loc[(frame["model_id"] == "convnet@224") & (frame["batch"] == 4), OP_FEATURES[0]] += 1  # one total off
+    frame.loc[(frame["model_id"] == "convnet@224") & (frame["batch"] == 8), OP_FEATURES[0]] += 1  # one total off
     assert sorted(off_the_line(frame)["model_id"]) == ["condconv@224", "convnet@224"]
+
+
+def test_rows_get_the_totals_on_the_line_of_batches_2_and_4_and_a_workload_off_it_is_left_out(tmp_path):
+    from timm_family import PER_SAMPLE_OPS, with_op_features
+
+    path = tmp_path / "ops.parquet"
+    pd.DataFrame(probes("convnet@224", {1: 9.0, 2: 17.0, 4: 31.0, 8: 59.0})
+                 + probes("condconv@224", {2: 10.0, 4: 4.0, 8: 20.0})).assign(op_trace_error="").to_parquet(path)
+    data = pd.DataFrame({"model_id": ["convnet@224", "convnet@224", "condconv@224"], "batch": [1024, 2, 1024]})
+    kept = with_op_features(data, path)
+    assert list(kept["model_id"]) == ["convnet@224", "convnet@224"]
+    assert kept[OP_FEATURES[0]].tolist() == [3 + 7 * 1024, 17.0]
+    assert kept[PER_SAMPLE_OPS[0]].tolist() == [(3 + 7 * 1024) / 1024, 17.0 / 2]
