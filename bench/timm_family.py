@@ -82,20 +82,24 @@ WITH_OPS = [*FEATURES, *PER_SAMPLE_OPS]
 
 
 NOT_LINEAR = "operator totals not linear in the batch (the batch-8 probe is off the line of batches 2 and 4)"
+NOT_CHECKED = "no trace at batch 8 to check the line of batches 2 and 4 (run bench/timm_ops.py again on the file)"
 LINE, CHECK = (2, 4), 8
 """The probe batches whose line gives a workload's totals at its batch, and the probe that checks the line
 (``bench/timm_ops.py``)."""
 
 
 def off_the_line(ops: pd.DataFrame) -> pd.DataFrame:
-    """One row (``model_id``, reason) per workload traced at the check batch whose totals there are not those the
-    two line probes extrapolate to."""
+    """One row (``model_id``, reason) per workload traced at both line probes whose totals at the check batch are
+    not those the line extrapolates to, or that has no trace at the check batch."""
     at = {b: ops[ops["batch"] == b].set_index("model_id")[list(OP_FEATURES)] for b in (*LINE, CHECK)}
-    common = at[LINE[0]].index.intersection(at[LINE[1]].index).intersection(at[CHECK].index)
+    on_line = at[LINE[0]].index.intersection(at[LINE[1]].index)
+    common = on_line.intersection(at[CHECK].index)
     low, high = at[LINE[0]].loc[common], at[LINE[1]].loc[common]
     expected = high + (high - low) * (CHECK - LINE[1]) / (LINE[1] - LINE[0])
     off = ~np.isclose(at[CHECK].loc[common], expected, rtol=1e-9, atol=0).all(axis=1)
-    return pd.DataFrame({"model_id": common[off], OP_ERROR_COLUMN: NOT_LINEAR})
+    unchecked = on_line.difference(common)
+    return pd.DataFrame({"model_id": [*common[off], *unchecked],
+                         OP_ERROR_COLUMN: [NOT_LINEAR] * int(off.sum()) + [NOT_CHECKED] * len(unchecked)})
 
 
 def with_op_features(data: pd.DataFrame, path: Path) -> pd.DataFrame:
