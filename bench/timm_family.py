@@ -18,8 +18,8 @@ MAPE in % pooled over every row of the file (each row predicted once, when its f
 also the median over families of the per-family MAPE. The per-file summary is written to ``--out``.
 
 With ``--op-features FILE`` (made by ``bench/timm_ops.py``: perfzoo's operator trace of every workload
-on the meta device, at batches 2, 4 and 8), the rows are those whose trace exists and is linear in the batch (the others are counted and
-left out of every method, so all methods score the same rows), and more methods use the operator kinds:
+on the meta device, at batches 2, 4 and 8), the rows are those whose trace exists and is linear in the batch
+(the others are counted and left out of every method, so all methods score the same rows), and more methods use the operator kinds:
 ``<regressor>+ops`` for every regressor asked for (the CSV features plus, per sample, FLOPs, bytes and calls
 of every operator kind at the row's batch, exact from the two probes) and ``composed`` (perfzoo's composed
 regressor: the step time as a non-negative sum over kinds of time per FLOP, per byte and per call plus a
@@ -88,10 +88,15 @@ LINE, CHECK = (2, 4), 8
 (``bench/timm_ops.py``)."""
 
 
+def probe_totals(ops: pd.DataFrame, batch: int) -> pd.DataFrame:
+    """The operator totals of every workload traced at ``batch``, by ``model_id``."""
+    return ops[ops["batch"] == batch].set_index("model_id")[list(OP_FEATURES)]
+
+
 def off_the_line(ops: pd.DataFrame) -> pd.DataFrame:
     """One row (``model_id``, reason) per workload traced at both line probes whose totals at the check batch are
     not those the line extrapolates to, or that has no trace at the check batch."""
-    at = {b: ops[ops["batch"] == b].set_index("model_id")[list(OP_FEATURES)] for b in (*LINE, CHECK)}
+    at = {b: probe_totals(ops, b) for b in (*LINE, CHECK)}
     on_line = at[LINE[0]].index.intersection(at[LINE[1]].index)
     common = on_line.intersection(at[CHECK].index)
     low, high = at[LINE[0]].loc[common], at[LINE[1]].loc[common]
@@ -111,12 +116,11 @@ def with_op_features(data: pd.DataFrame, path: Path) -> pd.DataFrame:
     failed = pd.concat([failed[["model_id", OP_ERROR_COLUMN]],
                         off_the_line(ops[~ops["model_id"].isin(failed["model_id"])])], ignore_index=True)
     ok = ops[~ops["model_id"].isin(failed["model_id"])]
-    one = ok[ok["batch"] == LINE[0]].set_index("model_id")[list(OP_FEATURES)]
-    two = ok[ok["batch"] == LINE[1]].set_index("model_id")[list(OP_FEATURES)]
-    kept = data[data["model_id"].isin(one.index.intersection(two.index))].copy()
+    low, high = (probe_totals(ok, b) for b in LINE)
+    kept = data[data["model_id"].isin(low.index.intersection(high.index))].copy()
     b = kept["batch"].to_numpy()[:, None]
-    q1, q2 = one.loc[kept["model_id"]].to_numpy(), two.loc[kept["model_id"]].to_numpy()
-    step = q1 + (q2 - q1) * (b - LINE[0]) / (LINE[1] - LINE[0])
+    q_low, q_high = low.loc[kept["model_id"]].to_numpy(), high.loc[kept["model_id"]].to_numpy()
+    step = q_low + (q_high - q_low) * (b - LINE[0]) / (LINE[1] - LINE[0])
     kept[list(OP_FEATURES)] = step
     kept[PER_SAMPLE_OPS] = step / b
     missing = data[~data.index.isin(kept.index)]
@@ -131,9 +135,9 @@ def with_op_features(data: pd.DataFrame, path: Path) -> pd.DataFrame:
 
 OP_SHARES = [f"{f}_share" for f in OP_FEATURES]
 #: ``sign(x) log(1 + |x|)`` of the CSV and per-sample operator features (monotone, so the same order as the
-#: raw values; signed in case a total is negative, as the two-probe extrapolation made the CondConv models'
-#: before the batch-4 check left them out): extra trees draw each cut point uniformly between a node's smallest and largest
-#: value, so on a feature spanning decades most raw cuts fall in the top decade
+#: raw values; signed in case a total is negative, as the extrapolation from batches 1 and 2 made the CondConv
+#: models'): extra trees draw each cut point uniformly between a node's smallest and largest value, so on a
+#: feature spanning decades most raw cuts fall in the top decade
 LOG_FEATURES = [f"slog_{c}" for c in WITH_OPS]
 
 

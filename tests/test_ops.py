@@ -199,6 +199,11 @@ def featurise_both_ways(monkeypatch, build, shape, mode, dtype, optimizer):
 SEPARATE_PASSES = meta._separate_passes
 
 
+def same_features(a: dict, b: dict) -> bool:
+    """The same keys and values, a missing (NaN) value equal to a missing one."""
+    return a.keys() == b.keys() and all(a[k] == b[k] or (a[k] != a[k] and b[k] != b[k]) for k in a)
+
+
 @pytest.mark.parametrize(("build", "shape", "dtype"), [(bn_silu_cnn, (3, 8, 8), "float32"),
                                                        (small_encoder, (16,), "int64")])
 @pytest.mark.parametrize(("mode", "optimizer"), [("inference", "sgd"), ("training", "sgd"), ("training", "adam")])
@@ -208,9 +213,8 @@ def test_shared_steps_record_what_the_separate_passes_record(monkeypatch, build,
     (shared, shared_ops), (reference, reference_ops) = featurise_both_ways(monkeypatch, build, shape, mode,
                                                                            dtype, optimizer)
     features, layers = shared
-    assert features.keys() == reference[0].keys()
-    assert all(features[k] == reference[0][k] or (features[k] != features[k] and reference[0][k] != reference[0][k])
-               for k in features), {k: (features[k], reference[0][k]) for k in features if features[k] != reference[0][k]}
+    assert same_features(features, reference[0]), {k: (features[k], reference[0][k]) for k in features
+                                                    if features[k] != reference[0][k]}
     assert layers.equals(reference[1])
     assert len(shared_ops) == len(reference_ops) and all(a.equals(b) for a, b in zip(shared_ops, reference_ops))
     assert features["flops"] > 0 and features["sim_peak_bytes"] > 0
@@ -247,8 +251,7 @@ def test_a_warm_process_kernel_cache_changes_no_feature(monkeypatch):
     # featurising one model after others (the process's kernel cache answering their layers' shapes) gives the
     # numbers of a featurisation with a cold cache
     def featurised(build, shape, mode):
-        features, layers = featurise(build, shape, 4, mode, "float32", "m")
-        return features, layers
+        return featurise(build, shape, 4, mode, "float32", "m")
 
     cold = meta.MetaKernelCache(max_entries=meta.KERNEL_CACHE_ENTRIES)
     monkeypatch.setattr(meta, "PROCESS_KERNELS", cold)
@@ -260,9 +263,7 @@ def test_a_warm_process_kernel_cache_changes_no_feature(monkeypatch):
     hits = warm.hits
     for mode in ("training", "inference"):
         features, layers = featurised(bn_silu_cnn, (3, 8, 8), mode)
-        assert features.keys() == alone[mode][0].keys()
-        assert all(features[k] == alone[mode][0][k] or (features[k] != features[k] and alone[mode][0][k] != alone[mode][0][k])
-                   for k in features)
+        assert same_features(features, alone[mode][0])
         assert layers.equals(alone[mode][1])
     assert warm.hits > hits  # the cache did answer
 

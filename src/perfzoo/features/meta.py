@@ -461,13 +461,13 @@ class _IndexedTracer(torch.fx.Tracer):
     """``torch.fx.Tracer`` finding a module's parameters and buffers by identity in a dict.
 
     The base tracer looks each one up by walking ``named_parameters()`` / ``named_buffers()`` of the whole
-    model, once per use: quadratic in the model's size, and a sixth of a timm model's featurisation. Same
+    model, once per use: quadratic in the model's size, and a seventh of a timm model's featurisation. Same
     graph (the first name of a shared tensor, as those walks find it); anything else goes to the base."""
 
     def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> torch.fx.Graph:
-        if isinstance(root, nn.Module):
-            self._parameter_names = _first_names(root.named_parameters())
-            self._buffer_names = _first_names(root.named_buffers())
+        module = root if isinstance(root, nn.Module) else nn.Module()  # a function has none of either
+        self._parameter_names = _first_names(module.named_parameters())
+        self._buffer_names = _first_names(module.named_buffers())
         return super().trace(root, concrete_args)
 
     def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict[str, Any]) -> Any:

@@ -531,7 +531,7 @@ class MetaKernelCache:
         if entry is _UNSEEN:
             out = func(*args, **kwargs)
             if self.max_entries is not None and len(self.outputs) >= self.max_entries:
-                self.clear()
+                self.outputs.clear()
             if self.kinds[func] == _IN_PLACE:  # key[1][1]: the first argument's metadata before the call
                 self.outputs[key] = _SELF if out is args[0] and _argument_key(args[0]) == key[1][1] else None
             else:

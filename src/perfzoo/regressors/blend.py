@@ -53,12 +53,10 @@ class BlendRegressor(Regressor):
     def targets_modelled(self) -> tuple[str, ...] | None:
         """The targets every member models (a blend needs each member's number)."""
         self._check_members()
-        modelled = [REGISTRY[m]().targets_modelled() for m in self.members]
-        limited = [set(t) for t in modelled if t is not None]
+        limited = [t for t in (REGISTRY[m]().targets_modelled() for m in self.members) if t is not None]
         if not limited:
             return None
-        common = set.intersection(*limited)
-        return tuple(t for t in next(t for t in modelled if t is not None) if t in common)
+        return tuple(t for t in limited[0] if all(t in other for other in limited[1:]))
 
     def _check_members(self) -> None:
         members = list(self.members)
