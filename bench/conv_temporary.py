@@ -6,14 +6,15 @@ Why: ``bench/memory_timeline.py`` finds the real CPU step of convnext's training
 simulation, inside ``aten::convolution_backward``. For each timm model (random weights, 100 classes, 64 px unless
 given; one thread) the profiled step runs three times, then once with every convolution call's arguments recorded
 (``convolution_backward`` in training, ``convolution`` in inference), then once under ``torch.profiler`` with
-``profile_memory``. Per call, the *temporary* is the peak of the bytes allocated inside the operator (its child
-operators included) above the bytes it still holds when it returns (its outputs). It is reported three ways:
+``profile_memory``; the same step runs once more on the meta device, its calls' arguments recorded alike. Per call,
+the *temporary* is the peak of the bytes allocated inside the operator (its child operators included) above the
+bytes it still holds when it returns (its outputs). It is reported four ways:
 
 * ``step``: inside the real step;
 * ``alone``: the same call replayed alone on random CPU tensors of the recorded shapes and strides;
-* ``meta strides``: replayed alone with the strides the meta device gives the same tensors (a meta convolution's
-  output is always contiguous, a CPU one keeps a channels-last input's layout), as a simulation that replays
-  the meta trace would have to;
+* ``meta strides``: replayed alone with the shapes and strides of the same call in the meta-device step (a meta
+  convolution's output is always contiguous, a CPU one keeps a channels-last input's layout), as a simulation
+  that replays the meta trace would have to;
 * ``batch 1``: ``alone`` at batch 1 (whether the temporary depends on the batch).
 
 Printed: per config the largest temporary of each kind and the worst ``|step - alone|``; per layer shape whose
@@ -32,7 +33,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from memory_timeline import MIB, WARM_STEPS, build  # noqa: E402
+from memory_timeline import MIB, WARM_STEPS, allocations_below, build  # noqa: E402
 from perfzoo.profiling.core import make_step  # noqa: E402
 
 OPERATORS = {"training": torch.ops.aten.convolution_backward.default, "inference": torch.ops.aten.convolution.default}
@@ -42,14 +43,8 @@ BATCHED = {"training": (0, 1), "inference": (0,)}
 
 def _excess(node) -> int:  # noqa: ANN001 - the profiler's event tree
     """Peak bytes allocated below ``node`` above the bytes still held when it returns."""
-    events, stack = [], [node]
-    while stack:
-        n = stack.pop()
-        stack.extend(n.children)
-        if type(n.extra_fields).__name__ == "_ExtraFields_Allocation":
-            events.append((n.start_time_ns, n.extra_fields.alloc_size))
     live = peak = 0
-    for _, size in sorted(events):
+    for _, size, _ in allocations_below(node):
         live += size
         peak = max(peak, live)
     return peak - live
@@ -64,16 +59,14 @@ def calls_named(prof: profile, name: str) -> list:
     return sorted(found, key=lambda n: n.start_time_ns)
 
 
-def replayed(op, args: tuple, mode: str, strides: str = "real", batch: int | None = None) -> int:  # noqa: ANN001
-    """The temporary of ``op(*args)`` run alone on random CPU tensors: of the recorded strides, or contiguous (as
-    the meta device gives a convolution's output); ``batch`` replaces the batch of the batched arguments, which
-    keep their layout."""
+def replayed(op, args: tuple, mode: str, batch: int | None = None) -> int:  # noqa: ANN001
+    """The temporary of ``op(*args)`` run alone on random CPU tensors of the arguments' shapes and strides (CPU or
+    meta tensors); ``batch`` replaces the batch of the batched arguments, which keep their layout."""
     def real(t: torch.Tensor, i: int) -> torch.Tensor:
-        if batch is None and strides == "real":
-            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).normal_()
-        shape = (batch, *t.shape[1:]) if batch is not None and i in BATCHED[mode] else tuple(t.shape)
-        keep = strides == "real" and t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(
-            memory_format=torch.channels_last)
+        if batch is None:
+            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu").normal_()
+        shape = (batch, *t.shape[1:]) if i in BATCHED[mode] else tuple(t.shape)
+        keep = t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
         layout = torch.channels_last if keep else torch.contiguous_format
         return torch.empty(shape, dtype=t.dtype).normal_().contiguous(memory_format=layout)
 
@@ -82,6 +75,25 @@ def replayed(op, args: tuple, mode: str, strides: str = "real", batch: int | Non
         op(*tensors)
     (call,) = calls_named(prof, operator_name(op))
     return _excess(call)
+
+
+def recorded_calls(op, name: str, batch: int, mode: str, resolution: int, device: str) -> list[tuple]:  # noqa: ANN001
+    """The arguments of every call of ``op`` in one profiled step on ``device`` (after warm steps on the CPU)."""
+    model, x = build(name, batch, resolution, device)
+    step = make_step(model, x, torch.zeros(batch, dtype=torch.int64, device=device), mode, "sgd")
+    for _ in range(WARM_STEPS if device == "cpu" else 0):
+        step()
+    calls: list[tuple] = []
+
+    class Recording(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func is op:
+                calls.append(tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args))
+            return func(*args, **(kwargs or {}))
+
+    with Recording():
+        step()
+    return calls
 
 
 def operator_name(op) -> str:  # noqa: ANN001
@@ -113,25 +125,16 @@ def report(spec: str, name: str, batch: int, mode: str, resolution: int) -> None
     step = make_step(model, x, torch.zeros(batch, dtype=torch.int64), mode, "sgd")
     for _ in range(WARM_STEPS):
         step()
-    calls: list[tuple] = []
-
-    class Recording(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            if func is op:
-                calls.append(tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args))
-            return func(*args, **(kwargs or {}))
-
-    with Recording():
-        step()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
     in_step = [_excess(call) for call in calls_named(prof, operator_name(op))]
-    if len(in_step) != len(calls):
-        raise SystemExit(f"{spec}: {len(in_step)} profiled calls, {len(calls)} recorded")
+    calls = recorded_calls(op, name, batch, mode, resolution, "cpu")
+    on_meta = recorded_calls(op, name, batch, mode, resolution, "meta")
+    if not len(in_step) == len(calls) == len(on_meta):
+        raise SystemExit(f"{spec}: {len(in_step)} profiled calls, {len(calls)} recorded, {len(on_meta)} on meta")
     worst, largest, shown = 0, [0, 0, 0, 0], set()
-    for step_bytes, call in zip(in_step, calls, strict=True):
-        values = (step_bytes, replayed(op, call, mode), replayed(op, call, mode, "contiguous"),
-                  replayed(op, call, mode, batch=1))
+    for step_bytes, call, meta_call in zip(in_step, calls, on_meta, strict=True):
+        values = (step_bytes, replayed(op, call, mode), replayed(op, meta_call, mode), replayed(op, call, mode, batch=1))
         worst = max(worst, abs(values[0] - values[1]))
         largest = [max(a, b) for a, b in zip(largest, values, strict=True)]
         tensor = call[BATCHED[mode][-1]]

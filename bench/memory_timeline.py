@@ -42,17 +42,18 @@ def build(name: str, batch: int, resolution: int, device: str) -> tuple[torch.nn
 
 def allocations(prof: profile) -> list[tuple[int, int, str]]:
     """(time, bytes (negative: freed), innermost operator) of every allocator event of the profiled step."""
-    found: list[tuple[int, int, str]] = []
+    return sorted(event for root in prof.profiler.kineto_results.experimental_event_tree()
+                  for event in allocations_below(root))
 
-    def walk(node) -> None:  # noqa: ANN001 - the profiler's event tree
-        if type(node.extra_fields).__name__ == "_ExtraFields_Allocation":
-            found.append((node.start_time_ns, node.extra_fields.alloc_size,
-                          node.parent.name if node.parent is not None else "-"))
-        for child in node.children:
-            walk(child)
 
-    for root in prof.profiler.kineto_results.experimental_event_tree():
-        walk(root)
+def allocations_below(node) -> list[tuple[int, int, str]]:  # noqa: ANN001 - the profiler's event tree
+    """(time, bytes (negative: freed), innermost operator) of every allocator event at or below ``node``."""
+    found, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        stack.extend(n.children)
+        if type(n.extra_fields).__name__ == "_ExtraFields_Allocation":
+            found.append((n.start_time_ns, n.extra_fields.alloc_size, n.parent.name if n.parent is not None else "-"))
     return sorted(found)
 
 
