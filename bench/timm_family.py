@@ -25,13 +25,14 @@ of every operator kind at the row's batch, exact from the two probes) and ``comp
 regressor: the step time as a non-negative sum over kinds of time per FLOP, per byte and per call plus a
 step overhead, fitted on the step time ``latency × batch`` and the step's operator totals), and ``CHOSEN``:
 the one of ``CANDIDATES`` (extra trees with more members, on the signed log of the features, with every
-operator kind's share of the step's FLOPs, bytes and calls, or averaged with xgboost) that scored lowest
-on the development split. ``--develop`` scores the candidates there and on nothing else: leave-one-family-out
-inside a fixed random half of the families of the RTX 3090 file (``DEV_FILE``, ``DEV_SEED``), with a
-bootstrap over those families of each candidate's difference to the incumbent ``extra_trees+ops``.
+operator kind's share of the step's FLOPs, bytes and calls, or averaged in log space with xgboost and/or
+``composed``) that scored lowest on the development split. ``--develop [ROUND]`` scores one round's candidates
+(``DEVELOP_ROUNDS``) there and on nothing else: leave-one-family-out inside a fixed random half of the families
+of the RTX 3090 file (``DEV_FILE``, ``DEV_SEED``), with a bootstrap over those families of each candidate's
+difference to the round's incumbent (its first).
 
 Usage: ``PYTHONPATH=src python bench/timm_family.py [DIR] [--regressors linear extra_trees [xgboost poly_lasso]]
-[--op-features bench/timm_ops.parquet [--develop]]``
+[--op-features bench/timm_ops.parquet [--develop [ROUND]]]``
 """
 
 from __future__ import annotations
@@ -158,14 +159,16 @@ def with_derived_features(rows: pd.DataFrame) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A method on the operator features: extra trees with ``trees`` members on the CSV and per-sample
-    operator features (their signed ``log1p`` with ``log_features``), optionally with the operator shares too,
-    optionally averaged in log space (geometric mean) with xgboost on the same features."""
+    """A method on the operator features: extra trees with ``trees`` members (none with 0) on the CSV and
+    per-sample operator features (their signed ``log1p`` with ``log_features``), optionally with the operator
+    shares too, optionally averaged in log space (geometric mean) with xgboost on the same features and/or with
+    ``composed`` (``composed_per_sample``: the operator costs summed over the trace)."""
 
     trees: int
     shares: bool = False
     blend_xgboost: bool = False
     log_features: bool = False
+    blend_composed: bool = False
 
     def features(self) -> list[str]:
         base = LOG_FEATURES if self.log_features else WITH_OPS
@@ -182,6 +185,20 @@ CANDIDATES = {
     "et300+xgb+ops+shares": Candidate(trees=300, shares=True, blend_xgboost=True),
     "et300+log_ops": Candidate(trees=300, log_features=True),
     "et300+log_ops+shares": Candidate(trees=300, shares=True, log_features=True),
+    "composed": Candidate(trees=0, blend_composed=True),
+    "et300+log_ops+shares+composed": Candidate(trees=300, shares=True, log_features=True, blend_composed=True),
+    "et300+log_ops+composed": Candidate(trees=300, log_features=True, blend_composed=True),
+    "et300+xgb+log_ops+shares+composed": Candidate(trees=300, shares=True, blend_xgboost=True, log_features=True,
+                                                   blend_composed=True),
+}
+#: the candidates each ``--develop`` round scored, its incumbent first. Round 1 (features from batches 1 and 2)
+#: chose ``et300+log_ops+shares``; round 2, on the corrected features (batches 2, 4 and 8), where ``composed``
+#: improved most, adds it and its geometric means with the round-1 choice, the list fixed before the round ran
+DEVELOP_ROUNDS = {
+    1: ["extra_trees+ops", "et300+ops", "et300+ops+shares", "et300+xgb+ops", "et300+xgb+ops+shares",
+        "et300+log_ops", "et300+log_ops+shares"],
+    2: ["et300+log_ops+shares", "composed", "et300+log_ops+shares+composed", "et300+log_ops+composed",
+        "et300+xgb+log_ops+shares+composed"],
 }
 CHOSEN = "et300+log_ops+shares"
 #: the development split: this file, a fixed random half of its families (seed), leave-one-family-out inside
@@ -201,33 +218,41 @@ def predict_candidates(train: pd.DataFrame, test: pd.DataFrame, names: list[str]
             fits[key] = np.asarray(reg.predict(test[columns]), float)
         return fits[key]
 
-    out = {}
-    for name in names:
-        c = CANDIDATES[name]
-        trees = fitted("extra_trees", c.trees, c)
-        out[name] = np.sqrt(trees * fitted("xgboost", 0, c)) if c.blend_xgboost else trees
-    return out
+    composed: list[np.ndarray] = []  # fitted once, if any candidate asks for it
+
+    def members(c: Candidate) -> list[np.ndarray]:
+        if c.blend_composed and not composed:
+            composed.append(composed_per_sample(train, test))
+        return [*([fitted("extra_trees", c.trees, c)] if c.trees else []),
+                *([fitted("xgboost", 0, c)] if c.blend_xgboost else []),
+                *(composed if c.blend_composed else [])]
+
+    def geometric_mean(parts: list[np.ndarray]) -> np.ndarray:
+        return parts[0] if len(parts) == 1 else np.exp(np.mean(np.log(parts), axis=0))
+
+    return {name: geometric_mean(members(CANDIDATES[name])) for name in names}
 
 
-def develop(data: pd.DataFrame) -> pd.DataFrame:
+def develop(data: pd.DataFrame, candidates: list[str]) -> pd.DataFrame:
     """MAPE of every candidate, leave-one-family-out inside a fixed random half of the families of
-    ``DEV_FILE``; the other half and the other files are not read. Returns one row per candidate."""
+    ``DEV_FILE``; the other half and the other files are not read. Returns one row per candidate, with the
+    bootstrap interval of its difference to the first candidate (the incumbent)."""
     rows = with_derived_features(data[data["device"] == DEV_FILE])
     families = np.sort(rows["family"].unique())
     dev_families = np.random.default_rng(DEV_SEED).choice(families, size=len(families) // 2, replace=False)
     rows = rows[rows["family"].isin(dev_families)]
     print(f"development split: {DEV_FILE}, {len(dev_families)} of {len(families)} families "
           f"(seed {DEV_SEED}), {len(rows)} rows")
-    pred = pd.DataFrame(index=rows.index, columns=list(CANDIDATES), dtype=float)
+    pred = pd.DataFrame(index=rows.index, columns=candidates, dtype=float)
     for family in sorted(dev_families):
         test_mask = (rows["family"] == family).to_numpy()
-        for name, p in predict_candidates(rows[~test_mask], rows[test_mask], list(CANDIDATES)).items():
+        for name, p in predict_candidates(rows[~test_mask], rows[test_mask], candidates).items():
             pred.loc[rows.index[test_mask], name] = p
     errors = (pred.div(rows["latency_ms"], axis=0) - 1).abs() * 100
-    incumbent = next(iter(CANDIDATES))
-    table = pd.DataFrame({"candidate": list(CANDIDATES), "dev_mape": errors.mean().to_numpy(),
+    incumbent = candidates[0]
+    table = pd.DataFrame({"candidate": candidates, "dev_mape": errors.mean().to_numpy(),
                           "dev_family_median": errors.groupby(rows["family"]).mean().median().to_numpy()})
-    low, high = zip(*(paired_interval(errors[n] - errors[incumbent], rows["family"]) for n in CANDIDATES))
+    low, high = zip(*(paired_interval(errors[n] - errors[incumbent], rows["family"]) for n in candidates))
     return table.assign(**{f"minus_{incumbent}": table["dev_mape"] - table["dev_mape"].iloc[0],
                            "interval_5%": low, "interval_95%": high})
 
@@ -299,17 +324,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--regressors", nargs="+", default=["linear", "extra_trees"], choices=list(REGRESSORS))
     parser.add_argument("--out", type=Path, default=Path("bench/timm_family.csv"))
     parser.add_argument("--op-features", type=Path, default=None, help="operator features from bench/timm_ops.py")
-    parser.add_argument("--develop", action="store_true",
-                        help="score the candidates on the development split only (needs --op-features)")
+    parser.add_argument("--develop", type=int, nargs="?", const=max(DEVELOP_ROUNDS), default=None,
+                        choices=list(DEVELOP_ROUNDS),
+                        help="score one round's candidates (default: the last) on the development split only "
+                             "(needs --op-features)")
     args = parser.parse_args(argv)
-    if args.develop and not args.op_features:
+    if args.develop is not None and not args.op_features:
         parser.error("--develop needs --op-features")
     start = time.perf_counter()
     data = with_families(load(args.directory))
     if args.op_features:
         data = with_op_features(data, args.op_features)
-    if args.develop:
-        table = develop(data)
+    if args.develop is not None:
+        table = develop(data, DEVELOP_ROUNDS[args.develop])
         table.to_csv(args.out, index=False)
         print(table.round(2).to_markdown(index=False))
         print(f"\nlowest development MAPE: {table.loc[table['dev_mape'].idxmin(), 'candidate']}; "

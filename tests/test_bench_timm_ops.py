@@ -41,3 +41,25 @@ def test_rows_get_the_totals_on_the_line_of_batches_2_and_4_and_a_workload_off_i
     assert list(kept["model_id"]) == ["convnet@224", "convnet@224"]
     assert kept[OP_FEATURES[0]].tolist() == [3 + 7 * 1024, 17.0]
     assert kept[PER_SAMPLE_OPS[0]].tolist() == [(3 + 7 * 1024) / 1024, 17.0 / 2]
+
+
+def test_a_candidate_blended_with_composed_is_the_geometric_mean_of_its_members():
+    import numpy as np
+    from timm_family import CANDIDATES, FEATURES, PER_SAMPLE_OPS, composed_per_sample, predict_candidates, \
+        with_derived_features
+
+    rng = np.random.default_rng(0)
+    n = 40
+    batch = rng.choice([256, 1024], n).astype(float)
+    totals = pd.DataFrame(rng.uniform(1.0, 1e6, (n, len(OP_FEATURES))), columns=list(OP_FEATURES))
+    rows = pd.concat([totals, (totals.div(batch, axis=0)).set_axis(PER_SAMPLE_OPS, axis=1)], axis=1).assign(
+        **{f: rng.uniform(1.0, 100.0, n) for f in FEATURES if f != "batch"}, batch=batch,
+        latency_ms=totals.sum(axis=1).to_numpy() / batch * 1e-4)
+    rows = with_derived_features(rows)
+    train, test = rows.iloc[:30], rows.iloc[30:]
+    out = predict_candidates(train, test, ["et300+log_ops+shares", "composed", "et300+log_ops+shares+composed"])
+    assert CANDIDATES["composed"].trees == 0
+    np.testing.assert_allclose(out["composed"], composed_per_sample(train, test))
+    np.testing.assert_allclose(out["et300+log_ops+shares+composed"],
+                               np.sqrt(out["et300+log_ops+shares"] * out["composed"]), rtol=1e-12)
+    assert not np.allclose(out["et300+log_ops+shares"], out["composed"])  # two members that differ
