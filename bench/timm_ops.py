@@ -53,7 +53,11 @@ def workloads(directory: Path) -> list[tuple[str, int]]:
 
 
 def trace(name: str, size: int, batch: int, registry: dict) -> dict:
-    """Operator-trace aggregates of one inference step, or NaN features with the reason."""
+    """Operator-trace aggregates of one inference step, or NaN features with the reason.
+
+    The model is built anew for every probe, not once per workload: levit, efficientformer(_v2),
+    efficientvit_msra and tiny_vit cache their attention biases at their first forward in eval mode, so a second
+    probe on the same model would trace fewer operators than the first."""
     def build():
         with torch.device("meta"):
             return build_model("timm", name, {}, 1000, (3, size, size)).half()
