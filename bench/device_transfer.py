@@ -76,8 +76,6 @@ GPUS = {
 
 WORKLOAD = ["flops", "activation_bytes", "weight_bytes"]
 HARDWARE = ["hw_peak_gflops", "hw_mem_bw_gbs"]
-DEGREE = [1]  # interaction degree, set from --degree
-INTERACTION: list[str] = []  # operator feature columns of device_transfer, set from --op-features
 #: method name -> DeviceTransferRegressor parameters besides the shared ones
 METHODS = {"device_transfer": {}, "roofline_only": {"reference_weight": 0.0},
            "blend_half": {"reference_weight": 0.5}, "reference_only": {"reference_weight": 1.0}}
@@ -220,13 +218,22 @@ def best_reference_factor(train: pd.DataFrame, shots: pd.DataFrame, test: pd.Dat
     return pred
 
 
-def fit_method(train: pd.DataFrame, method: str, **extra: object) -> DeviceTransferRegressor:
-    reg = DeviceTransferRegressor(workload_features=WORKLOAD, group_col="gpu", interaction_degree=DEGREE[0],
-                                  interaction_features=INTERACTION, **METHODS[method], **extra)
+@dataclass(frozen=True)
+class Setup:
+    """What every ``DeviceTransferRegressor`` of a run shares: the interaction degree (``--degree``) and the
+    operator feature columns in its hardware x workload interactions (``--op-features``; none without)."""
+
+    degree: int = 1
+    interaction: tuple[str, ...] = ()
+
+
+def fit_method(train: pd.DataFrame, method: str, setup: Setup, **extra: object) -> DeviceTransferRegressor:
+    reg = DeviceTransferRegressor(workload_features=WORKLOAD, group_col="gpu", interaction_degree=setup.degree,
+                                  interaction_features=list(setup.interaction), **METHODS[method], **extra)
     return reg.fit(train, train["latency_ms"])
 
 
-def evaluate_fold(data: pd.DataFrame, gpu: str, k: int, seed: int) -> dict[str, float]:
+def evaluate_fold(data: pd.DataFrame, gpu: str, k: int, seed: int, setup: Setup) -> dict[str, float]:
     held = data["gpu"] == gpu
     shots = shot_rows(data, held, k, np.random.default_rng(seed)) if k else np.array([], dtype=int)
     train = data[~held | data.index.isin(shots)]
@@ -234,7 +241,7 @@ def evaluate_fold(data: pd.DataFrame, gpu: str, k: int, seed: int) -> dict[str, 
     y = test["latency_ms"].to_numpy()
     row: dict[str, float] = {"gpu": gpu, "k": k, "seed": seed, "n_test": len(test)}
     for method in METHODS if k else ["device_transfer"]:
-        reg = fit_method(train, method)
+        reg = fit_method(train, method, setup)
         pred = reg.predict(test)
         row[method] = finite_mape(y, pred)
         row[f"{method}_offset_removed"] = offset_removed_mape(test, y, pred)
@@ -253,7 +260,7 @@ def evaluate_fold(data: pd.DataFrame, gpu: str, k: int, seed: int) -> dict[str, 
     return row
 
 
-def upper_bound(data: pd.DataFrame, device: str) -> dict[str, float]:
+def upper_bound(data: pd.DataFrame, device: str, setup: Setup) -> dict[str, float]:
     """Reference regression with half of ``device``'s configs in training (2-fold, scored on the other
     half) and one constant factor on the best other GPU's file fitted on all of them (in-sample)."""
     gpu = data.loc[data["device"] == device, "gpu"].iloc[0]
@@ -263,7 +270,7 @@ def upper_bound(data: pd.DataFrame, device: str) -> dict[str, float]:
     y_all, pred = data.loc[rows, "latency_ms"], pd.Series(np.nan, index=rows)
     for shots, test in (halves, halves[::-1]):
         train = pd.concat([others, data.loc[shots]])
-        reg = fit_method(train, "reference_only", few_shot_max_rows=len(shots))
+        reg = fit_method(train, "reference_only", setup, few_shot_max_rows=len(shots))
         pred[test] = reg.predict(data.loc[test])
     table = log_time_table(others)
     y = np.log(data.loc[rows].set_index("model_id")["latency_ms"])
@@ -294,15 +301,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/device_transfer.csv"))
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    DEGREE[0] = args.degree
-    data = load(args.directory)
+    data, interaction = load(args.directory), []
     if args.op_features:
-        data, INTERACTION[:] = with_operator_features(data, args.op_features)
+        data, interaction = with_operator_features(data, args.op_features)
+    setup = Setup(args.degree, tuple(interaction))
     print(f"{len(data)} rows, {data['model_id'].nunique()} workloads, devices: {sorted(data['device'].unique())}")
     rows = []
     for gpu in sorted(data["gpu"].unique()):
         for k in args.k:
-            rows += [evaluate_fold(data, gpu, k, seed) for seed in range(args.draws if k else 1)]
+            rows += [evaluate_fold(data, gpu, k, seed, setup) for seed in range(args.draws if k else 1)]
     table = pd.DataFrame(rows)
     summary = table.drop(columns="seed").groupby(["gpu", "k"], sort=True).mean().reset_index()
     baselines = [c for c in summary.columns if c.startswith("baseline_") and c != "baseline_coverage"]
@@ -316,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     pd.set_option("display.width", 250)
     print(summary.round(2).to_markdown(index=False))
     if args.upper:
-        upper = pd.DataFrame([upper_bound(data, device) for device in sorted(data["device"].unique())])
+        upper = pd.DataFrame([upper_bound(data, device, setup) for device in sorted(data["device"].unique())])
         print("\nupper bound (half of the held-out file in training):")
         print(upper.round(2).to_markdown(index=False))
     print(f"\nsoftware-version floor (RTX 4090 torch 2.4 -> 2.9, one factor): {software_floor(data):.2f} % MAPE")
