@@ -23,7 +23,8 @@ on the meta device, at batches 2, 4 and 8), the rows are those whose trace exist
 ``<regressor>+ops`` for every regressor asked for (the CSV features plus, per sample, FLOPs, bytes and calls
 of every operator kind at the row's batch, exact from the two probes) and ``composed`` (perfzoo's composed
 regressor: the step time as a non-negative sum over kinds of time per FLOP, per byte and per call plus a
-step overhead, fitted on the step time ``latency × batch`` and the step's operator totals), and ``CHOSEN``:
+step overhead, fitted on the step time ``latency × batch`` and the step's operator totals), and, for each
+development round (``CHOSEN_BY_ROUND``; ``CHOSEN`` is the last):
 the one of ``CANDIDATES`` (extra trees with more members, on the signed log of the features, with every
 operator kind's share of the step's FLOPs, bytes and calls, or averaged in log space with xgboost and/or
 ``composed``) that scored lowest on the development split. ``--develop [ROUND]`` scores one round's candidates
@@ -32,7 +33,7 @@ of the RTX 3090 file (``DEV_FILE``, ``DEV_SEED``), with a bootstrap over those f
 difference to the round's incumbent (its first).
 
 Usage: ``PYTHONPATH=src python bench/timm_family.py [DIR] [--regressors linear extra_trees [xgboost poly_lasso]]
-[--op-features bench/timm_ops.parquet [--develop [ROUND]]]``
+[--op-features bench/timm_ops.parquet [--develop [ROUND]]] [--part K/N]``
 """
 
 from __future__ import annotations
@@ -200,7 +201,9 @@ DEVELOP_ROUNDS = {
     2: ["et300+log_ops+shares", "composed", "et300+log_ops+shares+composed", "et300+log_ops+composed",
         "et300+xgb+log_ops+shares+composed"],
 }
-CHOSEN = "et300+log_ops+shares"
+#: each round's choice (the lowest development MAPE); the evaluation reports every round's beside the others
+CHOSEN_BY_ROUND = {1: "et300+log_ops+shares", 2: "et300+log_ops+composed"}
+CHOSEN = CHOSEN_BY_ROUND[max(CHOSEN_BY_ROUND)]
 #: the development split: this file, a fixed random half of its families (seed), leave-one-family-out inside
 DEV_FILE, DEV_SEED = "RTX 3090 (pt240)", 0
 
@@ -297,7 +300,8 @@ def predict_file(rows: pd.DataFrame, regressors: list[str], op_methods: bool = F
                 reg = make_regressor(kind, features=WITH_OPS, **REGRESSORS[kind]).fit(train[WITH_OPS], y)
                 out.loc[test.index, f"{kind}+ops"] = reg.predict(test[WITH_OPS])
             out.loc[test.index, "composed"] = composed_per_sample(train, test)
-            out.loc[test.index, CHOSEN] = predict_candidates(train, test, [CHOSEN])[CHOSEN]
+            for name, p in predict_candidates(train, test, list(dict.fromkeys(CHOSEN_BY_ROUND.values()))).items():
+                out.loc[test.index, name] = p
         out.loc[test.index, "baseline_flops_nearest_config"] = flops_nearest(train, test, "latency_ms")
         out.loc[test.index, "baseline_time_per_flop"] = time_per_flop(train, test)
         roof = make_regressor("roofline", group_col=None, log_target=True).fit(train, y)
@@ -324,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--regressors", nargs="+", default=["linear", "extra_trees"], choices=list(REGRESSORS))
     parser.add_argument("--out", type=Path, default=Path("bench/timm_family.csv"))
     parser.add_argument("--op-features", type=Path, default=None, help="operator features from bench/timm_ops.py")
+    parser.add_argument("--part", default="0/1",
+                        help="K/N: only every N-th file (sorted by name) from the K-th, a process each; "
+                             "concatenate the parts' --out files")
     parser.add_argument("--develop", type=int, nargs="?", const=max(DEVELOP_ROUNDS), default=None,
                         choices=list(DEVELOP_ROUNDS),
                         help="score one round's candidates (default: the last) on the development split only "
@@ -345,10 +352,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.op_features:
         data = with_derived_features(data)
     print(f"{len(data)} rows, {data['family'].nunique()} families, {data['device'].nunique()} files")
+    part, parts = (int(v) for v in args.part.split("/"))
+    files = sorted(data["device"].unique())[part::parts]
     summaries = [summarise(rows, predict_file(rows, args.regressors, bool(args.op_features)))
-                 for _, rows in data.groupby("device", sort=True)]
+                 for _, rows in data[data["device"].isin(files)].groupby("device", sort=True)]
     table = pd.DataFrame(summaries)
-    op_methods = [*(f"{kind}+ops" for kind in args.regressors), "composed", CHOSEN]
+    op_methods = [*(f"{kind}+ops" for kind in args.regressors), "composed", *dict.fromkeys(CHOSEN_BY_ROUND.values())]
     op_methods = op_methods if args.op_features else []
     args.regressors = [*args.regressors, *op_methods]
     methods = [*args.regressors, "baseline_flops_nearest_config", "baseline_time_per_flop", "baseline_roofline"]
