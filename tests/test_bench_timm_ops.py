@@ -1,5 +1,6 @@
-"""The timm operator-trace benchmark's batch extrapolation (bench/timm_family.py): a workload whose totals are
-not linear in the batch is left out, never given extrapolated totals."""
+"""The timm operator-trace benchmark (bench/timm_family.py): a workload whose totals are not linear in the batch
+is left out, never given extrapolated totals; a candidate method blended with ``composed`` is the geometric mean
+of its members."""
 
 from __future__ import annotations
 
