@@ -55,9 +55,12 @@ def workloads(directory: Path) -> list[tuple[str, int]]:
 def trace(name: str, size: int, batch: int, registry: dict) -> dict:
     """Operator-trace aggregates of one inference step, or NaN features with the reason.
 
-    The model is built anew for every probe, not once per workload: levit, efficientformer(_v2),
-    efficientvit_msra and tiny_vit cache their attention biases at their first forward in eval mode, so a second
-    probe on the same model would trace fewer operators than the first."""
+    The model is built anew for every probe, not once per workload: a forward can leave state that the next
+    trace would see. convit caches its relative position indices at the first forward (recomputed only for a
+    new sequence length), so on one model its probes at batches 4 and 8 trace 40 elementwise and 100 copy calls
+    fewer than at batch 2 (checked: the whole trace made both ways differs in exactly its 6 rows). The
+    attention-bias caches of levit, efficientformer(_v2), efficientvit_msra and tiny_vit are no reason: every
+    trace calls ``eval()``, and their ``train()`` empties them."""
     def build():
         with torch.device("meta"):
             return build_model("timm", name, {}, 1000, (3, size, size)).half()
