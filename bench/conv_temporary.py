@@ -77,12 +77,17 @@ def replayed(op, args: tuple, mode: str, batch: int | None = None) -> int:  # no
     return _excess(call)
 
 
-def recorded_calls(op, name: str, batch: int, mode: str, resolution: int, device: str) -> list[tuple]:  # noqa: ANN001
-    """The arguments of every call of ``op`` in one profiled step on ``device`` (after warm steps on the CPU)."""
+def warm_step(name: str, batch: int, mode: str, resolution: int, device: str):  # noqa: ANN201 - make_step's closure
+    """The profiled step of the model on ``device``, after warm steps on the CPU."""
     model, x = build(name, batch, resolution, device)
     step = make_step(model, x, torch.zeros(batch, dtype=torch.int64, device=device), mode, "sgd")
     for _ in range(WARM_STEPS if device == "cpu" else 0):
         step()
+    return step
+
+
+def recorded_calls(op, step) -> list[tuple]:  # noqa: ANN001
+    """The arguments of every call of ``op`` in one run of ``step``."""
     calls: list[tuple] = []
 
     class Recording(TorchDispatchMode):
@@ -121,15 +126,12 @@ def main() -> None:
 
 def report(spec: str, name: str, batch: int, mode: str, resolution: int) -> None:
     op = OPERATORS[mode]
-    model, x = build(name, batch, resolution, "cpu")
-    step = make_step(model, x, torch.zeros(batch, dtype=torch.int64), mode, "sgd")
-    for _ in range(WARM_STEPS):
-        step()
+    step = warm_step(name, batch, mode, resolution, "cpu")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
     in_step = [_excess(call) for call in calls_named(prof, operator_name(op))]
-    calls = recorded_calls(op, name, batch, mode, resolution, "cpu")
-    on_meta = recorded_calls(op, name, batch, mode, resolution, "meta")
+    calls = recorded_calls(op, step)
+    on_meta = recorded_calls(op, warm_step(name, batch, mode, resolution, "meta"))
     if not len(in_step) == len(calls) == len(on_meta):
         raise SystemExit(f"{spec}: {len(in_step)} profiled calls, {len(calls)} recorded, {len(on_meta)} on meta")
     worst, largest, shown = 0, [0, 0, 0, 0], set()

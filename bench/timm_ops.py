@@ -10,8 +10,8 @@ step, activations scale), so two probes give it at any batch: ``q(B) = q(2) + (q
 batch 8 are off that line (3 of the 1,631: ``csatv2*``) is left out there, named, rather than given extrapolated
 totals. Batch 1 is no probe: PyTorch takes other paths there (a dimension of one makes some reshapes views
 instead of copies), so 301 of the 1,631 workloads trace fewer copies or elementwise calls at batch 1 than on the
-line through larger batches (and the CondConv models trace their convolutions differently). A file traced with other probes is completed by running the
-script again (rows of other batches are kept and not read).
+line through larger batches (and the CondConv models trace their convolutions differently). A file traced with
+other probes is completed by running the script again (rows of other batches are kept and not read).
 The bytes are traced without a cache (``cache_bytes=0``: every byte read counts as moved), as the bytes
 read from cache are not linear in the batch (what fits at batch 2 does not at 256).
 
