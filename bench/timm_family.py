@@ -299,8 +299,9 @@ def predict_file(rows: pd.DataFrame, regressors: list[str], op_methods: bool = F
             for kind in regressors:
                 reg = make_regressor(kind, features=WITH_OPS, **REGRESSORS[kind]).fit(train[WITH_OPS], y)
                 out.loc[test.index, f"{kind}+ops"] = reg.predict(test[WITH_OPS])
-            out.loc[test.index, "composed"] = composed_per_sample(train, test)
-            for name, p in predict_candidates(train, test, list(dict.fromkeys(CHOSEN_BY_ROUND.values()))).items():
+            # composed on its own and each round's choice, composed fitted once for all of them
+            names = list(dict.fromkeys(["composed", *CHOSEN_BY_ROUND.values()]))
+            for name, p in predict_candidates(train, test, names).items():
                 out.loc[test.index, name] = p
         out.loc[test.index, "baseline_flops_nearest_config"] = flops_nearest(train, test, "latency_ms")
         out.loc[test.index, "baseline_time_per_flop"] = time_per_flop(train, test)
