@@ -76,6 +76,16 @@ def peak_rss_mb() -> float:
     return _rss_kib("VmHWM") / 1024
 
 
+RSS_COMPONENTS = {"anon": "RssAnon", "file": "RssFile", "shmem": "RssShmem"}
+"""The resident set's parts as ``/proc/self/status`` names them: anonymous memory (tensors, the heap),
+file-backed pages (library code and data mapped from disk), shared memory."""
+
+
+def rss_components_mb() -> dict[str, float]:
+    """The current resident set by part (:data:`RSS_COMPONENTS`), in MB."""
+    return {part: _rss_kib(name) / 1024 for part, name in RSS_COMPONENTS.items()}
+
+
 def synthetic_batch(spec: dict[str, Any], num_classes: int, device: str) -> tuple[Any, Any]:
     """Seeded random inputs and class targets of the config's shape (no data set needed)."""
     import torch  # lazy: ~3 s import; the parent process never measures

@@ -16,6 +16,7 @@ from perfzoo.profiling.core import (
     make_step,
     peak_rss_mb,
     reset_peak_rss,
+    rss_components_mb,
     set_precision,
     synthetic_batch,
     time_cpu_iterations,
@@ -33,6 +34,7 @@ def measure_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Measuremen
     torch.manual_seed(0)
     gc.collect()
     baseline_mb = reset_peak_rss()
+    baseline_parts = rss_components_mb()
     model = build_model(spec["builder"], spec["name"], json.loads(spec["builder_kwargs"]),
                         settings["num_classes"], tuple(json.loads(spec["input_shape"])))
     x, y = synthetic_batch(spec, settings["num_classes"], "cpu")
@@ -44,7 +46,11 @@ def measure_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Measuremen
         step()
     times, reason = time_cpu_iterations(step, settings)
     peak_mb = peak_rss_mb() - baseline_mb  # read before the per-op steps, which must not change the labels
-    extra: dict[str, Any] = {"threads": torch.get_num_threads()}
+    # what the label is made of: each part's growth over the baseline after the timed steps (not at the peak)
+    parts_after = rss_components_mb()
+    extra: dict[str, Any] = {"threads": torch.get_num_threads(),
+                             "rss_growth_mb": {part: round(parts_after[part] - baseline_parts[part], 3)
+                                               for part in parts_after}}
     if settings.get("time_ops", True):
         extra["op_times"] = time_operators(
             lambda phase: make_step(model, x, y, spec["mode"], optimizer, context, phase),

@@ -38,8 +38,10 @@ def reference_config() -> dict[str, Any]:
 
 
 def memory_reference(kind: str, threads: int) -> dict[str, Any]:
-    """``{config, peak_mem_mb, latency_ms, threads}`` of one measurement of the reference on a ``kind`` device,
-    or ``{"missing": reason}`` (kind cuda, or a failed measurement: never a number that was not measured)."""
+    """``{config, peak_mem_mb, latency_ms, threads, rss_growth_mb}`` of one measurement of the reference on a
+    ``kind`` device (``rss_growth_mb``: how much each part of the resident set,
+    :func:`perfzoo.profiling.core.rss_components_mb`, grew over the step), or ``{"missing": reason}`` (kind
+    cuda, or a failed measurement: never a number that was not measured)."""
     if kind != "cpu":
         return {"missing": f"no memory reference on kind {kind!r}: its label is the allocator's own count"}
     spec = reference_config()
@@ -49,4 +51,5 @@ def memory_reference(kind: str, threads: int) -> dict[str, Any]:
     measurement = outcome.measurement
     return {"config": f"{spec['label']} {spec['mode']} b{spec['batch']}",
             "peak_mem_mb": round(float(measurement["peak_mem_mb"]), 3),
-            "latency_ms": round(statistics.median(measurement["times_ms"]), 4), "threads": threads}
+            "latency_ms": round(statistics.median(measurement["times_ms"]), 4), "threads": threads,
+            "rss_growth_mb": measurement["extra"].get("rss_growth_mb")}
