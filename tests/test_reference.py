@@ -14,10 +14,11 @@ def test_cpu_hardware_record_carries_a_measured_memory_reference() -> None:
     assert ref["config"] == "resnet18@64px inference b1" and ref["threads"] == 1, ref
     # ResNet-18's weights alone are 44.7 MB of float32; the label counts them and the step's activations
     assert 44 < ref["peak_mem_mb"] < 1000 and ref["latency_ms"] > 0, ref
-    # the weights and activations are anonymous memory; the code the step runs first is file-backed
+    # the weights and activations are anonymous memory, in the label; the code the step runs first is
+    # file-backed, outside it
     growth = ref["rss_growth_mb"]
     assert set(growth) == {"anon", "file", "shmem"} and growth["anon"] > 44 and growth["file"] > 0, growth
-    assert growth["anon"] + growth["file"] + growth["shmem"] <= ref["peak_mem_mb"] + 1, ref
+    assert growth["anon"] - 1 <= ref["peak_mem_mb"] < growth["anon"] + growth["file"], ref
 
 
 def test_a_failed_reference_step_is_missing_with_its_reason(monkeypatch) -> None:

@@ -62,9 +62,8 @@ from perfzoo.models.builders import build_model
 from perfzoo.io import InputError
 from perfzoo.profiling.core import (
     Measurement,
+    ResidentPeak,
     make_optimizer,
-    peak_rss_mb,
-    reset_peak_rss,
     step_loss,
     synthetic_batch,
 )
@@ -326,7 +325,7 @@ def measure_layers_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Mea
     torch.set_num_threads(int(settings["threads"]))
     torch.manual_seed(0)
     gc.collect()
-    baseline_mb = reset_peak_rss()
+    resident = ResidentPeak.start()
     mode = spec["mode"]
     training = mode == "training"
     model = build_model(
@@ -348,6 +347,7 @@ def measure_layers_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Mea
     iters = max(int(settings.get("layer_iters", LAYER_ITERS)), 1)
     for _ in range(n_warmup):
         step("off")
+        resident.close_phase()
     unhooked = [step("off") for _ in range(iters)]
     handles = timer.attach([*model.modules(), loss_fn])
     try:
@@ -356,7 +356,8 @@ def measure_layers_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Mea
     finally:
         for handle in handles:
             handle.remove()
-    return Measurement(times, peak_rss_mb() - baseline_mb, n_warmup + 1, "layer_iters", {
+    resident.close_phase()
+    return Measurement(times, resident.label_mb, n_warmup + 1, "layer_iters", {
         "threads": torch.get_num_threads(), "layers": timer.summary(), "unhooked_step_ms": unhooked,
         "inplace_disabled": n_inplace,
     })  # fmt: skip

@@ -12,11 +12,9 @@ from typing import Any
 from perfzoo.models.builders import build_model
 from perfzoo.profiling.core import (
     Measurement,
+    ResidentPeak,
     make_optimizer,
     make_step,
-    peak_rss_mb,
-    reset_peak_rss,
-    rss_components_mb,
     set_precision,
     synthetic_batch,
     time_cpu_iterations,
@@ -27,14 +25,15 @@ from perfzoo.profiling.op_timing import time_operators
 
 
 def measure_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Measurement:
-    """Measure one config on the CPU; peak memory = the worker's peak RSS above its baseline."""
+    """Measure one config on the CPU; peak memory = the worker's peak resident set without file-backed pages,
+    above its baseline (:class:`perfzoo.profiling.core.ResidentPeak`; a phase per warm-up step and one for
+    the timed steps)."""
     import torch  # lazy: importing torch takes ~3 s; the profiling parent never runs a model
 
     torch.set_num_threads(int(settings["threads"]))
     torch.manual_seed(0)
     gc.collect()
-    baseline_mb = reset_peak_rss()
-    baseline_parts = rss_components_mb()
+    resident = ResidentPeak.start()
     model = build_model(spec["builder"], spec["name"], json.loads(spec["builder_kwargs"]),
                         settings["num_classes"], tuple(json.loads(spec["input_shape"])))
     x, y = synthetic_batch(spec, settings["num_classes"], "cpu")
@@ -44,18 +43,16 @@ def measure_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Measuremen
     step = make_step(model, x, y, spec["mode"], optimizer, context)
     for _ in range(settings["warmup_iters"]):
         step()
+        resident.close_phase()
     times, reason = time_cpu_iterations(step, settings)
-    peak_mb = peak_rss_mb() - baseline_mb  # read before the per-op steps, which must not change the labels
-    # what the label is made of: each part's growth over the baseline after the timed steps (not at the peak)
-    parts_after = rss_components_mb()
-    extra: dict[str, Any] = {"threads": torch.get_num_threads(),
-                             "rss_growth_mb": {part: round(parts_after[part] - baseline_parts[part], 3)
-                                               for part in parts_after}}
+    resident.close_phase()  # read before the per-op steps, which must not change the labels
+    extra: dict[str, Any] = {"threads": torch.get_num_threads(), "peak_rss_total_mb": round(resident.total_mb, 3),
+                             "rss_growth_mb": resident.growth_mb()}
     if settings.get("time_ops", True):
         extra["op_times"] = time_operators(
             lambda phase: make_step(model, x, y, spec["mode"], optimizer, context, phase),
             settings).as_dict()
-    return Measurement(times, peak_mb, settings["warmup_iters"], reason, extra)
+    return Measurement(times, resident.label_mb, settings["warmup_iters"], reason, extra)
 
 
 MEASURE: dict[str, Callable[[dict[str, Any], dict[str, Any]], Measurement]] = {

@@ -31,8 +31,8 @@ class MemorySimRegressor(Regressor):
     and temporary bytes live at that peak, the number of distinct operators the step ran and whether a
     convolution runs on oneDNN (PyTorch runs small ones on its own kernel). The square root of the operator
     count was chosen over the count itself after comparing both on the splits of the default CPU zoo
-    (bench/memory_sim.py): kernels share library
-    code, so the code a step touches grows less than in proportion to its distinct operators. The
+    (bench/memory_sim.py, on the former label that counted library code: kernels share it, so the code a
+    step touches grows less than in proportion to its distinct operators). The
     coefficients are fitted per device (``group_col``) by median regression with weights ``1 / y``, which
     minimises the mean absolute percentage error on the training rows and is robust to outliers; a device
     with fewer than ``min_group_rows`` training rows (or not seen in training) uses the coefficients
@@ -46,16 +46,18 @@ class MemorySimRegressor(Regressor):
     backward pass and freed during it leave the allocator's heap fragmented, so the resident set grows
     faster with them than in inference.
 
-    What the calibration absorbs, on the CPU, whose label is the profiling worker's peak resident set size
-    above its baseline taken after ``gc`` and before the model is built (``perfzoo.profiling.core``):
-    ``a_t`` the autograd engine, backward and optimizer kernels touched by training; ``e`` oneDNN's
-    convolution code and JIT kernels (a step whose convolutions PyTorch runs on its own im2col kernel
-    touches none of them: a ``Conv1d`` over 12 x 256 at batch 1); ``d`` the code of the operators
-    (libtorch, BLAS and oneDNN pages touched for the first time); ``c`` the workspaces that kernels
-    allocate internally in proportion to the activations (convolution reorders, im2col buffers, GEMM
-    packing) and the allocator's fragmentation; ``b`` stays near 1 (weights, gradients and optimizer state
-    are allocated as simulated). On CUDA, whose label is ``max_memory_allocated``, the same terms absorb the caching
-    allocator's rounding and cuBLAS/cuDNN workspaces. A row without simulated features (a model the
+    What the calibration absorbs, on the CPU, whose label is the profiling worker's peak resident set without
+    file-backed pages, above its baseline taken after ``gc`` and before the model is built
+    (:class:`perfzoo.profiling.core.ResidentPeak`; library code mapped from disk is not in it, so the terms
+    below count only memory the process allocates): ``a_t`` the autograd engine's and the backward and
+    optimizer kernels' own state in training; ``e`` oneDNN's convolution primitives and their JIT-generated
+    kernels (anonymous memory; a step whose convolutions PyTorch runs on its own im2col kernel creates none:
+    a ``Conv1d`` over 12 x 256 at batch 1); ``d`` per-operator state that grows with the distinct operators
+    a step runs (kernel caches, the allocator's arenas); ``c`` the workspaces that kernels allocate
+    internally in proportion to the activations (convolution reorders, im2col buffers, GEMM packing) and the
+    allocator's fragmentation; ``b`` stays near 1 (weights, gradients and optimizer state
+    are allocated as simulated). On CUDA, whose label is ``max_memory_reserved``, the same terms absorb the
+    caching allocator's rounding and cuBLAS/cuDNN workspaces. A row without simulated features (a model the
     simulation failed on) gets no prediction (NaN), never an imputed one. Only the ``peak_mem_mb`` target
     is meaningful. The model is additive in bytes, so ``log_target`` (a parameter of every regressor) must
     stay false. The fitted state records its term names (``terms_``); a file fitted with other terms is
