@@ -81,6 +81,10 @@ def test_shard_goes_on_after_a_failure_and_resumes_from_journal(config, tmp_path
     reference = meta["memory_reference"]  # measured before the shard's tasks, carried by each of their rows
     assert reference["config"] == "resnet18@64px inference b1" and reference["peak_mem_mb"] > 0
     assert (traces["memory_reference_mb"] == reference["peak_mem_mb"]).all()
+    # the label leaves out the library pages the step mapped; the whole resident set's peak is kept beside it
+    ok = traces[traces["status"] == "ok"]
+    assert (ok["rss_file_growth_mb"] >= 0).all() and (ok["peak_rss_total_mb"] > ok["peak_mem_mb"]).all()
+    assert failed[["peak_rss_total_mb", "rss_file_growth_mb"]].isna().all().all()
 
     # a job killed after two tasks: keep the header and two entries, plus a torn line being written
     lines = journal.read_text().splitlines()

@@ -112,7 +112,7 @@ class ResidentPeak:
     file page is mapped after the phase's peak (every phase after the first step: its code is already
     mapped) and a lower bound otherwise; the label is the largest phase's, above the baseline's anonymous
     part. ``total_mb`` is the former label (the whole resident set's peak above the baseline), kept in the
-    trace's journal.
+    trace (``peak_rss_total_mb``).
     """
 
     baseline: dict[str, float]

@@ -35,6 +35,10 @@ TRACE_COLUMNS = [
     "peak_mem_mb", "n_warmup", "stop_reason", "threads",
 ]
 """Columns every trace file has (what the dataset stage requires)."""
+RESIDENT_SET_TRACE_COLUMNS = ["peak_rss_total_mb", "rss_file_growth_mb"]
+"""Per-config parts of the CPU's memory measurement, beside its label ``peak_mem_mb`` (NaN on other kinds):
+the whole resident set's peak above the baseline, file-backed pages included (the label before they were
+left out), and the file-backed pages the step mapped (:class:`perfzoo.profiling.core.ResidentPeak`)."""
 ENERGY_TRACE_COLUMNS = [
     "power_limit_w", "power_limit_swept", "mem_allocated_mb", "mem_reserved_mb", "nvml_mem_used_mb",
     "window_s", "window_iters", "window_energy_counter_j", "window_energy_samples_j", "energy_disagreement",
@@ -174,6 +178,9 @@ def outcome_rows(task: Task, outcome: dict[str, Any]) -> Iterator[dict[str, Any]
     per_config = {"peak_mem_mb": m["peak_mem_mb"], "n_warmup": m["n_warmup"],
                   "stop_reason": m["stop_reason"], "threads": extra.get("threads")}
     per_config.update({k: extra[k] for k in ENERGY_TRACE_COLUMNS if k in extra and k != "power_limit_swept"})
+    if "peak_rss_total_mb" in extra:
+        per_config.update(peak_rss_total_mb=extra["peak_rss_total_mb"],
+                          rss_file_growth_mb=extra["rss_growth_mb"]["file"])
     if swept:
         per_config["power_limit_w"] = task.power_limit_w  # the key; the limit read back is in the sensors
     for i, t in enumerate(m["times_ms"]):
@@ -182,13 +189,15 @@ def outcome_rows(task: Task, outcome: dict[str, Any]) -> Iterator[dict[str, Any]
 
 def traces_frame(tasks: list[Task], done: dict[str, dict[str, Any]]) -> pd.DataFrame:
     rows = [row for task in tasks for row in outcome_rows(task, done[task.key])]
-    df = pd.DataFrame(rows, columns=[*TRACE_COLUMNS, *ENERGY_TRACE_COLUMNS, *INTERFERENCE_TRACE_COLUMNS])
+    df = pd.DataFrame(rows, columns=[*TRACE_COLUMNS, *RESIDENT_SET_TRACE_COLUMNS, *ENERGY_TRACE_COLUMNS,
+                                     *INTERFERENCE_TRACE_COLUMNS])
     df["power_limit_swept"] = df["power_limit_swept"].astype(object).fillna(False).astype(bool)
     df["power_source"] = df["power_source"].astype(object)
     for text in ("energy_message", "probe_message", "interference"):
         df[text] = df[text].astype(object).fillna("")
     return df.astype({"batch": "int64", "repeat": "int64", "iter": "int64", "time_ms": "float64",
                       "peak_mem_mb": "float64", "n_warmup": "float64", "threads": "float64",
+                      **{c: "float64" for c in RESIDENT_SET_TRACE_COLUMNS},
                       **{c: "float64" for c in _FLOAT_ENERGY_COLUMNS},
                       "probe_ratio": "float64", "other_cpu_load": "float64", "steal_frac": "float64",
                       "attempts": "int64", "memory_reference_mb": "float64"})
