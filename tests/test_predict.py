@@ -24,6 +24,8 @@ import pytest
 import yaml
 from conftest import ROOT
 
+from perfzoo.prediction.predictors import merge_fold_notes
+
 CONFIG: dict[str, Any] = {
     "devices": {
         "cpu": {"kind": "cpu", "threads": 1, "price_per_hour": 0.12},
@@ -703,3 +705,12 @@ def test_model_names_are_cached_per_user_not_per_folder(tmp_path: Path, monkeypa
         assert builders.library_model_names("torchvision") == ("only_this_one",)
     finally:
         builders.library_model_names.cache_clear()
+
+
+def test_fold_notes_that_differ_in_a_share_are_given_once_with_its_range() -> None:
+    unseen = "operator kind 'recurrent' never seen in training: {} % of the predicted step (costed by the pooled fit)"
+    fallback = "no operator trace (op aten::foo has no meta kernel); predicted by the fallback 'xgboost'"
+    notes = [unseen.format(91), fallback, unseen.format(89), "kind 'attention': 4 % of conv2d", unseen.format(92),
+             fallback]
+    assert merge_fold_notes(notes) == [unseen.format("89-92"), fallback, "kind 'attention': 4 % of conv2d"]
+    assert merge_fold_notes([unseen.format(7), unseen.format(7.0)]) == [unseen.format(7)]

@@ -21,6 +21,7 @@ contain the point prediction; :mod:`perfzoo.prediction.bounds` widens them outsi
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,8 +149,31 @@ class Predictor:
             lo, hi = self.calibrated.interval(point)
             method = self.interval_text()
         notes = [n for m in self.folds.values() if hasattr(m, "prediction_notes") for n in m.prediction_notes(X)]
-        method = "; ".join([method, *dict.fromkeys(notes)])  # e.g. composed: unseen operator kinds, its fallback
+        method = "; ".join([method, *merge_fold_notes(notes)])  # e.g. composed: unseen operator kinds, fallback
         return point, np.minimum(lo, point), np.maximum(hi, point), method  # a missing interval stays NaN
+
+
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])")
+_SLOT = "\x00"  # where a number stood in a note
+
+
+def merge_fold_notes(notes: list[str]) -> list[str]:
+    """The fold models' notes, each once: notes that differ only in their numbers (the share of the step an
+    unseen operator kind takes in each fold model's prediction) become one note with each number's range
+    over the folds ("89-92 %"), in order of first appearance."""
+    numbers: dict[str, list[list[str]]] = {}
+    for note in notes:
+        numbers.setdefault(_NUMBER.sub(_SLOT, note), []).append(_NUMBER.findall(note))
+    merged = []
+    for pattern, found in numbers.items():
+        texts, ranges = pattern.split(_SLOT), [_range_text(column) for column in zip(*found, strict=True)]
+        merged.append("".join(text + value for text, value in zip(texts, [*ranges, ""], strict=True)))
+    return merged
+
+
+def _range_text(values: tuple[str, ...]) -> str:
+    low, high = min(values, key=float), max(values, key=float)
+    return low if float(low) == float(high) else f"{low}-{high}"
 
 
 def require_outputs(results: Path) -> None:
