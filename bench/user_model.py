@@ -23,9 +23,9 @@ classifier over 12 x 256 sequences, a family no zoo profiles):
 Printed (and written with ``--out`` as CSV): one row per config with the prediction, its interval, the
 measurement, the error ``(predicted - measured) / measured`` in %, and the spread of the repeats
 ((max - min) / median), beside the run's own noise floor, and the memory reference step
-(``perfzoo.profiling.reference``) measured now beside the run's record of it: a peak-memory label also counts
-code the step touches first, which can shift by tens of MB between moments on one machine, so a memory
-error is read against the two references. Nothing is tuned on these measurements.
+(``perfzoo.profiling.reference``) measured now beside the run's record of it: the CPU's label leaves out the
+library code a step maps (which moved by tens of MB between moments on one machine), and the two references
+show whether anything else moved between the run and now. Nothing is tuned on these measurements.
 """
 
 from __future__ import annotations
