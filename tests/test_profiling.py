@@ -8,6 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from perfzoo.io import InputError
+from perfzoo.profiling import microbench
 from perfzoo.profiling.runner import Journal, plan_tasks, profile_shard_with_ops, traces_frame
 from perfzoo.profiling.worker import run_isolated
 from perfzoo.stats import median_ci, relative_ci_halfwidth
@@ -132,3 +134,10 @@ def test_repeat_subset_is_stable(config, repeat_every) -> None:
     repeats = [t for t in tasks if t.repeat == 1]
     assert len(repeats) == sum(1 for c in configs["config_id"] if repeat_every and int(c, 16) % repeat_every == 0)
     assert tasks[: len(configs)] == [t for t in tasks if t.repeat == 0]
+
+
+def test_measuring_off_linux_stops_with_one_line_naming_the_device(monkeypatch) -> None:
+    monkeypatch.setattr(microbench.sys, "platform", "darwin")
+    monkeypatch.setattr(microbench.platform, "system", lambda: "Darwin")
+    with pytest.raises(InputError, match=r"^device cpu: measuring needs Linux .* this machine runs Darwin; "):
+        microbench.check_device("cpu", {"kind": "cpu", "threads": 1})

@@ -36,3 +36,4 @@ def test_the_reference_is_one_config_the_zoo_stage_would_write() -> None:
     row = reference.reference_config()
     assert (row["builder"], row["name"], row["batch"], row["mode"]) == ("torchvision", "resnet18", 1, "inference")
     assert row["input_shape"] == "[3, 64, 64]" and row["precision"] == "fp32"
+

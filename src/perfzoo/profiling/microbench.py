@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 import socket
+import sys
 import time
 from typing import Any
 
@@ -28,11 +30,16 @@ from perfzoo.profiling.reference import memory_reference
 def check_device(
     device: str, device_cfg: dict[str, Any], *, nvml_lib: Any | None = None, backend: Any | None = None,
 ) -> dict[str, Any]:
-    """Identify the hardware this job landed on; fail loudly if it is not what ``device`` declares.
+    """Identify the hardware this job landed on; fail loudly if it is not what ``device`` declares, or if the
+    machine is not Linux (the measurement reads Linux's process interfaces).
 
     ``nvml_lib`` and ``backend`` substitute the NVML and CUDA boundaries (kind cuda; tests).
     """
     kind = device_cfg["kind"]
+    if not sys.platform.startswith("linux"):
+        raise InputError(f"device {device}: measuring needs Linux (the worker's memory from /proc/self/status, its "
+                         f"CPUs from sched_getaffinity) and this machine runs {platform.system()}; profile on a Linux "
+                         "machine, or import measurements (the config's external: key)")
     if kind == "cpu":
         return {"kind": "cpu", "cpu_model": cpu_model_name(), "logical_cpus": os.cpu_count(),
                 "affinity_cpus": len(os.sched_getaffinity(0))}
