@@ -8,7 +8,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfzoo.dataset.build import aggregate_runs, noise_floor, read_traces, status_counts
+from perfzoo.dataset.build import (
+    aggregate_runs,
+    check_one_memory_label,
+    noise_floor,
+    read_traces,
+    status_counts,
+)
 from perfzoo.io import InputError
 from perfzoo.profiling.runner import TRACE_COLUMNS
 
@@ -59,3 +65,17 @@ def test_trace_with_wrong_columns_or_status_is_named(tmp_path) -> None:
     trace("a", 0, [1.0]).drop(columns=["device", "trace_file"]).assign(status="fine").to_parquet(path)
     with pytest.raises(InputError, match=r"bad\.parquet.*unknown status"):
         read_traces(path)
+
+
+def test_a_cpu_device_whose_shards_mix_the_two_memory_labels_is_stopped_naming_the_former_files() -> None:
+    hardware = {"cpu": {"kind": "cpu"}, "gpu": {"kind": "cuda"}}
+    traces = pd.DataFrame({
+        "device": ["cpu", "cpu", "cpu", "gpu"], "status": ["ok", "ok", "error", "ok"],
+        "trace_file": ["traces/cpu/s0000.parquet", "traces/cpu/s0001.parquet", "traces/cpu/s0002.parquet",
+                       "traces/gpu/s0000.parquet"],
+        "peak_rss_total_mb": [120.0, math.nan, math.nan, math.nan]})
+    with pytest.raises(InputError, match=r"^device 'cpu': 1 trace file\(s\) \(traces/cpu/s0001.parquet\) hold "
+                                         r"measurements of the former peak-memory label"):
+        check_one_memory_label(traces, hardware)
+    check_one_memory_label(traces[traces["trace_file"] != "traces/cpu/s0001.parquet"], hardware)  # one label
+    check_one_memory_label(traces.drop(columns="peak_rss_total_mb"), hardware)  # all measured before the change

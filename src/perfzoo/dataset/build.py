@@ -207,6 +207,28 @@ def _row_id(data: pd.DataFrame, key: list[str]) -> pd.Series:
     return parts.agg("|".join, axis=1)
 
 
+CPU_LABEL_WITHOUT_FILE_PAGES = "peak_rss_total_mb"
+"""Trace column present on every CPU measurement whose peak-memory label leaves out file-backed pages
+(:class:`perfzoo.profiling.core.ResidentPeak`); measurements of the former label (the whole resident set) lack it."""
+
+
+def check_one_memory_label(traces: pd.DataFrame, hardware: dict[str, dict[str, Any]]) -> None:
+    """Stop when a cpu device's measurements mix the two definitions of its peak-memory label (shards measured
+    before and after the label left out file-backed pages, or a journal resumed across that change)."""
+    ok = traces[traces["status"] == "ok"] if len(traces) else traces
+    for device, rows in ok.groupby("device"):
+        if hardware.get(device, {}).get("kind") != "cpu":
+            continue
+        new = (rows[CPU_LABEL_WITHOUT_FILE_PAGES].notna() if CPU_LABEL_WITHOUT_FILE_PAGES in rows.columns
+               else pd.Series(False, index=rows.index))
+        if new.any() and not new.all():
+            former = sorted(set(rows.loc[~new, "trace_file"]))
+            raise InputError(
+                f"device '{device}': {len(former)} trace file(s) ({', '.join(former[:3])}) hold measurements of the "
+                "former peak-memory label (the whole resident set), the others leave out file-backed pages; "
+                "measure those shards again (snakemake --forcerun <trace file>) so that the device has one label")
+
+
 def build_dataset(
     manifest: pd.DataFrame, features: pd.DataFrame, trace_paths: list[str], hardware_paths: list[str],
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -222,6 +244,7 @@ def build_dataset(
     unknown = sorted(set(runs["device"]) - set(hardware)) if len(runs) else []
     if unknown:
         raise InputError(f"traces for devices {unknown} have no hardware/<device>.json")
+    check_one_memory_label(traces, hardware)
     key = dataset_key(runs) if len(runs) else list(KEY)
     first = clean[(clean["repeat"] == 0) & (clean["status"] == "ok")]
     first = first.drop(columns=["repeat", "message", "status"])
