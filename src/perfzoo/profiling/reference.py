@@ -1,11 +1,13 @@
 """A fixed reference step, measured like a config, so two moments' peak-memory labels can be compared.
 
-The CPU's peak-memory label (the worker's peak resident set above its baseline) also counts library code
-and kernels that a step touches for the first time, and that part is not fixed: on one 2-core VM, with the
-same code and environment and no reboot, every label of the default zoo fell by 31-38 MB between two
-moments 90 minutes apart, while repeats within each run agreed within 1 % (``bench/RESULTS.md``, "Peak-memory
-labels of the same configs, 90 minutes apart"). A run's own noise floor cannot see such a shift; a reference
-measured at both moments can. The hardware rule records :func:`memory_reference` in
+The CPU's peak-memory label once counted the whole resident set above the worker's baseline, library code
+that a step maps for the first time included, and that part was not fixed: on one 2-core VM, with the same code
+and environment and no reboot, every label of the default zoo fell by 31-38 MB between two moments 90 minutes
+apart, while repeats within each run agreed within 1 % (``bench/RESULTS.md``, "Peak-memory labels of the same
+configs, 90 minutes apart"). The reference showed that the moving part was file-backed pages, and the label now
+leaves them out (:class:`perfzoo.profiling.core.ResidentPeak`; ``bench/RESULTS.md``, "What the CPU memory
+label's shift is made of"). A run's own noise floor cannot see a shift between moments, of this part or
+another; a reference measured at both moments can. The hardware rule records :func:`memory_reference` in
 ``results/hardware/<device>.json``; ``bench/user_model.py`` measures it again beside a user's model.
 
 The reference is ResNet-18 at 64 px, inference, batch 1, built and measured by the profiler's own code
