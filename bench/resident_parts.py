@@ -7,7 +7,7 @@ The memory reference (:mod:`perfzoo.profiling.reference`: ResNet-18 at 64 px, in
 settings) is measured ``--repeats`` times, each in a fresh worker of the profiler's forkserver
 (:func:`perfzoo.profiling.core.worker_context`) by :func:`perfzoo.profiling.measure.measure_on_cpu`, as a profile
 shard measures it. The worker reads ``/proc/self/smaps`` twice (when the label's baseline is taken and when the
-parts' growth is read, after the timed steps) and sums the resident kB per mapping (a file's path, ``[heap]``, ``[anon]``
+parts' growth is taken, right after the timed steps' phase) and sums the resident kB per mapping (a file's path, ``[heap]``, ``[anon]``
 for other anonymous memory). Printed per measurement: the label (peak without file-backed pages), the whole
 resident set's peak (the former label), each part's growth (anonymous, file-backed, shared) and the ``--top``
 mappings that grew most. Run it at two moments (for example during a workflow's run and minutes after it) to see
@@ -43,7 +43,7 @@ def smaps_rss_kib() -> collections.Counter[str]:
 
 def measure_in_worker(conn: Connection) -> None:
     """The worker: measure the reference as a shard does; send the measurement and the growth per mapping
-    between the label's baseline and the moment its parts are read (before the step's tensors are freed)."""
+    between the label's baseline and the end of the timed steps (before the step's tensors are freed)."""
     import perfzoo.profiling.measure as measure
     from perfzoo.profiling.reference import REFERENCE_SETTINGS, reference_config
 

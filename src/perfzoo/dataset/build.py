@@ -14,7 +14,7 @@ from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURES
 from perfzoo.hardware import hardware_features
 from perfzoo.io import InputError, read_json, read_parquet
 from perfzoo.profiling.interference import drop_flagged_runs, flagged_mask
-from perfzoo.profiling.runner import STATUSES, TRACE_COLUMNS
+from perfzoo.profiling.runner import PEAK_RSS_TOTAL, STATUSES, TRACE_COLUMNS
 from perfzoo.stats import coefficient_of_variation, mape, median_ci
 
 KEY = ["model_id", "device", "mode", "batch"]
@@ -207,19 +207,15 @@ def _row_id(data: pd.DataFrame, key: list[str]) -> pd.Series:
     return parts.agg("|".join, axis=1)
 
 
-CPU_LABEL_WITHOUT_FILE_PAGES = "peak_rss_total_mb"
-"""Trace column present on every CPU measurement whose peak-memory label leaves out file-backed pages
-(:class:`perfzoo.profiling.core.ResidentPeak`); measurements of the former label (the whole resident set) lack it."""
-
-
 def check_one_memory_label(traces: pd.DataFrame, hardware: dict[str, dict[str, Any]]) -> None:
     """Stop when a cpu device's measurements mix the two definitions of its peak-memory label (shards measured
-    before and after the label left out file-backed pages, or a journal resumed across that change)."""
-    ok = traces[traces["status"] == "ok"] if len(traces) else traces
+    before and after the label left out file-backed pages, or a journal resumed across that change). The
+    trace column ``PEAK_RSS_TOTAL`` is on every measurement of the label without them, missing on the former's."""
+    ok = traces[traces["status"] == "ok"]
     for device, rows in ok.groupby("device"):
         if hardware.get(device, {}).get("kind") != "cpu":
             continue
-        new = (rows[CPU_LABEL_WITHOUT_FILE_PAGES].notna() if CPU_LABEL_WITHOUT_FILE_PAGES in rows.columns
+        new = (rows[PEAK_RSS_TOTAL].notna() if PEAK_RSS_TOTAL in rows.columns
                else pd.Series(False, index=rows.index))
         if new.any() and not new.all():
             former = sorted(set(rows.loc[~new, "trace_file"]))

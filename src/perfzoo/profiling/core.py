@@ -66,24 +66,12 @@ def _status_kib() -> dict[str, int]:
     return fields
 
 
-def _rss_kib(field_name: str) -> int:
-    fields = _status_kib()
-    if field_name not in fields:
-        raise RuntimeError(f"/proc/self/status has no {field_name}")
-    return fields[field_name]
-
-
-def reset_peak_rss() -> float:
-    """Reset the kernel's peak-RSS watermark to the current RSS; return that baseline in MB."""
+def _reset_high_water_mark() -> None:
+    """Reset the kernel's peak-RSS watermark (``VmHWM``) to the current resident set."""
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
-        pass  # older kernels: the watermark then includes the parent's pages, baseline still subtracts them
-    return _rss_kib("VmRSS") / 1024
-
-
-def peak_rss_mb() -> float:
-    return _rss_kib("VmHWM") / 1024
+        pass  # older kernels: the watermark keeps the process's earlier peak, the baseline is still subtracted
 
 
 RSS_COMPONENTS = {"anon": "RssAnon", "file": "RssFile", "shmem": "RssShmem"}
@@ -91,10 +79,13 @@ RSS_COMPONENTS = {"anon": "RssAnon", "file": "RssFile", "shmem": "RssShmem"}
 file-backed pages (library code and data mapped from disk), shared memory."""
 
 
+def _parts_mb(fields: dict[str, int]) -> dict[str, float]:
+    return {part: fields[name] / 1024 for part, name in RSS_COMPONENTS.items()}
+
+
 def rss_components_mb() -> dict[str, float]:
     """The current resident set by part (:data:`RSS_COMPONENTS`), in MB."""
-    fields = _status_kib()
-    return {part: fields[name] / 1024 for part, name in RSS_COMPONENTS.items()}
+    return _parts_mb(_status_kib())
 
 
 @dataclass
@@ -121,19 +112,23 @@ class ResidentPeak:
     """Per closed phase: the high-water mark less the file-backed pages at its end, MB."""
     total_peaks_mb: list[float] = field(default_factory=list)
     """Per closed phase: the whole resident set's high-water mark, MB."""
+    closed_parts: dict[str, float] = field(default_factory=dict)
+    """The resident set's parts at the end of the last closed phase, MB."""
 
     @classmethod
     def start(cls) -> ResidentPeak:
         """Reset the high-water mark and record the baseline (call after ``gc``, before the model exists)."""
-        reset_peak_rss()
+        _reset_high_water_mark()
         return cls(rss_components_mb())
 
     def close_phase(self) -> None:
-        """End a phase: record its peaks and reset the high-water mark for the next."""
+        """End a phase: record its peaks and parts (one read of ``/proc/self/status``), and reset the high-water
+        mark for the next."""
         fields = _status_kib()
         self.total_peaks_mb.append(fields["VmHWM"] / 1024)
         self.phase_peaks_mb.append((fields["VmHWM"] - fields[RSS_COMPONENTS["file"]]) / 1024)
-        reset_peak_rss()
+        self.closed_parts = _parts_mb(fields)
+        _reset_high_water_mark()
 
     @property
     def label_mb(self) -> float:
@@ -146,9 +141,8 @@ class ResidentPeak:
         return max(self.total_peaks_mb) - sum(self.baseline.values())
 
     def growth_mb(self) -> dict[str, float]:
-        """How much each part of the resident set grew between the baseline and now."""
-        now = rss_components_mb()
-        return {part: round(now[part] - self.baseline[part], 3) for part in now}
+        """How much each part of the resident set grew between the baseline and the last closed phase's end."""
+        return {part: round(mb - self.baseline[part], 3) for part, mb in self.closed_parts.items()}
 
 
 def synthetic_batch(spec: dict[str, Any], num_classes: int, device: str) -> tuple[Any, Any]:

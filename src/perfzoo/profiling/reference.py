@@ -54,4 +54,4 @@ def memory_reference(kind: str, threads: int) -> dict[str, Any]:
     return {"config": f"{spec['label']} {spec['mode']} b{spec['batch']}",
             "peak_mem_mb": round(float(measurement["peak_mem_mb"]), 3),
             "latency_ms": round(statistics.median(measurement["times_ms"]), 4), "threads": threads,
-            "rss_growth_mb": measurement["extra"].get("rss_growth_mb")}
+            "rss_growth_mb": measurement["extra"]["rss_growth_mb"]}

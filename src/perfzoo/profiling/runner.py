@@ -35,7 +35,8 @@ TRACE_COLUMNS = [
     "peak_mem_mb", "n_warmup", "stop_reason", "threads",
 ]
 """Columns every trace file has (what the dataset stage requires)."""
-RESIDENT_SET_TRACE_COLUMNS = ["peak_rss_total_mb", "rss_file_growth_mb"]
+PEAK_RSS_TOTAL, RSS_FILE_GROWTH = "peak_rss_total_mb", "rss_file_growth_mb"
+RESIDENT_SET_TRACE_COLUMNS = [PEAK_RSS_TOTAL, RSS_FILE_GROWTH]
 """Per-config parts of the CPU's memory measurement, beside its label ``peak_mem_mb`` (NaN on other kinds):
 the whole resident set's peak above the baseline, file-backed pages included (the label before they were
 left out), and the file-backed pages the step mapped (:class:`perfzoo.profiling.core.ResidentPeak`)."""
@@ -178,9 +179,8 @@ def outcome_rows(task: Task, outcome: dict[str, Any]) -> Iterator[dict[str, Any]
     per_config = {"peak_mem_mb": m["peak_mem_mb"], "n_warmup": m["n_warmup"],
                   "stop_reason": m["stop_reason"], "threads": extra.get("threads")}
     per_config.update({k: extra[k] for k in ENERGY_TRACE_COLUMNS if k in extra and k != "power_limit_swept"})
-    if "peak_rss_total_mb" in extra:
-        per_config.update(peak_rss_total_mb=extra["peak_rss_total_mb"],
-                          rss_file_growth_mb=extra["rss_growth_mb"]["file"])
+    if "peak_rss_total_mb" in extra:  # cpu: what measure_on_cpu reports beside its label
+        per_config.update({PEAK_RSS_TOTAL: extra["peak_rss_total_mb"], RSS_FILE_GROWTH: extra["rss_growth_mb"]["file"]})
     if swept:
         per_config["power_limit_w"] = task.power_limit_w  # the key; the limit read back is in the sensors
     for i, t in enumerate(m["times_ms"]):
