@@ -88,8 +88,14 @@ def test_shard_goes_on_after_a_failure_and_resumes_from_journal(config, tmp_path
     assert (ok["rss_file_growth_mb"] >= 0).all() and (ok["peak_rss_total_mb"] > ok["peak_mem_mb"]).all()
     assert failed[["peak_rss_total_mb", "rss_file_growth_mb"]].isna().all().all()
 
-    # a job killed after two tasks: keep the header and two entries, plus a torn line being written
+    # the repeats come from another worker server than the first measurements (independent of its layout)
     lines = journal.read_text().splitlines()
+    servers = {}
+    for entry in map(json.loads, lines[1:]):
+        servers.setdefault(entry["key"].split("/")[1], set()).add(entry["worker_server_pid"])
+    assert len(servers["0"]) == 1 and len(servers["1"]) == 1 and servers["0"] != servers["1"]
+
+    # a job killed after two tasks: keep the header and two entries, plus a torn line being written
     journal.write_text("\n".join(lines[:3]) + "\n" + lines[3][: len(lines[3]) // 2])
     again = profile_shard_with_ops(configs, "cpu", {"kind": "cpu"}, settings, journal, progress=False)
     resumed, meta2 = again.traces, again.meta

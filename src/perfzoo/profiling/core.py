@@ -34,6 +34,31 @@ def worker_context() -> Any:
     return _CONTEXT
 
 
+def worker_server_pid() -> int | None:
+    """Process id of the running worker server (the forkserver every worker is forked from); None before the
+    first worker of this process."""
+    from multiprocessing import forkserver
+
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
+
+
+def restart_worker_server() -> bool:
+    """Stop the worker server, so the next worker starts a new one; whether one was stopped.
+
+    Workers forked from one server inherit its memory layout, and a CPU memory label depends on it: the same
+    configs measured twice from one server gave labels 1.3-3.4 % apart (MAPE), from two servers 3.9 %
+    (``bench/RESULTS.md``, "The memory label between worker servers"). A server is a new process, with its own
+    imports and address-space layout. The standard library stops one only through ``ForkServer._stop`` (what
+    its own tests use); without it nothing is stopped and False is returned."""
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)
+    if stop is None or worker_server_pid() is None:
+        return False
+    stop()
+    return True
+
+
 @contextlib.contextmanager
 def main_module_hidden() -> Iterator[None]:
     """Start workers without multiprocessing re-running the calling script (e.g. a Snakemake script)."""

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from perfzoo.profiling import nvml, power_limits
 from perfzoo.hardware import MeasurementSetting
+from perfzoo.profiling.core import restart_worker_server, worker_server_pid
 from perfzoo.profiling.cuda import DEFAULT_MIN_WINDOW_S, DEFAULT_SAMPLE_HZ, probe_counter_period_s
 from perfzoo.profiling.interference import INTERFERENCE_TRACE_COLUMNS, Assessment, Policy, assess
 from perfzoo.profiling.layers import LAYER_TIMING_COLUMNS, failed_layer_row
@@ -265,7 +266,8 @@ class Measurer:
         if outcome.status == "ok":
             self.still_disturbed = self.still_disturbed + 1 if verdict.interference else 0
         return {"key": task.key, **_outcome_dict(outcome), **extra, "assessment": verdict.as_dict(),
-                "attempts": attempts, "memory_reference_mb": self.memory_reference_mb}
+                "attempts": attempts, "memory_reference_mb": self.memory_reference_mb,
+                "worker_server_pid": worker_server_pid()}
 
 
 @dataclass
@@ -412,9 +414,19 @@ def _run_tasks(
     tasks: list[Task], done: dict[str, dict[str, Any]], journal: Journal, measurer: Measurer, desc: str,
     progress: bool,
 ) -> list[Task]:
-    """Measure the tasks not yet in ``done`` (journalled one by one); return those measured now."""
+    """Measure the tasks not yet in ``done`` (journalled one by one); return those measured now.
+
+    The second measurements of the repeated subset (``repeat`` 1, after every first one) come from a new worker
+    server when first measurements were made from the current one in this call (:func:`restart_worker_server`):
+    a repeat forked from the same server shares its memory layout, so the noise floor would leave out how much
+    a label moves between servers, i.e. between shards and runs."""
     todo = [t for t in tasks if t.key not in done]
+    first_pass_here = False
     for task in tqdm(todo, desc=desc, disable=not progress, file=sys.stderr, mininterval=1):
+        if task.repeat > 0 and first_pass_here:
+            restart_worker_server()
+            first_pass_here = False
+        first_pass_here = first_pass_here or task.repeat == 0
         entry = measurer.entry(task)
         journal.append(entry)
         done[task.key] = entry
