@@ -45,8 +45,8 @@ def worker_server_pid() -> int | None:
 def restart_worker_server() -> bool:
     """Stop the worker server, so the next worker starts a new one; whether one was stopped.
 
-    Workers forked from one server inherit its memory layout, and a CPU memory label depends on it: the same
-    configs measured twice from one server gave labels 1.3-3.4 % apart (MAPE), from two servers 3.9 %
+    Workers forked from one server inherit its memory layout, and a CPU memory label depends on it: 20 configs
+    measured twice from one server gave labels 0.8-1.6 % apart (MAPE), from two servers 2.1-3.3 %
     (``bench/RESULTS.md``, "The memory label between worker servers"). A server is a new process, with its own
     imports and address-space layout. The standard library stops one only through ``ForkServer._stop`` (what
     its own tests use); without it nothing is stopped and False is returned."""
