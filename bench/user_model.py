@@ -17,8 +17,10 @@ classifier over 12 x 256 sequences, a family no zoo profiles):
    (probe baseline, same-setting check) and its interference detection (a disturbed measurement is re-measured
    after ``wait_s``, up to ``retries`` times). Every config is measured ``--repeats`` times, in rounds
    (round r measures every config once, odd rounds in reverse order), so a config's measurements are spread
-   over the run; the measured value is the median of its unflagged measurements (each one the median of its
-   timed iterations, as in the dataset). ``repeat_every`` is 0 inside a round: the rounds are the repeats.
+   over the run, and each round after the first is forked from a new worker server, as the noise floor's repeats
+   are (:func:`perfzoo.profiling.core.restart_worker_server`); the measured value is the median of its unflagged
+   measurements (each one the median of its timed iterations, as in the dataset). ``repeat_every`` is 0 inside a
+   round: the rounds are the repeats.
 
 Printed (and written with ``--out`` as CSV): one row per config with the prediction, its interval, the
 measurement, the error ``(predicted - measured) / measured`` in %, and the spread of the repeats
@@ -58,6 +60,7 @@ from perfzoo.io import read_json, read_parquet  # noqa: E402
 from perfzoo.models.zoo import expand_zoo, manifest_frame  # noqa: E402
 from perfzoo.prediction import predict  # noqa: E402
 from perfzoo.prediction.spec import parse_input  # noqa: E402
+from perfzoo.profiling.core import restart_worker_server  # noqa: E402
 from perfzoo.profiling.interference import drop_flagged_runs  # noqa: E402
 from perfzoo.profiling.reference import memory_reference  # noqa: E402
 from perfzoo.profiling.runner import profile_shard_with_ops  # noqa: E402
@@ -153,6 +156,8 @@ def measure_rounds(configs: pd.DataFrame, device: str, device_cfg: dict[str, Any
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         for r in range(repeats):
+            if r:
+                restart_worker_server()
             order = (configs if r % 2 == 0 else configs.iloc[::-1]).reset_index(drop=True)
             journal = Path(folder) / f"round{r}.jsonl"
             traces = profile_shard_with_ops(order, device, device_cfg, settings, journal, progress=False,
