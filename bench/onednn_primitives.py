@@ -151,14 +151,14 @@ def offline(results: Path) -> None:
                 continue
             y = train["peak_mem_mb"].to_numpy()
             for v in variants:
-                offset = (lambda X: fixed(X)) if "fixed" in v else (lambda X: np.zeros(len(X)))
+                offset = fixed if "fixed" in v else (lambda X: np.zeros(len(X)))
                 coef = MemorySimRegressor.median_fit(design(train, v), y - offset(train))
                 held[v].append(pd.DataFrame({"y": test["peak_mem_mb"].to_numpy(), "family": test["family"].to_numpy(),
                                              "p": design(test, v) @ coef + offset(test)}))
         table[split] = {v: mape(pd.concat(h)["y"], pd.concat(h)["p"]) for v, h in held.items()}
         if split == "leave_one_family_out":
             families = {v: pd.concat(h).groupby("family").apply(lambda q: mape(q["y"], q["p"])) for v, h in held.items()}
-        coef_all = MemorySimRegressor.median_fit(design(data, "count for onednn_conv"), data["peak_mem_mb"].to_numpy())
+    coef_all = MemorySimRegressor.median_fit(design(data, "count for onednn_conv"), data["peak_mem_mb"].to_numpy())
     print(pd.DataFrame(table).round(2).to_markdown())
     print(pd.DataFrame(families).T.round(1).to_markdown())
     print("'count for onednn_conv' fitted on every row: MiB per oneDNN primitive", round(float(coef_all[-1]), 3))

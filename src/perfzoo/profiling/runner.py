@@ -181,7 +181,8 @@ def outcome_rows(task: Task, outcome: dict[str, Any]) -> Iterator[dict[str, Any]
                   "stop_reason": m["stop_reason"], "threads": extra.get("threads")}
     per_config.update({k: extra[k] for k in ENERGY_TRACE_COLUMNS if k in extra and k != "power_limit_swept"})
     if "peak_rss_total_mb" in extra:  # cpu: what measure_on_cpu reports beside its label
-        per_config.update({PEAK_RSS_TOTAL: extra["peak_rss_total_mb"], RSS_FILE_GROWTH: extra["rss_growth_mb"]["file"]})
+        per_config.update({PEAK_RSS_TOTAL: extra["peak_rss_total_mb"],
+                           RSS_FILE_GROWTH: extra["rss_growth_mb"]["file"]})
     if swept:
         per_config["power_limit_w"] = task.power_limit_w  # the key; the limit read back is in the sensors
     for i, t in enumerate(m["times_ms"]):
@@ -421,12 +422,9 @@ def _run_tasks(
     a repeat forked from the same server shares its memory layout, so the noise floor would leave out how much
     a label moves between servers, i.e. between shards and runs."""
     todo = [t for t in tasks if t.key not in done]
-    first_pass_here = False
-    for task in tqdm(todo, desc=desc, disable=not progress, file=sys.stderr, mininterval=1):
-        if task.repeat > 0 and first_pass_here:
+    for i, task in enumerate(tqdm(todo, desc=desc, disable=not progress, file=sys.stderr, mininterval=1)):
+        if i and todo[i - 1].repeat == 0 < task.repeat:
             restart_worker_server()
-            first_pass_here = False
-        first_pass_here = first_pass_here or task.repeat == 0
         entry = measurer.entry(task)
         journal.append(entry)
         done[task.key] = entry
