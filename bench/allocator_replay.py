@@ -37,13 +37,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import pandas as pd  # noqa: E402
+from worker_servers import run_settings  # noqa: E402
 
 MIB = 2.0**20
 SPLITS = ("leave_one_family_out", "batch_extrapolation", "random", "family_monte_carlo", "stratified_kfold")
-SETTINGS = {"threads": 1, "num_classes": 100, "optimizer": "sgd", "warmup_iters": 3, "min_iters": 5,
-            "max_iters": 6, "max_time_s": 0.5, "ci_target": 0.02, "time_ops": False}
+SHORT_WINDOW = {"max_iters": 6, "max_time_s": 0.5}
+"""``heap`` measures memory only: the run's settings with a shorter timed window."""
 META_CSV = Path(tempfile.gettempdir()) / "allocator_replay_meta.csv"
 
 
@@ -57,7 +59,7 @@ def manifest_row(results: Path, key: str) -> dict:
     return hit.iloc[0].to_dict()
 
 
-def meta_stream(row: dict) -> list[tuple]:
+def meta_stream(row: dict, settings: dict) -> list[tuple]:
     """('a', key, bytes) and ('f', key) of the simulation of ``row``, in order."""
     import perfzoo.features.memory as memory
     from perfzoo.features.meta import manifest_builder, simulated_memory
@@ -77,16 +79,16 @@ def meta_stream(row: dict) -> list[tuple]:
 
     memory._LiveBytes.add, memory._LiveBytes._free = recording_add, recording_free
     try:
-        build, dtype = manifest_builder(row, SETTINGS["num_classes"])
+        build, dtype = manifest_builder(row, settings["num_classes"])
         simulated_memory(build, tuple(json.loads(row["input_shape"])), int(row["batch"]), row["mode"], dtype,
-                         SETTINGS["optimizer"], row["model_id"])
+                         settings["optimizer"], row["model_id"])
         gc.collect()
     finally:
         memory._LiveBytes.add, memory._LiveBytes._free = add, free
     return events
 
 
-def real_stream(row: dict) -> list[tuple]:
+def real_stream(row: dict, settings: dict) -> list[tuple]:
     """('a', key, bytes) and ('f', key) of PyTorch's CPU allocator while ``row``'s model is built and 3 steps run."""
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -94,12 +96,12 @@ def real_stream(row: dict) -> list[tuple]:
     from perfzoo.features.meta import manifest_builder
     from perfzoo.profiling.core import make_step, synthetic_batch
 
-    torch.set_num_threads(1)
-    build, _ = manifest_builder(row, SETTINGS["num_classes"])
+    torch.set_num_threads(int(settings["threads"]))
+    build, _ = manifest_builder(row, settings["num_classes"])
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         model = build()
-        x, y = synthetic_batch(row, SETTINGS["num_classes"], "cpu")
-        step = make_step(model, x, y, row["mode"], SETTINGS["optimizer"])
+        x, y = synthetic_batch(row, settings["num_classes"], "cpu")
+        step = make_step(model, x, y, row["mode"], settings["optimizer"])
         for _ in range(3):
             step()
     found, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
@@ -163,9 +165,9 @@ def _replay(path: str) -> None:
 
 def meta(results: Path, out: Path) -> None:
     data = pd.read_parquet(results / "dataset" / "dataset.parquet")
-    rows = []
+    settings, rows = run_settings(results), []
     for key in sorted({f"{m}_{o}_{b}" for m, o, b in zip(data["model_id"], data["mode"], data["batch"], strict=True)}):
-        events = meta_stream(manifest_row(results, key))
+        events = meta_stream(manifest_row(results, key), settings)
         rows.append({"key": key, "replay_mib": replayed_peak_mib(events), "meta_live_mib": live_peak_mib(events)})
         print(rows[-1], flush=True)
     keys = pd.DataFrame(rows)
@@ -183,10 +185,12 @@ def real(results: Path, keys: list[str]) -> None:
     print("| config | label (run) MiB | real stream: live peak | real stream: replayed | meta stream: live peak | "
           "meta stream: replayed |")
     print("|---|---|---|---|---|---|")
+    settings = run_settings(results)
     for key in keys:
-        events = real_stream(manifest_row(results, key))
+        row = manifest_row(results, key)
+        events = real_stream(row, settings)
         m = meta_replay.loc[key] if meta_replay is not None and key in meta_replay.index else None
-        print(f"| {manifest_row(results, key)['name']} {key} | {label[key]:.1f} | {live_peak_mib(events):.1f} | "
+        print(f"| {row['name']} {key} | {label[key]:.1f} | {live_peak_mib(events):.1f} | "
               f"{replayed_peak_mib(events):.1f} | {m['meta_live_mib'] if m is not None else float('nan'):.1f} | "
               f"{m['replay_mib'] if m is not None else float('nan'):.1f} |", flush=True)
 
@@ -213,7 +217,7 @@ def heap(results: Path, key: str) -> None:
 
     gc.collect()
     show("before")
-    measurement = measure_on_cpu(manifest_row(results, key), SETTINGS)
+    measurement = measure_on_cpu(manifest_row(results, key), {**run_settings(results), **SHORT_WINDOW})
     gc.collect()
     show("after (model, batch and optimizer freed)")
     print(f"{key}: label {measurement.peak_mem_mb:.1f} MiB")

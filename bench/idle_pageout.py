@@ -3,7 +3,7 @@
     python bench/idle_pageout.py RESULTS
 
 ResNet-18 at 64 px, inference, batch 4 (the config of ``RESULTS/zoo/manifest.parquet``), measured by the profiler's
-own isolated worker (default settings, one thread) once from a new worker server, three times back to back, then
+own isolated worker (the run's settings) once from a new worker server, three times back to back, then
 after 90 s and after 150 s of idling, each followed by one more measurement at once. Printed per measurement: the
 median and first timed iteration, the memory label and the file-backed pages the step mapped (``rss_growth_mb``).
 The question is whether the kernel's reclaim of pages not accessed for a while (this VM runs DAMON's ``pageout``
@@ -25,18 +25,20 @@ import pandas as pd  # noqa: E402
 
 from perfzoo.profiling.worker import run_isolated  # noqa: E402
 
-SETTINGS = {"threads": 1, "num_classes": 100, "optimizer": "sgd", "warmup_iters": 3, "min_iters": 5,
-            "max_iters": 30, "max_time_s": 0.75, "ci_target": 0.02, "time_ops": False, "timeout_s": 120,
-            "max_rss_mb": 8000}
+sys.path.insert(0, str(ROOT / "bench"))
+from worker_servers import run_settings  # noqa: E402
+
 
 
 def main() -> None:
-    manifest = pd.read_parquet(Path(sys.argv[1]) / "zoo" / "manifest.parquet")
+    results = Path(sys.argv[1])
+    settings = run_settings(results)
+    manifest = pd.read_parquet(results / "zoo" / "manifest.parquet")
     row = manifest[(manifest["name"] == "resnet18") & (manifest["mode"] == "inference")
                    & (manifest["batch"] == 4)].iloc[0].to_dict()
 
     def measure(what: str) -> None:
-        m = run_isolated("cpu", row, SETTINGS).measurement
+        m = run_isolated("cpu", row, settings).measurement
         print(f"| {what} | {statistics.median(m['times_ms']):.2f} | {m['times_ms'][0]:.2f} | {m['peak_mem_mb']:.2f} | "
               f"{m['extra']['rss_growth_mb']['file']:.1f} |", flush=True)
 

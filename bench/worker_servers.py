@@ -3,8 +3,7 @@
     python bench/worker_servers.py RESULTS [--every 5] [--processes 2]
 
 Every ``--every``-th config of ``RESULTS/zoo/manifest.parquet`` (by config id) is measured by the profiler's own
-isolated workers (:func:`perfzoo.profiling.worker.run_isolated`, one thread, the default zoo's settings without
-per-operator times), all of them once and then all of them again, in each of ``--processes`` Python processes run
+isolated workers (:func:`perfzoo.profiling.worker.run_isolated`, with the run's settings, :func:`run_settings`), all of them once and then all of them again, in each of ``--processes`` Python processes run
 one after the other; each process starts its own worker server (the forkserver every worker is forked from).
 Printed per target (peak memory, latency): the MAPE between the two measurements from one server (as the noise
 floor paired them before the repeats came from a new server) and between the first measurements of two servers
@@ -24,9 +23,16 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import pandas as pd  # noqa: E402
 
-SETTINGS = {"threads": 1, "num_classes": 100, "optimizer": "sgd", "warmup_iters": 3, "min_iters": 5,
-            "max_iters": 30, "max_time_s": 0.75, "ci_target": 0.02, "time_ops": False, "timeout_s": 120,
-            "max_rss_mb": 8000}
+
+
+def run_settings(results: Path, device: str = "cpu") -> dict:
+    """The profile rule's worker settings of the run whose ``results`` these are (its ``config.yaml`` beside them:
+    ``profiling:``, the device's threads, the zoo's classes), without per-operator times."""
+    from perfzoo.config import load_config
+
+    config = load_config(results.parent / "config.yaml")
+    return {**config["profiling"], "threads": int(config["devices"][device]["threads"]),
+            "num_classes": config["zoo"]["num_classes"], "time_ops": False}
 
 
 def configs(results: Path, every: int) -> pd.DataFrame:
@@ -38,10 +44,10 @@ def measure_twice(results: Path, every: int) -> None:
     """In this process (its own worker server): every config, then every config again; JSON lines."""
     from perfzoo.profiling.worker import run_isolated
 
-    rows = configs(results, every).to_dict("records")
+    rows, settings = configs(results, every).to_dict("records"), run_settings(results)
     for repeat in (0, 1):
         for row in rows:
-            outcome = run_isolated("cpu", row, SETTINGS)
+            outcome = run_isolated("cpu", row, settings)
             m = outcome.measurement if outcome.status == "ok" else None
             times = sorted(m["times_ms"]) if m else []
             print(json.dumps({"config_id": row["config_id"], "name": row["name"], "mode": row["mode"],
