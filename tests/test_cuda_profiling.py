@@ -28,6 +28,7 @@ from perfzoo.profiling import cuda, measure, microbench, nvml, runner
 from perfzoo.profiling.cuda import measure_on_cuda, window_energy_from_samples
 from perfzoo.profiling.microbench import check_device, describe_device
 from perfzoo.profiling.nvml import NvmlError
+from perfzoo.profiling.op_timing import HostClock
 from perfzoo.profiling.worker import Outcome
 from perfzoo.models.zoo import expand_zoo, manifest_frame
 
@@ -87,6 +88,10 @@ class FakeCuda:
     def max_memory_reserved(self, device: str) -> int:
         return 128 * MIB
 
+    def op_clock(self, device: str) -> HostClock:
+        self.calls.append("op_clock")
+        return HostClock()
+
 
 def tiny_spec(config_id: str = "0" * 12, mode: str = "training") -> dict[str, Any]:
     return {"config_id": config_id, "model_id": "m" + config_id, "builder": "python",
@@ -134,6 +139,19 @@ def test_measure_on_cuda_end_to_end_with_fakes() -> None:
     span = (sensors["t_ns"].max() - sensors["t_ns"].min()) / 1e9
     assert span >= x["window_s"]
     json.dumps(asdict(m))  # what the journal stores
+
+
+def test_per_op_times_on_cuda_come_from_the_backends_clock_after_every_label() -> None:
+    backend = FakeCuda()
+    m = measure_on_cuda(tiny_spec(), cuda_settings(), backend=backend, nvml_lib=FakeNvml())
+    ops = m.extra["op_times"]
+    assert ops["message"] == "" and len(ops["step_ms"]) == 2  # profiling.op_timing.steps defaults to 2
+    assert {"forward", "backward", "optimizer"} <= set(ops["phase"]) and all(t >= 0 for t in ops["time_ms"])
+    assert len(ops["time_ms"]) == len(ops["op"]) and "aten.addmm.default" in ops["op"]
+    # asked for after the timed iterations and the allocator's peaks, so no label saw the timer
+    assert backend.calls.index("op_clock") > backend.calls.index("synchronize")
+    repeat = measure_on_cuda(tiny_spec(), cuda_settings(time_ops=False), backend=FakeCuda(), nvml_lib=FakeNvml())
+    assert "op_times" not in repeat.extra  # the noise floor's repeats are not op-timed
 
 
 def test_window_is_at_least_the_counter_period() -> None:

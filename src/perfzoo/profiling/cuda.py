@@ -13,7 +13,10 @@ Protocol (README, "GPUs: time, memory, power and energy"), inside one isolated w
    counter is read at the window's start and end. Both energies are kept (counter and E = Δtᵀ·P of the
    samples over exactly the same window, :func:`perfzoo.energy.energy_from_samples`) with their relative
    disagreement (:func:`perfzoo.energy.compare_counter`). A failed read makes that energy NaN, never 0,
-   and the reason goes to ``energy_message``.
+   and the reason goes to ``energy_message``;
+5. per-operator times of ``profiling.op_timing.steps`` more steps (first measurements only), marked with
+   CUDA events around every aten operator call (:class:`~perfzoo.profiling.op_timing.CudaEventClock`),
+   after every label has been read.
 
 Every GPU-specific call goes through :class:`TorchCuda` (the CUDA boundary) and every NVML call through
 :class:`~perfzoo.profiling.nvml.NvmlLibrary`, so tests substitute both with fakes and run this module
@@ -40,12 +43,14 @@ from perfzoo.profiling import nvml
 from perfzoo.profiling.core import (
     Measurement,
     main_module_hidden,
+    make_optimizer,
     make_step,
     set_precision,
     synthetic_batch,
     time_iterations,
     worker_context,
 )
+from perfzoo.profiling.op_timing import CudaEventClock, time_operators
 
 MIB = 1024 * 1024
 DEFAULT_SAMPLE_HZ = 50.0
@@ -127,6 +132,10 @@ class TorchCuda:
         import torch  # lazy: ~3 s import; the parent process never measures
 
         torch.cuda.empty_cache()
+
+    def op_clock(self, device: str) -> CudaEventClock:
+        """The per-operator timer's clock: CUDA events on the current stream of ``device``."""
+        return CudaEventClock(device)
 
     def reset_peak_memory_stats(self, device: str) -> None:
         import torch  # lazy: ~3 s import; the parent process never measures
@@ -455,7 +464,9 @@ def measure_on_cuda(
                         settings["num_classes"], tuple(json.loads(spec["input_shape"]))).to(device)
     x, y = synthetic_batch(spec, settings["num_classes"], device)
     model, x, context = set_precision(model, x, spec.get("precision", "fp32"), "cuda")
-    step = make_step(model, x, y, spec["mode"], settings["optimizer"], context)
+    # one optimizer for the timed steps and the per-op ones after them, so these find its state made
+    optimizer = make_optimizer(model, settings["optimizer"]) if spec["mode"] == "training" else None
+    step = make_step(model, x, y, spec["mode"], optimizer, context)
     for _ in range(settings["warmup_iters"]):
         step()
     cuda.synchronize(device)
@@ -473,7 +484,10 @@ def measure_on_cuda(
     finally:
         if gpu is not None:
             gpu.close()
-    del step, model, x, y
+    op_times = (time_operators(lambda phase: make_step(model, x, y, spec["mode"], optimizer, context, phase),
+                               settings, cuda.op_clock(device)).as_dict()
+                if settings.get("time_ops", True) else None)  # after every label: they never see the timer
+    del step, model, x, y, optimizer
     gc.collect()
     cuda.empty_cache()  # cool-down, part 1: free the cache (the worker exits right after anyway)
     extra = {
@@ -487,6 +501,8 @@ def measure_on_cuda(
         "window_target_s": window_s,
         **window,
     }
+    if op_times is not None:
+        extra["op_times"] = op_times
     return Measurement(times, reserved_mb, settings["warmup_iters"], reason, extra)
 
 

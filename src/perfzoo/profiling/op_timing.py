@@ -15,7 +15,15 @@ end-to-end median (the timer's own overhead is the difference between them).
 
 The end-to-end labels never see the timer: the worker runs it after the timed iterations and after reading
 its peak memory. A failure of these extra steps leaves the end-to-end measurement intact and records the
-reason. CUDA runs asynchronously, so this timer does not apply there (:data:`CUDA_REASON`).
+reason.
+
+What marks an operator's start and end is the timer's clock: :class:`HostClock` (``perf_counter_ns``) on the
+CPU, where an operator runs synchronously; on CUDA, where kernels run asynchronously, :class:`CudaEventClock`
+records a CUDA event on the current stream before and after each operator call and reads the intervals once
+the step has synchronised. There an operator's interval runs from the stream reaching its start event to the
+end of its kernels: its kernels' time where the GPU is ahead of the host, plus its launch from the host where
+the GPU waits for it (a view or metadata operator with no kernel then shows its dispatch time). ``step_ms`` is
+measured with the same clock.
 """
 
 from __future__ import annotations
@@ -37,8 +45,6 @@ OP_TIME_COLUMNS = [
 """Columns of ``traces/{device}/{shard}.ops.parquet``: one row per operator call of a config's timed per-op
 steps; ``status`` is ``ok``, or the config's failure status, or ``not_measured`` / ``error`` with the reason
 in ``message`` (one row, no times)."""
-CUDA_REASON = ("per-op times not measured on cuda: kernels run asynchronously, so a host-side timer does not "
-               "time them (torch.profiler with CUDA activities is not implemented here)")
 DISABLED_REASON = "per-op times not measured: profiling.op_timing.steps is 0"
 DEFAULT_WARMUP_STEPS = 0
 DEFAULT_STEPS = 2
@@ -67,6 +73,36 @@ class OpTimes:
         return asdict(self)
 
 
+class HostClock:
+    """Marks from ``perf_counter_ns``: an operator on the CPU runs synchronously, so its interval is its time."""
+
+    def mark(self) -> int:
+        return time.perf_counter_ns()
+
+    def intervals_ms(self, starts: list[Any], ends: list[Any]) -> list[float]:
+        return [(end - start) / 1e6 for start, end in zip(starts, ends, strict=True)]
+
+
+class CudaEventClock:
+    """Marks from CUDA events recorded on the current stream of ``device``; the intervals are read after a
+    synchronisation (:meth:`intervals_ms`), so marking never waits for the GPU."""
+
+    def __init__(self, device: str) -> None:
+        import torch  # lazy: only a worker measuring on a GPU makes one
+
+        self._torch = torch
+        self.device = device
+
+    def mark(self) -> Any:
+        event = self._torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def intervals_ms(self, starts: list[Any], ends: list[Any]) -> list[float]:
+        self._torch.cuda.synchronize(self.device)
+        return [float(start.elapsed_time(end)) for start, end in zip(starts, ends, strict=True)]
+
+
 def op_timing_settings(settings: dict[str, Any]) -> tuple[int, int]:
     """(warm-up steps, timed steps) of ``settings["op_timing"]`` (profiling settings; defaults 0 and 2: the
     model, its caches and its optimizer state are warm from the end-to-end iterations just before)."""
@@ -88,23 +124,27 @@ def _timer_class() -> type:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class OpTimer(TorchDispatchMode):
-        """Dispatch mode timing every aten operator call with ``perf_counter_ns`` (CPU: synchronous)."""
+        """Dispatch mode marking the start and end of every aten operator call with ``clock``; the intervals
+        of a step's calls are read by :meth:`close_step` (on CUDA only after the step has synchronised)."""
 
-        def __init__(self, times: OpTimes) -> None:
+        def __init__(self, times: OpTimes, clock: Any) -> None:
             super().__init__()
             self.times = times
+            self.clock = clock
             self.phase = "forward"
             self.step = 0
             self.order = 0
             self._groups: dict[Any, int | None] = {}
+            self._starts: list[Any] = []
+            self._ends: list[Any] = []
 
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
             kwargs = kwargs or {}
             if func.namespace in _UNTIMED_NAMESPACES or not hasattr(func, "_schema"):
                 return func(*args, **kwargs)
-            started = time.perf_counter_ns()
+            self._starts.append(self.clock.mark())
             out = func(*args, **kwargs)
-            elapsed = time.perf_counter_ns() - started
+            self._ends.append(self.clock.mark())
             if func not in self._groups:
                 self._groups[func] = _groups_position(func)
             position = self._groups[func]
@@ -114,9 +154,13 @@ def _timer_class() -> type:
             t.op.append(str(func))
             t.phase.append(self.phase)
             t.grouped.append(position is not None and len(args) > position and int(args[position]) > 1)
-            t.time_ms.append(elapsed / 1e6)
             self.order += 1
             return out
+
+        def close_step(self) -> None:
+            """Append the intervals of the calls marked since the last close to ``times.time_ms``."""
+            self.times.time_ms.extend(self.clock.intervals_ms(self._starts, self._ends))
+            self._starts, self._ends = [], []
 
         @contextmanager
         def in_phase(self, phase: str) -> Iterator[None]:
@@ -127,14 +171,16 @@ def _timer_class() -> type:
     return OpTimer
 
 
-def op_timer(times: OpTimes) -> Any:
-    """A fresh :class:`OpTimer` dispatch mode recording into ``times``."""
-    return _timer_class()(times)
+def op_timer(times: OpTimes, clock: Any | None = None) -> Any:
+    """A fresh :class:`OpTimer` dispatch mode recording into ``times`` with ``clock`` (default
+    :class:`HostClock`)."""
+    return _timer_class()(times, clock if clock is not None else HostClock())
 
 
 def time_operators(make_phased_step: Callable[[Callable[[str], Any]], Callable[[], None]],
-                   settings: dict[str, Any]) -> OpTimes:
-    """Per-operator times of ``warmup + steps`` steps (the warm-up ones are not kept).
+                   settings: dict[str, Any], clock: Any | None = None) -> OpTimes:
+    """Per-operator times of ``warmup + steps`` steps (the warm-up ones are not kept), marked by ``clock``
+    (default :class:`HostClock`; :class:`CudaEventClock` on a GPU).
 
     ``make_phased_step(in_phase)`` builds the step with its phases marked by ``in_phase(name)``
     (:func:`perfzoo.profiling.core.make_step` with ``phase=``). A failure is returned as the message.
@@ -145,16 +191,19 @@ def time_operators(make_phased_step: Callable[[Callable[[str], Any]], Callable[[
         times.message = DISABLED_REASON
         return times
     started = time.perf_counter()
-    timer = op_timer(times)
+    clock = clock if clock is not None else HostClock()
+    timer = op_timer(times, clock)
     try:
         step = make_phased_step(timer.in_phase)
         for i in range(warmup + steps):
             timer.step, timer.order = i - warmup, 0
-            begun = time.perf_counter_ns()
+            begun = clock.mark()
             with timer:
                 step()
+            ended = clock.mark()
+            timer.close_step()
             if i >= warmup:
-                times.step_ms.append((time.perf_counter_ns() - begun) / 1e6)
+                times.step_ms.extend(clock.intervals_ms([begun], [ended]))
     except Exception as exc:  # noqa: BLE001 - the end-to-end measurement stands; the reason is recorded
         times = OpTimes(message=f"per-op timing failed: {one_line(exc, limit=300)}", failed=True)
     kept = [i for i, s in enumerate(times.step) if s >= 0]

@@ -26,7 +26,7 @@ from perfzoo.profiling.cuda import DEFAULT_MIN_WINDOW_S, DEFAULT_SAMPLE_HZ, prob
 from perfzoo.profiling.interference import INTERFERENCE_TRACE_COLUMNS, Assessment, Policy, assess
 from perfzoo.profiling.layers import LAYER_TIMING_COLUMNS, failed_layer_row
 from perfzoo.profiling.microbench import check_device
-from perfzoo.profiling.op_timing import CUDA_REASON, OP_TIME_COLUMNS, OP_TIMING_COLUMNS
+from perfzoo.profiling.op_timing import OP_TIME_COLUMNS, OP_TIMING_COLUMNS
 from perfzoo.profiling.reference import memory_reference
 from perfzoo.profiling.worker import Outcome, run_isolated
 from perfzoo.models.zoo import stable_id
@@ -342,7 +342,7 @@ def profile_shard_with_ops(
         "op_timing": _op_timing_summary(tasks, done),
         **extra_meta,
     }
-    return ShardResult(traces, sensors_frame(tasks, done), meta, op_times_frame(tasks, done, kind))
+    return ShardResult(traces, sensors_frame(tasks, done), meta, op_times_frame(tasks, done))
 
 
 def _op_times_of(entry: dict[str, Any]) -> dict[str, Any] | None:
@@ -356,13 +356,12 @@ def _op_timing_summary(tasks: list[Task], done: dict[str, dict[str, Any]]) -> di
             "seconds": float(sum(t["seconds"] for t in timed))}
 
 
-def op_times_frame(tasks: list[Task], done: dict[str, dict[str, Any]], kind: str) -> pd.DataFrame:
+def op_times_frame(tasks: list[Task], done: dict[str, dict[str, Any]]) -> pd.DataFrame:
     """One row per operator call of each config's timed per-op steps (:data:`OP_TIME_COLUMNS`), from the
     first measurement of every config (and, in a power-limit sweep, of every limit).
 
     A config without per-operator times keeps one row with ``op == ""``, NaN times, ``status`` not ``ok``
-    and the reason in ``message``: the config failed (its status and message), the device is a GPU
-    (:data:`~perfzoo.profiling.op_timing.CUDA_REASON`), op timing was off or failed.
+    and the reason in ``message``: the config failed (its status and message), op timing was off or failed.
     """
     frames = []
     for task in tasks:
@@ -372,7 +371,7 @@ def op_times_frame(tasks: list[Task], done: dict[str, dict[str, Any]], kind: str
         ident = {"model_id": c["model_id"], "config_id": c["config_id"], "mode": c["mode"],
                  "batch": c["batch"], "power_limit_w": math.nan if task.power_limit_w is None
                  else task.power_limit_w}
-        status, message = _op_status(entry, kind)
+        status, message = _op_status(entry)
         if status != "ok":
             frames.append(pd.DataFrame([{**ident, "status": status, "message": message}]))
             continue
@@ -388,12 +387,10 @@ def op_times_frame(tasks: list[Task], done: dict[str, dict[str, Any]], kind: str
                          "step_ms": "float64", "power_limit_w": "float64"})
 
 
-def _op_status(entry: dict[str, Any], kind: str) -> tuple[str, str]:
+def _op_status(entry: dict[str, Any]) -> tuple[str, str]:
     """(status, reason) of a config's per-operator times: ``ok``, or why there are none."""
     if entry["status"] != "ok":
         return entry["status"], f"config not measured: {entry['message']}"
-    if kind == "cuda":
-        return "not_measured", CUDA_REASON
     times = _op_times_of(entry)
     if times is None:
         return "not_measured", "per-op times not measured: the worker recorded none"

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The real-GPU run: on a machine with an NVIDIA GPU, in the repository root, with perfzoo's dependencies
+# importable (missing wheels in .whl/ are installed into /tmp/site first). Writes everything under $OUT:
+#   env.txt          nvidia-smi, driver, the Python packages used
+#   snakemake.log    the workflow measuring config/gpu-local.yaml: zoo, hardware_h100, trace_h100, energy_h100
+#   checks/*.json    bench/gpu_checks.py: env, sampler overhead, event vs wall clock, per-op timer vs
+#                    torch.profiler, a power-limit sweep, interference from a second process on the GPU
+#   results.tgz      results/, logs/, benchmarks/ and Snakemake's metadata, to finish the workflow elsewhere
+# Each stage has its own time limit, so one that hangs loses nothing measured by the others.
+set -u
+OUT=${OUT:-/tmp/perfzoo-gpu}
+mkdir -p "$OUT/checks"
+export PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+{
+  nvidia-smi
+  nvidia-smi -q -d POWER,CLOCK,PERFORMANCE,MEMORY
+  python3 -m pip list 2>/dev/null | grep -i -E "^(torch|torchvision|timm|numpy|pandas|pyarrow|scikit-learn|scipy|nvidia-ml-py|snakemake|matplotlib|jsonschema|pyyaml|psutil) "
+  nproc; free -g
+} >"$OUT/env.txt" 2>&1
+
+date -u +"%F %T workflow start" | tee -a "$OUT/stages.txt"
+timeout "${WORKFLOW_TIMEOUT:-330}" python3 -m snakemake --configfile config/gpu-local.yaml --replace-workflow-config \
+  --cores all profile_h100 energy_h100 >"$OUT/snakemake.log" 2>&1
+echo "workflow rc $?" | tee -a "$OUT/stages.txt"
+
+date -u +"%F %T checks start" | tee -a "$OUT/stages.txt"
+timeout "${CHECKS_TIMEOUT:-150}" python3 bench/gpu_checks.py "$OUT/checks" env overhead optimer powerlimit \
+  >"$OUT/checks.log" 2>&1
+echo "checks rc $?" | tee -a "$OUT/stages.txt"
+if [ -f results/hardware/h100.json ]; then
+  timeout "${INTERFERENCE_TIMEOUT:-70}" python3 bench/gpu_checks.py "$OUT/checks" interference results \
+    >>"$OUT/checks.log" 2>&1
+  echo "interference rc $?" | tee -a "$OUT/stages.txt"
+fi
+date -u +"%F %T done" | tee -a "$OUT/stages.txt"
+tar czf "$OUT/results.tgz" results logs benchmarks .snakemake/metadata .snakemake/log 2>/dev/null
+tar czf "$OUT/checks.tgz" -C "$OUT" checks && rm -rf "$OUT/checks"
+tail -c 3000 "$OUT/snakemake.log"
