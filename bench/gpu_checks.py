@@ -7,8 +7,9 @@ Each subcommand writes ``OUT/<name>.json`` (and prints it), measured with perfzo
 * ``overhead``: the power sampler's cost on latency — the same configs timed with CUDA events with and
   without a running :class:`~perfzoo.profiling.nvml.PowerSampler`, alternating (ABAB…), medians; and
   CUDA-event time against the wall clock (synchronise, ``perf_counter``) of the same iterations.
-* ``optimer``: the per-operator CUDA-event timer (:class:`~perfzoo.profiling.op_timing.CudaEventClock`)
-  against ``torch.profiler``'s kernel times of the same operators (CUDA activities), per operator name.
+* ``optimer``: the per-operator timer on the GPU (:class:`~perfzoo.profiling.op_timing.CudaKernelClock`, kernel
+  time per aten call) against a plain ``torch.profiler`` run of the same steps (CUDA activities): kernel time
+  per step in all, and per operator phase; plus CUDA events around each call, the design it replaced.
 * ``powerlimit``: a real :class:`~perfzoo.profiling.power_limits.PowerLimitSweep` over two limits on one
   config (energy window per limit), and whether the original limit was restored.
 * ``interference RESULTS``: one shard of three configs profiled by the workflow's runner while a second
@@ -36,7 +37,7 @@ from perfzoo.models.builders import build_model
 from perfzoo.profiling import nvml
 from perfzoo.profiling.core import make_optimizer, make_step, set_precision, synthetic_batch
 from perfzoo.profiling.cuda import energy_window
-from perfzoo.profiling.op_timing import CudaEventClock, time_operators
+from perfzoo.profiling.op_timing import CudaKernelClock, time_operators
 from perfzoo.profiling.power_limits import PowerLimitSweep
 
 DEVICE = "cuda:0"
@@ -146,8 +147,31 @@ def check_overhead(out: Path, rounds: int = 3, iterations: int = 60) -> dict[str
     return {"rounds": rounds, "iterations_per_round": iterations, "configs": rows}
 
 
+def _event_timed_ops(model: Any, x: Any, y: Any, spec: dict[str, Any], optimizer: Any, context: Any) -> float:
+    """Sum over a step's aten calls of CUDA-event intervals around each call (the replaced design), ms."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    total = [0.0]
+
+    class Events(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = func(*args, **(kwargs or {}))
+            end.record()
+            end.synchronize()
+            total[0] += start.elapsed_time(end)
+            return out
+
+    step = make_step(model, x, y, spec["mode"], optimizer, context)
+    with Events():
+        step()
+    torch.cuda.synchronize()
+    return total[0]
+
+
 def check_optimer(out: Path) -> dict[str, Any]:
-    """Per-op CUDA-event times against torch.profiler's kernel time per operator name (same steps)."""
+    """Kernel time per step from the per-op timer against a plain torch.profiler run of the same steps."""
     from torch.profiler import ProfilerActivity, profile
 
     rows = []
@@ -159,34 +183,30 @@ def check_optimer(out: Path) -> dict[str, Any]:
             step()
         torch.cuda.synchronize()
         e2e = statistics.median(event_ms(step) for _ in range(20))
+        steps = 3
         times = time_operators(lambda phase: make_step(model, x, y, spec["mode"], optimizer, context, phase),
-                               {"op_timing": {"warmup_steps": 1, "steps": 3}}, CudaEventClock(DEVICE))
-        timer: dict[str, float] = {}
-        for op, ms in zip(times.op, times.time_ms, strict=True):
-            name = "aten::" + op.split(".")[1]
-            timer[name] = timer.get(name, 0.0) + ms / len(times.step_ms)
+                               {"op_timing": {"warmup_steps": 1, "steps": steps}}, CudaKernelClock(DEVICE))
+        by_phase: dict[str, float] = {}
+        for phase, ms in zip(times.phase, times.time_ms, strict=True):
+            by_phase[phase] = by_phase.get(phase, 0.0) + ms / steps
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
+            for _ in range(steps):
                 step()
             torch.cuda.synchronize()
-        kernels: dict[str, float] = {}  # aten operator -> time of the kernels it launched itself, per step
         kernel_total = 0.0  # every kernel, memcpy and memset on the GPU, per step
         for event in prof.key_averages():
-            device_us = getattr(event, "self_device_time_total", None)
-            if device_us is None:
-                device_us = getattr(event, "self_cuda_time_total", 0.0)
             if "CUDA" in str(getattr(event, "device_type", "")):
-                kernel_total += device_us / 1e3 / 3
-            elif device_us and event.key.startswith("aten::"):
-                kernels[event.key] = kernels.get(event.key, 0.0) + device_us / 1e3 / 3
-        shared = sorted(set(timer) & set(kernels), key=lambda k: -kernels[k])
+                device_us = getattr(event, "self_device_time_total", None)
+                kernel_total += (getattr(event, "self_cuda_time_total", 0.0) if device_us is None else device_us) / 1e3
+        kernel_total /= steps
+        timer_total = sum(times.time_ms) / steps
         rows.append({
-            "config": label(spec), "e2e_event_median_ms": e2e,
-            "timer_step_ms": times.step_ms, "timer_ops_sum_ms": sum(timer.values()),
-            "profiler_kernel_sum_ms": kernel_total, "timer_ops": len(times.op) // max(len(times.step_ms), 1),
-            "per_op": [{"op": k, "timer_ms": round(timer[k], 4), "profiler_kernel_ms": round(kernels[k], 4)}
-                       for k in shared[:15]],
-            "profiler_only": sorted(set(kernels) - set(timer))[:20],
+            "config": label(spec), "e2e_event_median_ms": e2e, "timer_step_ms": times.step_ms,
+            "timer_calls_per_step": len(times.op) // steps, "timer_kernel_ms_per_step": timer_total,
+            "profiler_kernel_ms_per_step": kernel_total, "timer_over_profiler": timer_total / kernel_total,
+            "timer_kernel_ms_by_phase": by_phase, "calls_without_kernel_share":
+                sum(1 for t in times.time_ms if t == 0) / max(len(times.time_ms), 1),
+            "event_timed_ops_ms_per_step": _event_timed_ops(model, x, y, spec, optimizer, context),
             "message": times.message,
         })
         del model, x, y, optimizer, step
@@ -228,18 +248,17 @@ def check_powerlimit(out: Path) -> dict[str, Any]:
 
 def check_interference(out: Path, results: Path) -> dict[str, Any]:
     """Three configs profiled by the runner while another process keeps the GPU busy for part of the run."""
-    import yaml
-
+    from perfzoo.config import load_config
     from perfzoo.io import read_json
     from perfzoo.models.zoo import expand_zoo, manifest_frame
     from perfzoo.profiling.runner import profile_shard_with_ops
 
-    config = yaml.safe_load(Path("config/gpu-local.yaml").read_text())
-    device_cfg = {**config["devices"]["h100"], "threads": 1}
+    config = load_config("config/gpu-local.yaml")  # schema defaults filled in, as the workflow has them
+    device_cfg = config["devices"]["h100"]
     configs = manifest_frame(expand_zoo(config))
     configs = configs[configs["precision"] == "amp"].head(3).reset_index(drop=True)
-    settings = {**config["profiling"], "threads": 1, "num_classes": 100, "optimizer": "sgd", "repeat_every": 1000,
-                "interference": {"load_tolerance": None, "retries": 1, "wait_s": 1.0},
+    settings = {**config["profiling"], "threads": int(device_cfg["threads"]), "num_classes": 100, "repeat_every": 1000,
+                "interference": {**config["profiling"]["interference"], "retries": 1, "wait_s": 1.0},
                 "op_timing": {"steps": 0}}
     hog = subprocess.Popen([sys.executable, "-c", (
         "import torch, time\n"

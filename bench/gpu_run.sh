@@ -29,7 +29,7 @@ timeout "${WORKFLOW_TIMEOUT:-330}" python3 -m snakemake --configfile config/gpu-
 echo "workflow rc $?" | tee -a "$OUT/stages.txt"
 
 date -u +"%F %T checks start" | tee -a "$OUT/stages.txt"
-timeout "${CHECKS_TIMEOUT:-150}" python3 bench/gpu_checks.py "$OUT/checks" env overhead optimer powerlimit \
+timeout "${CHECKS_TIMEOUT:-150}" python3 bench/gpu_checks.py "$OUT/checks" ${CHECKS:-env overhead optimer powerlimit} \
   >"$OUT/checks.log" 2>&1
 echo "checks rc $?" | tee -a "$OUT/stages.txt"
 if [ -f results/hardware/h100.json ]; then

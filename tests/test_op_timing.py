@@ -22,7 +22,7 @@ from perfzoo.fitting import regressor_inputs
 from perfzoo.io import InputError
 from perfzoo.profiling import measure
 from perfzoo.profiling.core import make_optimizer, make_step
-from perfzoo.profiling.op_timing import time_operators
+from perfzoo.profiling.op_timing import CudaKernelClock, time_operators
 from perfzoo.profiling.runner import OP_TIME_COLUMNS, Task, op_times_frame
 
 from conftest import FAULTY
@@ -274,3 +274,30 @@ def test_composed_on_op_times_reads_the_op_times_table_the_fit_rule_gives_it(tmp
     times.iloc[:0].to_parquet(empty)
     _, none_fitted, notes = fit_split(data, split, "latency_ms", "composed_optime", {"op_times_path": str(empty)})
     assert not none_fitted and "no measured per-op times" in notes["skipped_folds"]["0"]
+
+
+class _CpuProfiledClock(CudaKernelClock):
+    """The CUDA clock's profiler ranges on the CPU (no kernels there, so every call's GPU time is 0)."""
+
+    ACTIVITIES = ("CPU",)
+
+    def sync(self) -> None:
+        return None
+
+
+def test_the_kernel_clock_finds_one_profiler_range_per_operator_call_in_order() -> None:
+    model, x, y = tiny_convnet(), torch.randn(2, 3, 12, 12), torch.tensor([0, 3])
+    optimizer = make_optimizer(model, "sgd")
+    settings = {**SETTINGS, "op_timing": {"warmup_steps": 1, "steps": 2}}
+    host = time_operators(lambda phase: make_step(model, x, y, "training", optimizer, None, phase), settings)
+    clock = _CpuProfiledClock("cpu")
+    profiled = time_operators(lambda phase: make_step(model, x, y, "training", optimizer, None, phase), settings,
+                              clock)
+    assert profiled.message == "" and profiled.op == host.op and profiled.phase == host.phase
+    assert clock._calls == 3 * len(host.op) // 2  # the warm-up step's calls were profiled too, then dropped
+    assert profiled.time_ms == [0.0] * len(host.op) and len(profiled.step_ms) == 2
+
+
+def test_the_kernel_clock_reads_its_times_only_after_the_profiler_stopped() -> None:
+    with pytest.raises(RuntimeError, match="when its 'with' block ends"):
+        _CpuProfiledClock("cpu").times_ms()

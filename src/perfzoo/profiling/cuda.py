@@ -14,9 +14,9 @@ Protocol (README, "GPUs: time, memory, power and energy"), inside one isolated w
    samples over exactly the same window, :func:`perfzoo.energy.energy_from_samples`) with their relative
    disagreement (:func:`perfzoo.energy.compare_counter`). A failed read makes that energy NaN, never 0,
    and the reason goes to ``energy_message``;
-5. per-operator times of ``profiling.op_timing.steps`` more steps (first measurements only), marked with
-   CUDA events around every aten operator call (:class:`~perfzoo.profiling.op_timing.CudaEventClock`),
-   after every label has been read.
+5. per-operator times of ``profiling.op_timing.steps`` more steps (first measurements only): the GPU time
+   of the kernels each aten operator call launched, from ``torch.profiler``
+   (:class:`~perfzoo.profiling.op_timing.CudaKernelClock`), after every label has been read.
 
 Every GPU-specific call goes through :class:`TorchCuda` (the CUDA boundary) and every NVML call through
 :class:`~perfzoo.profiling.nvml.NvmlLibrary`, so tests substitute both with fakes and run this module
@@ -50,7 +50,7 @@ from perfzoo.profiling.core import (
     time_iterations,
     worker_context,
 )
-from perfzoo.profiling.op_timing import CudaEventClock, time_operators
+from perfzoo.profiling.op_timing import CudaKernelClock, time_operators
 
 MIB = 1024 * 1024
 DEFAULT_SAMPLE_HZ = 50.0
@@ -133,9 +133,9 @@ class TorchCuda:
 
         torch.cuda.empty_cache()
 
-    def op_clock(self, device: str) -> CudaEventClock:
-        """The per-operator timer's clock: CUDA events on the current stream of ``device``."""
-        return CudaEventClock(device)
+    def op_clock(self, device: str) -> CudaKernelClock:
+        """The per-operator timer's clock: the kernels' GPU time per operator call, from torch.profiler."""
+        return CudaKernelClock(device)
 
     def reset_peak_memory_stats(self, device: str) -> None:
         import torch  # lazy: ~3 s import; the parent process never measures

@@ -17,13 +17,11 @@ The end-to-end labels never see the timer: the worker runs it after the timed it
 its peak memory. A failure of these extra steps leaves the end-to-end measurement intact and records the
 reason.
 
-What marks an operator's start and end is the timer's clock: :class:`HostClock` (``perf_counter_ns``) on the
-CPU, where an operator runs synchronously; on CUDA, where kernels run asynchronously, :class:`CudaEventClock`
-records a CUDA event on the current stream before and after each operator call and reads the intervals once
-the step has synchronised. There an operator's interval runs from the stream reaching its start event to the
-end of its kernels: its kernels' time where the GPU is ahead of the host, plus its launch from the host where
-the GPU waits for it (a view or metadata operator with no kernel then shows its dispatch time). ``step_ms`` is
-measured with the same clock.
+What times a call is the timer's clock: :class:`HostClock` (``perf_counter_ns`` around it) on the CPU, where an
+operator runs synchronously; on CUDA, where kernels run asynchronously, :class:`CudaKernelClock` runs the
+steps under ``torch.profiler`` with CUDA activities and takes, per call, the GPU time of the kernels it
+launched. ``step_ms`` is the step's wall time under the timer (synchronised with the GPU there), which on a
+GPU also holds the timer's and the profiler's host overhead.
 """
 
 from __future__ import annotations
@@ -74,33 +72,94 @@ class OpTimes:
 
 
 class HostClock:
-    """Marks from ``perf_counter_ns``: an operator on the CPU runs synchronously, so its interval is its time."""
+    """Times each call with ``perf_counter_ns`` around it: an operator on the CPU runs synchronously, so the
+    interval is its time."""
 
-    def mark(self) -> int:
-        return time.perf_counter_ns()
+    def __init__(self) -> None:
+        self._ms: list[float] = []
 
-    def intervals_ms(self, starts: list[Any], ends: list[Any]) -> list[float]:
-        return [(end - start) / 1e6 for start, end in zip(starts, ends, strict=True)]
+    def __enter__(self) -> HostClock:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+    def call(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        started = time.perf_counter_ns()
+        out = func(*args, **kwargs)
+        self._ms.append((time.perf_counter_ns() - started) / 1e6)
+        return out
+
+    def sync(self) -> None:
+        return None
+
+    def times_ms(self) -> list[float]:
+        """The time of every call so far, in call order."""
+        return list(self._ms)
 
 
-class CudaEventClock:
-    """Marks from CUDA events recorded on the current stream of ``device``; the intervals are read after a
-    synchronisation (:meth:`intervals_ms`), so marking never waits for the GPU."""
+class CudaKernelClock:
+    """Times each call by the GPU time of the kernels it launched, from ``torch.profiler`` with CUDA activities.
+
+    Every call runs inside a ``record_function`` range of its own; the profiler links each kernel (and each
+    memcpy/memset) to the operator that launched it, so a range's ``device_time_total`` is the summed duration
+    of its kernels. The durations are the GPU's own, so the timer's host overhead does not enter them (it
+    does enter the host-side CUDA-event times of an earlier design: 19 ms of "operator time" for a 9.6 ms
+    step whose kernels ran 1.9 ms, ``bench/RESULTS.md``). A call that launched no kernel (a view, a metadata
+    operator) has 0 ms of GPU time. The ranges are read when the profiler stops, at the end of all steps.
+    """
+
+    PREFIX = "perfzoo_op_"
+    ACTIVITIES = ("CPU", "CUDA")
 
     def __init__(self, device: str) -> None:
         import torch  # lazy: only a worker measuring on a GPU makes one
 
         self._torch = torch
         self.device = device
+        self._calls = 0
+        self._profile: Any = None
+        self._ms: list[float] | None = None
 
-    def mark(self) -> Any:
-        event = self._torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
+    def __enter__(self) -> CudaKernelClock:
+        from torch.profiler import ProfilerActivity, profile
 
-    def intervals_ms(self, starts: list[Any], ends: list[Any]) -> list[float]:
+        self._profile = profile(activities=[getattr(ProfilerActivity, name) for name in self.ACTIVITIES])
+        self._profile.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.sync()
+        self._profile.__exit__(*exc_info)
+        if exc_info[0] is None:
+            self._ms = self._read_ranges()
+
+    def call(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        with self._torch.profiler.record_function(f"{self.PREFIX}{self._calls}"):
+            self._calls += 1
+            return func(*args, **kwargs)
+
+    def sync(self) -> None:
         self._torch.cuda.synchronize(self.device)
-        return [float(start.elapsed_time(end)) for start, end in zip(starts, ends, strict=True)]
+
+    def _read_ranges(self) -> list[float]:
+        found: dict[int, float] = {}
+        for event in self._profile.events():
+            if event.name.startswith(self.PREFIX):
+                total = getattr(event, "device_time_total", None)
+                total = getattr(event, "cuda_time_total", 0.0) if total is None else total
+                found[int(event.name[len(self.PREFIX):])] = float(total) / 1e3
+        missing = [i for i in range(self._calls) if i not in found]
+        if missing:
+            raise RuntimeError(f"torch.profiler recorded {len(found)} of {self._calls} operator ranges "
+                               f"(first missing: call {missing[0]})")
+        return [found[i] for i in range(self._calls)]
+
+    def times_ms(self) -> list[float]:
+        """The GPU time of every call, in call order (after the profiler has stopped)."""
+        if self._ms is None:
+            raise RuntimeError("CudaKernelClock: the kernel times are read when its 'with' block ends")
+        return self._ms
 
 
 def op_timing_settings(settings: dict[str, Any]) -> tuple[int, int]:
@@ -124,8 +183,8 @@ def _timer_class() -> type:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class OpTimer(TorchDispatchMode):
-        """Dispatch mode marking the start and end of every aten operator call with ``clock``; the intervals
-        of a step's calls are read by :meth:`close_step` (on CUDA only after the step has synchronised)."""
+        """Dispatch mode running every aten operator call through ``clock.call``, which times it
+        (:class:`HostClock`, :class:`CudaKernelClock`)."""
 
         def __init__(self, times: OpTimes, clock: Any) -> None:
             super().__init__()
@@ -135,16 +194,12 @@ def _timer_class() -> type:
             self.step = 0
             self.order = 0
             self._groups: dict[Any, int | None] = {}
-            self._starts: list[Any] = []
-            self._ends: list[Any] = []
 
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
             kwargs = kwargs or {}
             if func.namespace in _UNTIMED_NAMESPACES or not hasattr(func, "_schema"):
                 return func(*args, **kwargs)
-            self._starts.append(self.clock.mark())
-            out = func(*args, **kwargs)
-            self._ends.append(self.clock.mark())
+            out = self.clock.call(func, args, kwargs)
             if func not in self._groups:
                 self._groups[func] = _groups_position(func)
             position = self._groups[func]
@@ -157,11 +212,6 @@ def _timer_class() -> type:
             self.order += 1
             return out
 
-        def close_step(self) -> None:
-            """Append the intervals of the calls marked since the last close to ``times.time_ms``."""
-            self.times.time_ms.extend(self.clock.intervals_ms(self._starts, self._ends))
-            self._starts, self._ends = [], []
-
         @contextmanager
         def in_phase(self, phase: str) -> Iterator[None]:
             """Calls inside are recorded under ``phase`` (the step's closure marks its phases with this)."""
@@ -172,15 +222,16 @@ def _timer_class() -> type:
 
 
 def op_timer(times: OpTimes, clock: Any | None = None) -> Any:
-    """A fresh :class:`OpTimer` dispatch mode recording into ``times`` with ``clock`` (default
-    :class:`HostClock`)."""
+    """A fresh :class:`OpTimer` dispatch mode recording into ``times``, each call timed by ``clock``
+    (default :class:`HostClock`)."""
     return _timer_class()(times, clock if clock is not None else HostClock())
 
 
 def time_operators(make_phased_step: Callable[[Callable[[str], Any]], Callable[[], None]],
                    settings: dict[str, Any], clock: Any | None = None) -> OpTimes:
-    """Per-operator times of ``warmup + steps`` steps (the warm-up ones are not kept), marked by ``clock``
-    (default :class:`HostClock`; :class:`CudaEventClock` on a GPU).
+    """Per-operator times of ``warmup + steps`` steps (the warm-up ones are not kept), each call timed by
+    ``clock`` (default :class:`HostClock`; :class:`CudaKernelClock` on a GPU). ``step_ms`` is each step's wall
+    time under the timer, synchronised with the device.
 
     ``make_phased_step(in_phase)`` builds the step with its phases marked by ``in_phase(name)``
     (:func:`perfzoo.profiling.core.make_step` with ``phase=``). A failure is returned as the message.
@@ -195,15 +246,17 @@ def time_operators(make_phased_step: Callable[[Callable[[str], Any]], Callable[[
     timer = op_timer(times, clock)
     try:
         step = make_phased_step(timer.in_phase)
-        for i in range(warmup + steps):
-            timer.step, timer.order = i - warmup, 0
-            begun = clock.mark()
-            with timer:
-                step()
-            ended = clock.mark()
-            timer.close_step()
-            if i >= warmup:
-                times.step_ms.extend(clock.intervals_ms([begun], [ended]))
+        with clock:
+            for i in range(warmup + steps):
+                timer.step, timer.order = i - warmup, 0
+                clock.sync()
+                begun = time.perf_counter_ns()
+                with timer:
+                    step()
+                clock.sync()
+                if i >= warmup:
+                    times.step_ms.append((time.perf_counter_ns() - begun) / 1e6)
+        times.time_ms = clock.times_ms()
     except Exception as exc:  # noqa: BLE001 - the end-to-end measurement stands; the reason is recorded
         times = OpTimes(message=f"per-op timing failed: {one_line(exc, limit=300)}", failed=True)
     kept = [i for i, s in enumerate(times.step) if s >= 0]
