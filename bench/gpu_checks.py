@@ -214,6 +214,52 @@ def check_optimer(out: Path) -> dict[str, Any]:
     return {"configs": rows}
 
 
+def _kernels_by_name(prof: Any, steps: int) -> dict[str, float]:
+    """GPU time per kernel name (ms per step) of a profile."""
+    out: dict[str, float] = {}
+    for event in prof.key_averages():
+        if "CUDA" in str(getattr(event, "device_type", "")):
+            device_us = getattr(event, "self_device_time_total", None)
+            device_us = getattr(event, "self_cuda_time_total", 0.0) if device_us is None else device_us
+            out[event.key] = out.get(event.key, 0.0) + device_us / 1e3 / steps
+    return out
+
+
+def check_kernels(out: Path) -> dict[str, Any]:
+    """Inside the per-op timer's own profile: its per-call ranges against every kernel of that profile
+    (attribution), and each kernel's time there against a plain profile of the same steps (slowdown)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rows = []
+    for cfg in CONFIGS[:2]:
+        spec = spec_of(*cfg)
+        model, x, y, context, optimizer = build(spec)
+        step = make_step(model, x, y, spec["mode"], optimizer, context)
+        for _ in range(10):
+            step()
+        torch.cuda.synchronize()
+        steps = 3
+        clock = CudaKernelClock(DEVICE)
+        times = time_operators(lambda phase: make_step(model, x, y, spec["mode"], optimizer, context, phase),
+                               {"op_timing": {"warmup_steps": 0, "steps": steps}}, clock)
+        timed = _kernels_by_name(clock._profile, steps)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                step()
+            torch.cuda.synchronize()
+        plain = _kernels_by_name(prof, steps)
+        names = sorted(set(timed) | set(plain), key=lambda k: -max(timed.get(k, 0), plain.get(k, 0)))
+        rows.append({"config": label(spec), "ranges_ms_per_step": sum(times.time_ms) / steps,
+                     "timer_profile_kernels_ms_per_step": sum(timed.values()),
+                     "plain_profile_kernels_ms_per_step": sum(plain.values()),
+                     "kernel_count": [len(timed), len(plain)],
+                     "top": [{"kernel": k[:90], "timer_ms": round(timed.get(k, 0), 4), "plain_ms": round(plain.get(k, 0), 4)}
+                             for k in names[:12]]})
+        del model, x, y, optimizer, step
+        torch.cuda.empty_cache()
+    return {"configs": rows}
+
+
 def check_powerlimit(out: Path) -> dict[str, Any]:
     spec = spec_of("torchvision", "resnet50", [3, 128, 128], 64, "training", "amp")
     model, x, y, context, optimizer = build(spec)
@@ -286,7 +332,8 @@ def check_interference(out: Path, results: Path) -> dict[str, Any]:
             "meta_interference": result.meta.get("interference")}
 
 
-CHECKS = {"env": check_env, "overhead": check_overhead, "optimer": check_optimer, "powerlimit": check_powerlimit}
+CHECKS = {"env": check_env, "overhead": check_overhead, "optimer": check_optimer, "kernels": check_kernels,
+          "powerlimit": check_powerlimit}
 
 
 def main(argv: list[str]) -> int:

@@ -4,7 +4,9 @@ trace's kinds, missing with a reason, and never a regressor's feature."""
 from __future__ import annotations
 
 import collections
+import types
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -22,7 +24,7 @@ from perfzoo.fitting import regressor_inputs
 from perfzoo.io import InputError
 from perfzoo.profiling import measure
 from perfzoo.profiling.core import make_optimizer, make_step
-from perfzoo.profiling.op_timing import CudaKernelClock, time_operators
+from perfzoo.profiling.op_timing import CudaKernelClock, range_kernel_ms, time_operators
 from perfzoo.profiling.runner import OP_TIME_COLUMNS, Task, op_times_frame
 
 from conftest import FAULTY
@@ -301,3 +303,38 @@ def test_the_kernel_clock_finds_one_profiler_range_per_operator_call_in_order() 
 def test_the_kernel_clock_reads_its_times_only_after_the_profiler_stopped() -> None:
     with pytest.raises(RuntimeError, match="when its 'with' block ends"):
         _CpuProfiledClock("cpu").times_ms()
+
+
+def _event(name: str, device: str = "CPU", us: float = 0.0, kernels: tuple = (), children: tuple = ()) -> Any:
+    """A torch.profiler FunctionEvent's fields that the attribution reads."""
+    return types.SimpleNamespace(name=name, device_type=f"DeviceType.{device}", kernels=list(kernels),
+                                 cpu_children=list(children), time_range=types.SimpleNamespace(elapsed_us=lambda: us))
+
+
+def _kernel(name: str, us: float) -> Any:
+    return types.SimpleNamespace(name=name, duration=us)
+
+
+def _h100_like_profile(unlinked_us: float = 0.0) -> list[Any]:
+    """The shape of an H100 profile of two calls: each host range's GPU-side copy (same name, its span on the
+    device timeline) is listed among the range's kernels and as a device event, beside the real kernels that
+    hang from the aten operator below the range; the first call launched two kernels, the second none."""
+    conv = _event("aten::cudnn_convolution", kernels=[_kernel("sm90_xmma_fprop", 30.0), _kernel("nhwcToNchw", 10.0)])
+    first = _event("perfzoo_op_0", kernels=[_kernel("perfzoo_op_0", 55.0)], children=[conv])
+    view = _event("perfzoo_op_1", children=[_event("aten::view")])
+    device = [_event("perfzoo_op_0", "CUDA", 55.0), _event("sm90_xmma_fprop", "CUDA", 30.0),
+              _event("nhwcToNchw", "CUDA", 10.0)]
+    if unlinked_us:
+        device.append(_event("void elementwise_kernel", "CUDA", unlinked_us))
+    return [first, conv, view, *device]
+
+
+def test_kernel_attribution_counts_real_kernels_below_each_range_not_the_ranges_device_copies() -> None:
+    assert range_kernel_ms(_h100_like_profile(), "perfzoo_op_", 2) == pytest.approx([0.040, 0.0])
+
+
+def test_kernel_attribution_refuses_kernels_it_cannot_place_and_missing_ranges() -> None:
+    with pytest.raises(RuntimeError, match="0.040 ms of kernels to the operator calls but 0.060 ms in all"):
+        range_kernel_ms(_h100_like_profile(unlinked_us=20.0), "perfzoo_op_", 2)
+    with pytest.raises(RuntimeError, match="recorded 2 of 3 operator ranges"):
+        range_kernel_ms(_h100_like_profile(), "perfzoo_op_", 3)

@@ -143,23 +143,69 @@ class CudaKernelClock:
         self._torch.cuda.synchronize(self.device)
 
     def _read_ranges(self) -> list[float]:
-        found: dict[int, float] = {}
-        for event in self._profile.events():
-            if event.name.startswith(self.PREFIX):
-                total = getattr(event, "device_time_total", None)
-                total = getattr(event, "cuda_time_total", 0.0) if total is None else total
-                found[int(event.name[len(self.PREFIX):])] = float(total) / 1e3
-        missing = [i for i in range(self._calls) if i not in found]
-        if missing:
-            raise RuntimeError(f"torch.profiler recorded {len(found)} of {self._calls} operator ranges "
-                               f"(first missing: call {missing[0]})")
-        return [found[i] for i in range(self._calls)]
+        return range_kernel_ms(self._profile.events(), self.PREFIX, self._calls)
 
     def times_ms(self) -> list[float]:
         """The GPU time of every call, in call order (after the profiler has stopped)."""
         if self._ms is None:
             raise RuntimeError("CudaKernelClock: the kernel times are read when its 'with' block ends")
         return self._ms
+
+
+ATTRIBUTION_TOLERANCE = 0.05
+"""Largest relative difference allowed between the kernel time attributed to the operator calls and all the
+kernel time of the same profile; past it the per-op times are not kept (:func:`range_kernel_ms`)."""
+
+
+def _is_range(event: Any, prefix: str) -> bool:
+    return event.name.startswith(prefix)
+
+
+def _on_host(event: Any) -> bool:
+    return "CPU" in str(getattr(event, "device_type", "CPU"))
+
+
+def _kernel_ms(kernels: Any, prefix: str) -> float:
+    """Summed duration (ms) of real kernels; the GPU-side copies of ``record_function`` ranges that the
+    profiler lists beside them (same name as the range) are not kernels."""
+    return sum(k.duration for k in kernels if not k.name.startswith(prefix)) / 1e3
+
+
+def _subtree_kernel_ms(event: Any, prefix: str) -> float:
+    total, stack = 0.0, [event]
+    while stack:
+        node = stack.pop()
+        total += _kernel_ms(node.kernels, prefix)
+        stack.extend(node.cpu_children)
+    return total
+
+
+def range_kernel_ms(events: Any, prefix: str, calls: int) -> list[float]:
+    """GPU time (ms) of the kernels launched inside each host-side range ``{prefix}{i}``, i < ``calls``.
+
+    A range's kernels are those the profiler linked to it or to any operator below it on the host; the
+    GPU-side events named like the ranges (the profiler's copies of ``record_function`` ranges on the device
+    timeline) are not kernels. Two checks guard against a wrong attribution, each raising with what it found:
+    every range must be there, and the attributed kernel time must be the whole time of the profile's device
+    events (kernels, memcpy, memset) within :data:`ATTRIBUTION_TOLERANCE`: a kernel launched outside any
+    range, or counted twice, breaks it.
+    """
+    events = list(events)
+    found: dict[int, float] = {}
+    for event in events:
+        if _on_host(event) and _is_range(event, prefix):
+            found[int(event.name[len(prefix):])] = _subtree_kernel_ms(event, prefix)
+    missing = [i for i in range(calls) if i not in found]
+    if missing:
+        raise RuntimeError(f"torch.profiler recorded {len(found)} of {calls} operator ranges "
+                           f"(first missing: call {missing[0]})")
+    every_kernel = sum(e.time_range.elapsed_us() for e in events
+                       if not _on_host(e) and not _is_range(e, prefix)) / 1e3  # kernels, memcpy, memset
+    attributed = sum(found.values())
+    if abs(attributed - every_kernel) > ATTRIBUTION_TOLERANCE * max(every_kernel, 1e-9):
+        raise RuntimeError(f"torch.profiler linked {attributed:.3f} ms of kernels to the operator calls but "
+                           f"{every_kernel:.3f} ms in all: the per-op attribution does not add up")
+    return [found[i] for i in range(calls)]
 
 
 def op_timing_settings(settings: dict[str, Any]) -> tuple[int, int]:
