@@ -71,6 +71,11 @@ def _add_predict_parser(sub: Any) -> None:
         "(default 3,224,224 for timm/torchvision)",
     )
     p.add_argument("--mode", choices=("inference", "training"), default="inference")
+    p.add_argument(
+        "--precision",
+        default="fp32",
+        help="fp32, tf32 or amp (default fp32): the hardware features of rows profiled at that precision",
+    )
     p.add_argument("--devices", metavar="A,B", help="devices to predict (default: every configured device)")
     p.add_argument(
         "--objective",
@@ -161,6 +166,7 @@ def _predict(args: argparse.Namespace) -> int:
         batch=args.batch,
         input_shape=args.input_shape,
         mode=args.mode,
+        precision=args.precision,
         devices=args.devices,
         objective=args.objective,
         latency_target_ms=args.latency_target_ms,

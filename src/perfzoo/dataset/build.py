@@ -284,21 +284,32 @@ def imported_only(external: list[pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFr
 GEMM_OF_PRECISION = {"fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "bf16": "bf16", "amp": "fp16"}
 
 
+def precision_hardware(hw: dict[str, Any], precision: str) -> dict[str, float]:
+    """The hardware features a precision changes: ``hw_tensor_cores`` (1.0 on a GPU at a precision other than
+    fp32) and, at such a precision, ``hw_peak_gflops`` as the device's measured GEMM rate of that precision
+    (NaN where it did not measure one). One source for the dataset's rows and ``perfzoo predict``'s."""
+    out = {"hw_tensor_cores": float(precision != "fp32" and hw.get("kind") == "cuda")}
+    if precision != "fp32":
+        rate = (hw.get("measured_gemm_tflops") or {}).get(GEMM_OF_PRECISION[precision])
+        out["hw_peak_gflops"] = math.nan if rate is None else float(rate) * 1000
+    return out
+
+
 def precision_peaks(data: pd.DataFrame, hardware: dict[str, dict[str, Any]]) -> pd.DataFrame:
     """Rows profiled at a precision other than fp32 get the measured GEMM rate of that precision as
-    ``hw_peak_gflops`` (NaN where the GPU did not measure it, e.g. unsupported) and ``hw_tensor_cores``.
+    ``hw_peak_gflops`` (NaN where the GPU did not measure it, e.g. unsupported) and ``hw_tensor_cores``
+    (:func:`precision_hardware`).
 
     A zoo of fp32 configs only is left exactly as before (no new column)."""
     if "precision" not in data.columns or (data["precision"].fillna("fp32") == "fp32").all():
         return data
     data = data.copy()
     precision = data["precision"].fillna("fp32")
-    data["hw_tensor_cores"] = ((precision != "fp32") & (data["device"].map(
-        lambda d: hardware.get(d, {}).get("kind") == "cuda"))).astype(float)
-    for i in np.flatnonzero((precision != "fp32").to_numpy()):
-        hw = hardware.get(data["device"].iat[i], {})
-        rate = (hw.get("measured_gemm_tflops") or {}).get(GEMM_OF_PRECISION[precision.iat[i]])
-        data.iat[i, data.columns.get_loc("hw_peak_gflops")] = math.nan if rate is None else float(rate) * 1000
+    features = [precision_hardware(hardware.get(device, {}), p) for device, p in zip(data["device"], precision)]
+    data["hw_tensor_cores"] = [f["hw_tensor_cores"] for f in features]
+    for i, f in enumerate(features):
+        if "hw_peak_gflops" in f:
+            data.iat[i, data.columns.get_loc("hw_peak_gflops")] = f["hw_peak_gflops"]
     return data
 
 

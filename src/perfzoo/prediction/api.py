@@ -26,6 +26,7 @@ from typing import Any
 
 import pandas as pd
 
+from perfzoo.hardware.precision import BUILD_DTYPES, normalise_precision
 from perfzoo.io import InputError, read_json, read_parquet, suggest
 from perfzoo.prediction.server import start_server
 from perfzoo.prediction.advice import OBJECTIVES, PredictionContext, mig_advice, power_cap, recommend
@@ -79,6 +80,16 @@ class WorkflowInputs:
     hardware: dict[str, Any]  # device -> its hardware JSON
     packages: dict[str, Any]
     code_version: Any
+
+
+def check_precision(precision: Any) -> str:
+    """The canonical name of ``--precision``; InputError for an unknown one, or one whose weights are not
+    float32 (fp16, bf16): the model is featurised with float32 weights."""
+    name = normalise_precision(precision, "--precision")
+    if BUILD_DTYPES[name] != "float32":
+        raise InputError(f"--precision: {name} builds the model in {BUILD_DTYPES[name]}, and predictions "
+                         "featurise float32 weights only; use fp32, tf32 or amp")
+    return name
 
 
 def check_options(batch: Any, mode: str, objective: str, latency_target_ms: Any) -> tuple[int, float | None]:
@@ -179,12 +190,12 @@ def _choose_predictors(spec: ModelSpec, class_name: str, w: WorkflowInputs) -> s
 
 
 def _device_rows(
-    w: WorkflowInputs, feats: Mapping[str, Any], batch: int, mode: str, model_id: str
+    w: WorkflowInputs, feats: Mapping[str, Any], batch: int, mode: str, model_id: str, precision: str
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """The predictors' input row of every device, and why the others have none."""
     rows, device_missing = {}, {}
     for d in w.names:
-        row = device_row(d, w.hardware.get(d), dict(feats), batch, mode, model_id)
+        row = device_row(d, w.hardware.get(d), dict(feats), batch, mode, model_id, precision)
         if isinstance(row, str):
             device_missing[d] = row
         else:
@@ -269,6 +280,7 @@ class Options:
     objective: str
     latency_target_ms: float | None
     num_classes: int
+    precision: str = "fp32"
 
 
 def _record(
@@ -285,7 +297,8 @@ def _record(
     """The prediction's JSON record (in this key order)."""
     feats, class_name = featurised["features"], featurised["class_name"]
     dataset_key = record_key(w.results / "dataset" / "dataset.parquet", w.workdir)
-    model = {**spec.to_dict(), "batch": o.batch, "mode": o.mode, "num_classes": o.num_classes}
+    model = {**spec.to_dict(), "batch": o.batch, "mode": o.mode, "precision": o.precision,
+             "num_classes": o.num_classes}
     warnings = range_warnings(spec, class_name, feats, o.batch, o.mode, w.data, w.names)
     return {
         "model": {**model, "class_name": class_name},
@@ -318,6 +331,7 @@ def predict(
     config: str | Path | Mapping[str, Any] = "config.yaml",
     num_classes: int | None = None,
     use_server: bool = False,
+    precision: str = "fp32",
 ) -> Prediction:
     """Predict latency/step time, throughput, peak memory, power, energy, EDP, cost and carbon of a model
     on every device, with intervals, a recommended device for ``objective`` (time, energy, edp, cost),
@@ -329,8 +343,11 @@ def predict(
     ``results``/``config``: the workflow's results folder and config (path or dict).
     ``use_server``: featurise through the warm featuriser server of this environment, and start one
     when none runs (the CLI's choice; see :mod:`perfzoo.prediction.server`).
+    ``precision``: fp32, tf32 or amp (:func:`check_precision`); it sets the hardware features as the
+    dataset's rows of that precision have them.
     """
     batch, latency_target_ms = check_options(batch, mode, objective, latency_target_ms)
+    precision = check_precision(precision)
     results = Path(results)
     require_outputs(results)
     spec = resolve_model(model_or_name, input_shape)
@@ -342,14 +359,14 @@ def predict(
     feats, class_name, spec.dtype = featurised["features"], featurised["class_name"], featurised["dtype"]
     choice = _choose_predictors(spec, class_name, w)
     sources = prediction_provenance(results, w.workdir, w.predictors, w.hw_files, w.names, spec)
-    rows, device_missing = _device_rows(w, feats, batch, mode, spec.text)
+    rows, device_missing = _device_rows(w, feats, batch, mode, spec.text, precision)
     X = with_roofline(pd.DataFrame(list(rows.values())))
     ctx = PredictionContext(
         w.predictors, w.missing_targets, label_gaps(w.data), batch, objective, latency_target_ms,
         range_check(feats, batch, mode, w.data),
     )  # fmt: skip
     entries = device_entries(w, rows, device_missing, X, ctx)
-    opts = Options(batch, mode, objective, latency_target_ms, num_classes)
+    opts = Options(batch, mode, objective, latency_target_ms, num_classes, precision)
     feature_rows = {d: dict(X.iloc[i].items()) for i, d in enumerate(rows)}
     record = _record(opts, spec, featurised, method, w, sources, entries, feature_rows, choice)
     timing("predictions")
@@ -381,7 +398,7 @@ def predict_to_file(
     """Workflow entry point: predict the model of a config ``predict:`` entry and write its JSON record.
 
     ``spec``: ``{name: "timm:resnet50", batch: 8, input: "3,224,224" | [3, 224, 224] | 128, mode:
-    "inference"}``, optionally ``devices``, ``objective``, ``latency_target_ms``, ``num_classes``.
+    "inference"}``, optionally ``precision``, ``devices``, ``objective``, ``latency_target_ms``, ``num_classes``.
     ``config`` is the workflow's config dict (or a path). The file is written atomically.
     """
     if not isinstance(spec, Mapping) or "name" not in spec:
@@ -402,5 +419,6 @@ def predict_to_file(
         results=results_dir,
         config=config,
         num_classes=spec.get("num_classes"),
+        precision=spec.get("precision", "fp32"),
     )
     return prediction.save(out_path)

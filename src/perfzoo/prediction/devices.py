@@ -100,11 +100,15 @@ def select_devices(requested: Any, configured: Mapping[str, Any], hardware: Mapp
 
 
 def device_row(
-    device: str, hw: dict[str, Any] | None, feats: dict[str, Any], batch: int, mode: str, model_id: str
+    device: str, hw: dict[str, Any] | None, feats: dict[str, Any], batch: int, mode: str, model_id: str,
+    precision: str = "fp32",
 ) -> dict[str, Any] | str:
-    """The predictors' input row of ``device``, or the reason it cannot be built."""
+    """The predictors' input row of ``device`` at ``precision``, or the reason it cannot be built.
+
+    The precision's hardware features are the dataset's (:func:`perfzoo.dataset.build.precision_hardware`):
+    ``hw_tensor_cores``, and the measured GEMM rate of that precision as ``hw_peak_gflops``."""
     # lazy: perfzoo.dataset.build imports scipy (~1 s CPU), which loads while the featurising child runs
-    from perfzoo.dataset.build import MODEL_FEATURES
+    from perfzoo.dataset.build import MODEL_FEATURES, precision_hardware
     from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURES
 
     if hw is None:
@@ -117,6 +121,10 @@ def device_row(
         return f"results/hardware/{device}.json lacks hardware feature {exc}"
     row = {k: feats[k] for k in (*MODEL_FEATURES, *OP_FEATURES, OP_ERROR_COLUMN) if k in feats}
     row.update(batch=batch, is_training=float(mode == "training"), **hw_cols)
+    at_precision = precision_hardware(hw, precision)
+    if not math.isfinite(at_precision.get("hw_peak_gflops", 0.0)):
+        return f"results/hardware/{device}.json has no measured {precision} GEMM rate (precision {precision})"
+    row.update(at_precision)
     # the power limit in force: a hardware feature of datasets with a power-limit sweep
     limit = hw.get("power_limit_w")
     row["hw_power_limit_w"] = float(limit) if isinstance(limit, int | float) else math.nan

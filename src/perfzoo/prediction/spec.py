@@ -15,7 +15,8 @@ import numpy as np
 from perfzoo.models.builders import TOKEN_BUILDERS, check_factory_reference, check_model_name, library_model_names
 from perfzoo.io import InputError, suggest
 
-SPEC_KEYS = ("name", "batch", "input", "mode", "devices", "objective", "latency_target_ms", "num_classes")
+SPEC_KEYS = ("name", "batch", "input", "mode", "precision", "devices", "objective", "latency_target_ms",
+             "num_classes")
 
 
 MODES = ("inference", "training")
