@@ -31,6 +31,7 @@ NOT_RUN = {
     ".venv/bin/snakemake --cores all": "the default run (~10 min); its tiny equivalent runs in the fixture",
     "source .venv/bin/activate": "emulated: the interpreter's bin/ is put first on PATH",
     "snakemake --profile slurm": "needs a SLURM cluster (tests/test_slurm.py)",
+    "snakemake --configfile config/gpu-local.yaml": "needs an NVIDIA GPU (its recorded traces: tests/test_gpu_traces.py)",
     "python bench/user_model.py": "measures a model with the profiler (minutes; tests/test_user_model.py "
     "runs its prediction)",
 }
