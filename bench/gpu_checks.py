@@ -66,6 +66,16 @@ def build(spec: dict[str, Any]) -> tuple[Any, Any, Any, Any, Any]:
     return model, x, y, context, optimizer
 
 
+def warm(spec: dict[str, Any]) -> tuple[Any, Any, Any, Any, Any, Any]:
+    """(model, x, y, context, optimizer, step) of ``spec`` after 10 warm-up steps, synchronised."""
+    model, x, y, context, optimizer = build(spec)
+    step = make_step(model, x, y, spec["mode"], optimizer, context)
+    for _ in range(10):
+        step()
+    torch.cuda.synchronize()
+    return model, x, y, context, optimizer, step
+
+
 def label(spec: dict[str, Any]) -> str:
     return f"{spec['name']} {spec['mode']} b{spec['batch']} {spec['precision']}"
 
@@ -112,11 +122,7 @@ def check_overhead(out: Path, rounds: int = 3, iterations: int = 60) -> dict[str
     try:
         for cfg in CONFIGS:
             spec = spec_of(*cfg)
-            model, x, y, context, optimizer = build(spec)
-            step = make_step(model, x, y, spec["mode"], optimizer, context)
-            for _ in range(10):
-                step()
-            torch.cuda.synchronize()
+            model, x, y, context, optimizer, step = warm(spec)
             times: dict[str, list[float]] = {"without": [], "with_50hz": [], "with_1000hz": []}
             for _ in range(rounds):
                 for arm in times:
@@ -177,11 +183,7 @@ def check_optimer(out: Path) -> dict[str, Any]:
     rows = []
     for cfg in CONFIGS:
         spec = spec_of(*cfg)
-        model, x, y, context, optimizer = build(spec)
-        step = make_step(model, x, y, spec["mode"], optimizer, context)
-        for _ in range(10):
-            step()
-        torch.cuda.synchronize()
+        model, x, y, context, optimizer, step = warm(spec)
         e2e = statistics.median(event_ms(step) for _ in range(20))
         steps = 3
         times = time_operators(lambda phase: make_step(model, x, y, spec["mode"], optimizer, context, phase),
@@ -233,11 +235,7 @@ def check_kernels(out: Path) -> dict[str, Any]:
     rows = []
     for cfg in CONFIGS[:2]:
         spec = spec_of(*cfg)
-        model, x, y, context, optimizer = build(spec)
-        step = make_step(model, x, y, spec["mode"], optimizer, context)
-        for _ in range(10):
-            step()
-        torch.cuda.synchronize()
+        model, x, y, context, optimizer, step = warm(spec)
         steps = 3
         clock = CudaKernelClock(DEVICE)
         times = time_operators(lambda phase: make_step(model, x, y, spec["mode"], optimizer, context, phase),
@@ -262,11 +260,7 @@ def check_kernels(out: Path) -> dict[str, Any]:
 
 def check_powerlimit(out: Path) -> dict[str, Any]:
     spec = spec_of("torchvision", "resnet50", [3, 128, 128], 64, "training", "amp")
-    model, x, y, context, optimizer = build(spec)
-    step = make_step(model, x, y, spec["mode"], optimizer, context)
-    for _ in range(10):
-        step()
-    torch.cuda.synchronize()
+    model, x, y, context, optimizer, step = warm(spec)
     gpu = nvml.open_device(0)
     result: dict[str, Any] = {"config": label(spec)}
     try:
