@@ -485,6 +485,10 @@ def test_bad_options(run_dir: Path) -> None:
         predict(_mlp(), input_shape=64, devices="a10")
     with pytest.raises(InputError, match="--objective"):
         predict(_mlp(), input_shape=64, objective="speed")
+    with pytest.raises(InputError, match="--precision: unknown precision 'fp64'"):
+        predict(_mlp(), input_shape=64, precision="fp64")
+    with pytest.raises(InputError, match="--precision: bf16 builds the model in bfloat16"):
+        predict(_mlp(), input_shape=64, precision="bfloat16")
 
 
 # --------------------------------------------------------------------------- CLI

@@ -60,7 +60,7 @@ def _head_lines(r: Mapping[str, Any]) -> list[str]:
     m, f = r["model"], r["features"]
     head = (
         f"perfzoo predict {m['text']}: batch {m['batch']}, input {'x'.join(map(str, m['input_shape']))} "
-        f"({m['dtype']}), {m['mode']}, objective {r['objective']}"
+        f"({m['dtype']}), {m['mode']}, precision {m.get('precision', 'fp32')}, objective {r['objective']}"
     )
     summary = (
         f"  features (meta device): {_fmt(_float(f.get('flops')))} FLOPs per step, "
