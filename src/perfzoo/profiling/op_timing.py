@@ -102,11 +102,12 @@ class CudaKernelClock:
     """Times each call by the GPU time of the kernels it launched, from ``torch.profiler`` with CUDA activities.
 
     Every call runs inside a ``record_function`` range of its own; the profiler links each kernel (and each
-    memcpy/memset) to the operator that launched it, so a range's ``device_time_total`` is the summed duration
-    of its kernels. The durations are the GPU's own, so the timer's host overhead does not enter them (it
-    does enter the host-side CUDA-event times of an earlier design: 19 ms of "operator time" for a 9.6 ms
-    step whose kernels ran 1.9 ms, ``bench/RESULTS.md``). A call that launched no kernel (a view, a metadata
-    operator) has 0 ms of GPU time. The ranges are read when the profiler stops, at the end of all steps.
+    memcpy/memset) to the operator that launched it, and :func:`range_kernel_ms` sums, per range, the kernels
+    linked below it. The durations are the GPU's own: on an H100 each kernel ran as long under the timer as
+    without it, while host-side CUDA events around each call (an earlier design) timed the timer's own
+    overhead, 19 ms of "operator time" for a 9.6 ms step whose kernels ran 1.9 ms (``bench/RESULTS.md``). A
+    call that launched no kernel (a view, a metadata operator) has 0 ms of GPU time. The ranges are read
+    when the profiler stops, at the end of all steps.
     """
 
     PREFIX = "perfzoo_op_"
