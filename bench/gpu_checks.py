@@ -291,13 +291,13 @@ def check_interference(out: Path, results: Path) -> dict[str, Any]:
     from perfzoo.config import load_config
     from perfzoo.io import read_json
     from perfzoo.models.zoo import expand_zoo, manifest_frame
-    from perfzoo.profiling.runner import profile_shard_with_ops
+    from perfzoo.profiling.runner import profile_shard_with_ops, worker_settings
 
     config = load_config("config/gpu-local.yaml")  # schema defaults filled in, as the workflow has them
     device_cfg = config["devices"]["h100"]
     configs = manifest_frame(expand_zoo(config))
     configs = configs[configs["precision"] == "amp"].head(3).reset_index(drop=True)
-    settings = {**config["profiling"], "threads": int(device_cfg["threads"]), "num_classes": 100, "repeat_every": 1000,
+    settings = {**worker_settings(config["profiling"], device_cfg, config["zoo"]["num_classes"]), "repeat_every": 1000,
                 "interference": {**config["profiling"]["interference"], "retries": 1, "wait_s": 1.0},
                 "op_timing": {"steps": 0}}
     hog = subprocess.Popen([sys.executable, "-c", (

@@ -48,7 +48,7 @@ from perfzoo.config import load_config  # noqa: E402
 from perfzoo.dataset.build import aggregate_runs, noise_floor, status_counts  # noqa: E402
 from perfzoo.models.zoo import expand_zoo, manifest_frame  # noqa: E402
 from perfzoo.profiling.interference import drop_flagged_runs, probe_baseline, spread_ratio  # noqa: E402
-from perfzoo.profiling.runner import profile_shard_with_ops  # noqa: E402
+from perfzoo.profiling.runner import profile_shard_with_ops, worker_settings  # noqa: E402
 from perfzoo.profiling.worker import run_isolated  # noqa: E402
 from perfzoo.report.page import health_line  # noqa: E402
 
@@ -196,7 +196,7 @@ def main() -> None:
     threads = int(config["devices"][args.device]["threads"])
     manifest = manifest_frame(expand_zoo(config))
     picked = (manifest.head(args.configs) if args.configs else manifest.iloc[::2]).assign(shard="bench")
-    base = {**config["profiling"], "threads": threads, "num_classes": config["zoo"]["num_classes"]}
+    base = worker_settings(config["profiling"], config["devices"][args.device], config["zoo"]["num_classes"])
     without_spread = {**base["interference"], "spread_tolerance": None}
     policies = {"detection": base, "detection without spread": {**base, "interference": without_spread},
                 "no detection": {**base, "interference": UNJUDGED},

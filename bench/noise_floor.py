@@ -63,6 +63,7 @@ import psutil  # noqa: E402
 
 from perfzoo.config import load_config  # noqa: E402
 from perfzoo.profiling.interference import Policy, assess, probe_baseline, spread_ratio  # noqa: E402
+from perfzoo.profiling.runner import worker_settings  # noqa: E402
 from perfzoo.profiling.worker import run_isolated  # noqa: E402
 from perfzoo.stats import mape  # noqa: E402
 from perfzoo.models.zoo import expand_zoo, manifest_frame  # noqa: E402
@@ -255,7 +256,7 @@ def main() -> None:
     threads = int(config["devices"][args.device]["threads"])
     manifest = manifest_frame(expand_zoo(config))
     picked = manifest.head(args.configs) if args.configs else manifest.iloc[::4]
-    settings = {**config["profiling"], "threads": threads, "num_classes": config["zoo"]["num_classes"]}
+    settings = worker_settings(config["profiling"], config["devices"][args.device], config["zoo"]["num_classes"])
     if args.max_time_s is not None:
         settings["max_time_s"] = args.max_time_s
     started = time.perf_counter()

@@ -63,7 +63,7 @@ from perfzoo.prediction.spec import parse_input  # noqa: E402
 from perfzoo.profiling.core import restart_worker_server  # noqa: E402
 from perfzoo.profiling.interference import drop_flagged_runs  # noqa: E402
 from perfzoo.profiling.reference import memory_reference  # noqa: E402
-from perfzoo.profiling.runner import profile_shard_with_ops  # noqa: E402
+from perfzoo.profiling.runner import profile_shard_with_ops, worker_settings  # noqa: E402
 from perfzoo.regressors.baselines import flops_nearest  # noqa: E402
 
 DEFAULT_MODEL = "examples/sequence_model.py:build"
@@ -330,8 +330,7 @@ def main() -> None:
     predictions = pd.DataFrame([predicted(args.model, shape, c, results, config_path, args.device, dataset)
                                 for c in cases])
 
-    settings = {**config["profiling"], "threads": int(device_cfg["threads"]), "num_classes": num_classes,
-                "repeat_every": 0}
+    settings = {**worker_settings(config["profiling"], device_cfg, num_classes), "repeat_every": 0}
     configs = user_manifest(measured_ref, shape, cases, num_classes).assign(shard="user")
     hardware = read_json(results / "hardware" / f"{args.device}.json")
     print(f"measuring {len(configs)} configs x {args.repeats} rounds", file=sys.stderr)

@@ -31,8 +31,10 @@ def run_settings(results: Path, device: str = "cpu") -> dict:
     from perfzoo.config import load_config
 
     config = load_config(results.parent / "config.yaml")
-    return {**config["profiling"], "threads": int(config["devices"][device]["threads"]),
-            "num_classes": config["zoo"]["num_classes"], "time_ops": False}
+    from perfzoo.profiling.runner import worker_settings
+
+    return {**worker_settings(config["profiling"], config["devices"][device], config["zoo"]["num_classes"]),
+            "time_ops": False}
 
 
 def configs(results: Path, every: int) -> pd.DataFrame:

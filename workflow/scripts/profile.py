@@ -3,7 +3,7 @@ from pathlib import Path
 
 from perfzoo.finished import keep_finished
 from perfzoo.io import read_json, read_parquet, write_json
-from perfzoo.profiling.runner import profile_shard_with_ops
+from perfzoo.profiling.runner import profile_shard_with_ops, worker_settings
 from perfzoo.provenance import config_link, provenance, write_table
 from perfzoo.workflow import run_step
 from perfzoo.models.zoo import shard_configs
@@ -13,9 +13,7 @@ def main() -> None:
     device, shard = snakemake.params.name, snakemake.wildcards.shard
     configs = shard_configs(read_parquet(snakemake.input.manifest), shard)
     device_cfg = dict(snakemake.params.device)
-    # the device's configured threads, not the job's: --cores must not change what a device measures
-    settings = dict(snakemake.params.profiling, threads=int(device_cfg["threads"]),
-                    num_classes=snakemake.params.num_classes)
+    settings = worker_settings(dict(snakemake.params.profiling), device_cfg, snakemake.params.num_classes)
     journal = Path(snakemake.params.journal)
     result = profile_shard_with_ops(configs, device, device_cfg, settings, journal,
                                     hardware=read_json(snakemake.input.hardware))

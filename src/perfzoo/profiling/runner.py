@@ -87,6 +87,12 @@ def is_repeated(config_id: str, repeat_every: int) -> bool:
     return repeat_every > 0 and int(config_id, 16) % repeat_every == 0
 
 
+def worker_settings(profiling: dict[str, Any], device_cfg: dict[str, Any], num_classes: int) -> dict[str, Any]:
+    """What a worker measures with: the ``profiling:`` settings, the device's configured ``threads`` (never the
+    job's cores: ``--cores`` must not change what a device measures) and the zoo's ``num_classes``."""
+    return {**profiling, "threads": int(device_cfg["threads"]), "num_classes": int(num_classes)}
+
+
 def plan_tasks(configs: pd.DataFrame, repeat_every: int) -> list[Task]:
     """All first measurements, then the second (independent) measurements of the repeated subset."""
     rows = configs.to_dict("records")
