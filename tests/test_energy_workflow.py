@@ -16,7 +16,7 @@ import pytest
 import yaml
 from conftest import ROOT, tiny_config
 
-from perfzoo.dataset.build import aggregate_runs, build_dataset, energy_labels, noise_floor
+from perfzoo.dataset.build import ENERGY_LABELS, aggregate_runs, build_dataset, energy_labels, noise_floor
 from perfzoo.hardware import NO_ENERGY_SENSOR
 from perfzoo.io import write_json
 from perfzoo.profiling.runner import ENERGY_TRACE_COLUMNS, TRACE_COLUMNS, Task, sensors_frame, traces_frame
@@ -86,6 +86,27 @@ def test_runs_and_noise_floor_are_kept_apart_per_power_limit() -> None:
     assert len(runs) == 4 and set(runs["power_limit_w"]) == {150.0, 300.0}
     floor = noise_floor(runs).set_index("target")
     assert floor.loc["latency_ms", "pairs"] == 2  # (150 W, rep 0 vs 1) and (300 W, rep 0 vs 1), not 4
+
+
+def test_energy_labels_get_a_noise_floor_where_both_measurements_have_them() -> None:
+    traces = pd.concat([
+        run_rows("a", "gpu", [10.0, 10.0, 10.0], **window(100.0, 100.0, iters=50)),
+        run_rows("a", "gpu", [10.0, 10.0, 10.0], repeat=1, **window(110.0, 100.0, iters=50)),
+        run_rows("b", "gpu", [10.0, 10.0, 10.0], **window(100.0, 100.0, iters=50)),
+        run_rows("b", "gpu", [10.0, 10.0, 10.0], repeat=1,
+                 **window(math.nan, math.nan, message="energy counter at window end: GPU is lost")),
+        run_rows("c", "cpu", [5.0, 5.0, 5.0]), run_rows("c", "cpu", [5.0, 5.0, 5.0], repeat=1),
+    ], ignore_index=True)
+    labelled = energy_labels(aggregate_runs(traces), {"gpu": GPU_HW, "cpu": CPU_HW})
+    floor = noise_floor(labelled).set_index(["device", "target"])
+    # only config a has the label in both measurements: 110 J against 100 J over the same window
+    assert floor.loc[("gpu", "energy_j"), "pairs"] == 1
+    assert floor.loc[("gpu", "energy_j"), "noise_mape"] == pytest.approx(10.0)
+    assert floor.loc[("gpu", "mean_power_w"), "noise_mape"] == pytest.approx(10.0)
+    assert floor.loc[("gpu", "latency_ms"), "pairs"] == 2
+    # no sensor on the cpu: its latency has a noise floor, its energy none (not NaN, not 0)
+    cpu = floor.loc["cpu"]
+    assert "latency_ms" in cpu.index and not any(t in cpu.index for t in ENERGY_LABELS)
 
 
 def _features(manifest: pd.DataFrame) -> pd.DataFrame:

@@ -109,5 +109,6 @@ def test_the_noise_floor_of_the_h100_is_measured_and_reported(finished: Path) ->
     noise = pd.read_parquet(finished / "results" / "dataset" / "noise_floor.parquet").set_index("target")
     assert noise.loc["latency_ms", "pairs"] == 6 and noise.loc["latency_ms", "noise_mape"] > 0
     assert noise.loc["peak_mem_mb", "noise_mape"] == 0.0  # the CUDA allocator reserves the same blocks each time
+    assert noise.loc["mean_power_w", "pairs"] == 6 and noise.loc["mean_power_w", "noise_mape"] > 0  # energy too
     page = (finished / "results" / "report" / "index.html").read_text()
     assert "h100" in page and "noise floor" in page.lower()

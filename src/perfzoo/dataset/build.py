@@ -97,7 +97,10 @@ not a feature; the report compares it across a device's rows and with the hardwa
 
 
 def noise_floor(runs: pd.DataFrame) -> pd.DataFrame:
-    """MAPE of the second independent measurement against the first, per device and target."""
+    """MAPE of the second independent measurement against the first, per device and target.
+
+    Runs with energy labels (:func:`energy_labels`) add a row per energy label, over the pairs whose two
+    measurements both have it; a device without an energy sensor gets none (never a noise floor of nothing)."""
     ok = runs[runs["status"] == "ok"]
     on = ["device", "config_id", *(["power_limit_w"] if "power_limit_w" in ok.columns else [])]
     pairs = ok[ok["repeat"] == 0].merge(ok[ok["repeat"] == 1], on=on, suffixes=("", "_2"))
@@ -106,6 +109,11 @@ def noise_floor(runs: pd.DataFrame) -> pd.DataFrame:
         for target in TARGETS:
             rows.append({"device": device, "target": target, "pairs": len(g),
                          "noise_mape": mape(g[target].to_numpy(), g[f"{target}_2"].to_numpy())})
+        for target in (t for t in ENERGY_LABELS if t in g.columns):
+            both = g[[target, f"{target}_2"]].dropna()
+            if len(both):
+                rows.append({"device": device, "target": target, "pairs": len(both),
+                             "noise_mape": mape(both[target].to_numpy(), both[f"{target}_2"].to_numpy())})
     return pd.DataFrame(rows, columns=["device", "target", "pairs", "noise_mape"])
 
 
@@ -266,7 +274,8 @@ def build_dataset(
     data = add_roofline_features(data)
     data.insert(0, "row_id", _row_id(data, key) if len(data) else pd.Series(dtype=object))
     data = data.sort_values("row_id").reset_index(drop=True)
-    return data, noise_floor(clean), status_counts(runs, traces)
+    measured = clean[clean["status"] == "ok"]
+    return data, noise_floor(energy_labels(measured, hardware)), status_counts(runs, traces)
 
 
 def imported_only(external: list[pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
