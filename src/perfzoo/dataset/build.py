@@ -250,9 +250,8 @@ def build_dataset(
         raise InputError(f"traces for devices {unknown} have no hardware/<device>.json")
     check_one_memory_label(traces, hardware)
     key = dataset_key(runs) if len(runs) else list(KEY)
-    first = clean[(clean["repeat"] == 0) & (clean["status"] == "ok")]
-    first = first.drop(columns=["repeat", "message", "status"])
-    labels = energy_labels(first, hardware)
+    measured = energy_labels(clean[clean["status"] == "ok"], hardware)  # every measurement: the noise floor's too
+    labels = measured[measured["repeat"] == 0].drop(columns=["repeat", "message", "status"])
     hw = pd.DataFrame([{"device": d, **hardware_features(h)} for d, h in sorted(hardware.items())])
     info = manifest[["config_id", "family", "name", "variant", "label", "builder",
                      *(["precision"] if "precision" in manifest.columns else [])]]
@@ -274,8 +273,7 @@ def build_dataset(
     data = add_roofline_features(data)
     data.insert(0, "row_id", _row_id(data, key) if len(data) else pd.Series(dtype=object))
     data = data.sort_values("row_id").reset_index(drop=True)
-    measured = clean[clean["status"] == "ok"]
-    return data, noise_floor(energy_labels(measured, hardware)), status_counts(runs, traces)
+    return data, noise_floor(measured), status_counts(runs, traces)
 
 
 def imported_only(external: list[pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -316,9 +314,7 @@ def precision_peaks(data: pd.DataFrame, hardware: dict[str, dict[str, Any]]) -> 
     precision = data["precision"].fillna("fp32")
     features = [precision_hardware(hardware.get(device, {}), p) for device, p in zip(data["device"], precision)]
     data["hw_tensor_cores"] = [f["hw_tensor_cores"] for f in features]
-    for i, f in enumerate(features):
-        if "hw_peak_gflops" in f:
-            data.iat[i, data.columns.get_loc("hw_peak_gflops")] = f["hw_peak_gflops"]
+    data["hw_peak_gflops"] = [f.get("hw_peak_gflops", fp32) for f, fp32 in zip(features, data["hw_peak_gflops"])]
     return data
 
 

@@ -122,7 +122,8 @@ def device_row(
     row = {k: feats[k] for k in (*MODEL_FEATURES, *OP_FEATURES, OP_ERROR_COLUMN) if k in feats}
     row.update(batch=batch, is_training=float(mode == "training"), **hw_cols)
     at_precision = precision_hardware(hw, precision)
-    if not math.isfinite(at_precision.get("hw_peak_gflops", 0.0)):
+    peak = at_precision.get("hw_peak_gflops")  # absent at fp32: the device's fp32 rate above stands
+    if peak is not None and math.isnan(peak):
         return f"results/hardware/{device}.json has no measured {precision} GEMM rate (precision {precision})"
     row.update(at_precision)
     # the power limit in force: a hardware feature of datasets with a power-limit sweep

@@ -163,7 +163,7 @@ def _is_range(event: Any, prefix: str) -> bool:
 
 
 def _on_host(event: Any) -> bool:
-    return "CPU" in str(getattr(event, "device_type", "CPU"))
+    return "CPU" in str(event.device_type)
 
 
 def _kernel_ms(kernels: Any, prefix: str) -> float:
