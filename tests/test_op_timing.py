@@ -95,8 +95,8 @@ def test_end_to_end_labels_are_taken_before_the_operators_are_timed(monkeypatch)
     close_phase = measure.ResidentPeak.close_phase
     monkeypatch.setattr(measure, "time_cpu_iterations", watched_window)
     monkeypatch.setattr(measure.ResidentPeak, "close_phase", lambda self: events.append("peak") or close_phase(self))
-    op_timer = measure.time_operators
-    monkeypatch.setattr(measure, "time_operators", lambda *a: events.append("ops") or op_timer(*a))
+    op_timer = measure.step_op_times
+    monkeypatch.setattr(measure, "step_op_times", lambda *a: events.append("ops") or op_timer(*a))
     spec = {"builder": "python", "name": f"{FAULTY}:build_tiny", "builder_kwargs": "{}", "input_shape": "[4]",
             "dtype": "float32", "batch": 2, "mode": "training"}
     result = measure.measure_on_cpu(spec, SETTINGS)

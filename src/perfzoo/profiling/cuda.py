@@ -50,7 +50,7 @@ from perfzoo.profiling.core import (
     time_iterations,
     worker_context,
 )
-from perfzoo.profiling.op_timing import CudaKernelClock, time_operators
+from perfzoo.profiling.op_timing import CudaKernelClock, step_op_times
 
 MIB = 1024 * 1024
 DEFAULT_SAMPLE_HZ = 50.0
@@ -484,9 +484,8 @@ def measure_on_cuda(
     finally:
         if gpu is not None:
             gpu.close()
-    op_times = (time_operators(lambda phase: make_step(model, x, y, spec["mode"], optimizer, context, phase),
-                               settings, cuda.op_clock(device)).as_dict()
-                if settings.get("time_ops", True) else None)  # after every label: they never see the timer
+    # after every label has been read: they never see the timer
+    op_times = step_op_times(model, x, y, spec["mode"], optimizer, context, settings, cuda.op_clock(device))
     del step, model, x, y, optimizer
     gc.collect()
     cuda.empty_cache()  # cool-down, part 1: free the cache (the worker exits right after anyway)

@@ -21,7 +21,7 @@ from perfzoo.profiling.core import (
 )
 from perfzoo.profiling.cuda import measure_on_cuda
 from perfzoo.profiling.layers import measure_layers_on_cpu
-from perfzoo.profiling.op_timing import time_operators
+from perfzoo.profiling.op_timing import step_op_times
 
 
 def measure_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Measurement:
@@ -48,10 +48,8 @@ def measure_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Measuremen
     resident.close_phase()  # read before the per-op steps, which must not change the labels
     extra: dict[str, Any] = {"threads": torch.get_num_threads(), "peak_rss_total_mb": round(resident.total_mb, 3),
                              "rss_growth_mb": resident.growth_mb()}
-    if settings.get("time_ops", True):
-        extra["op_times"] = time_operators(
-            lambda phase: make_step(model, x, y, spec["mode"], optimizer, context, phase),
-            settings).as_dict()
+    if (op_times := step_op_times(model, x, y, spec["mode"], optimizer, context, settings)) is not None:
+        extra["op_times"] = op_times
     return Measurement(times, resident.label_mb, settings["warmup_iters"], reason, extra)
 
 

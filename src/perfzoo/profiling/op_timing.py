@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from perfzoo.io import one_line
+from perfzoo.profiling.core import make_step
 
 OP_TIMING_COLUMNS = ("step", "order", "op", "phase", "grouped", "time_ms")
 """The per-call lists a worker reports (one entry per aten operator call of a timed step)."""
@@ -312,3 +313,14 @@ def time_operators(make_phased_step: Callable[[Callable[[str], Any]], Callable[[
         setattr(times, name, [column[i] for i in kept])
     times.seconds = time.perf_counter() - started
     return times
+
+
+def step_op_times(model: Any, x: Any, y: Any, mode: str, optimizer: Any, forward_context: Any,
+                  settings: dict[str, Any], clock: Any | None = None) -> dict[str, Any] | None:
+    """Per-operator times of a config's step as a worker reports them (:meth:`OpTimes.as_dict`), with the model,
+    batch and optimizer the end-to-end iterations used; None where this measurement takes none (``time_ops``
+    false: the noise floor's repeats, the memory reference)."""
+    if not settings.get("time_ops", True):
+        return None
+    return time_operators(lambda phase: make_step(model, x, y, mode, optimizer, forward_context, phase),
+                          settings, clock).as_dict()
