@@ -98,11 +98,10 @@ def check_env(out: Path) -> dict[str, Any]:
         facts.update(nvml.device_identity(gpu))
         low, high = lib.power_limit_constraints_mw(h)
         facts.update(power_limit_w=lib.power_limit_mw(h) / 1e3, power_limit_range_w=[low / 1e3, high / 1e3])
-        pynvml = lib._nvml if hasattr(lib, "_nvml") else __import__("pynvml")
         try:
-            current, pending = pynvml.nvmlDeviceGetMigMode(h)
-            facts["mig_mode"] = {"current": int(current), "pending": int(pending)}
-        except Exception as exc:  # noqa: BLE001 - reported as it is
+            current, pending = lib.mig_mode(h)
+            facts["mig_mode"] = {"current": current, "pending": pending}
+        except nvml.NvmlError as exc:  # a GPU without MIG: reported as it is
             facts["mig_mode"] = f"unreadable: {exc}"
         facts["power_instant_w"] = lib.power_instant_mw(h) / 1e3
         facts["power_average_w"] = lib.power_average_mw(h) / 1e3
@@ -176,6 +175,15 @@ def _event_timed_ops(model: Any, x: Any, y: Any, spec: dict[str, Any], optimizer
     return total[0]
 
 
+def _kernels_by_name(prof: Any, steps: int) -> dict[str, float]:
+    """GPU time per kernel name (ms per step) of a profile: its device events (kernels, memcpy, memset)."""
+    out: dict[str, float] = {}
+    for event in prof.key_averages():
+        if "CUDA" in str(event.device_type):
+            out[event.key] = out.get(event.key, 0.0) + event.self_device_time_total / 1e3 / steps
+    return out
+
+
 def check_optimer(out: Path) -> dict[str, Any]:
     """Kernel time per step from the per-op timer against a plain torch.profiler run of the same steps."""
     from torch.profiler import ProfilerActivity, profile
@@ -195,12 +203,7 @@ def check_optimer(out: Path) -> dict[str, Any]:
             for _ in range(steps):
                 step()
             torch.cuda.synchronize()
-        kernel_total = 0.0  # every kernel, memcpy and memset on the GPU, per step
-        for event in prof.key_averages():
-            if "CUDA" in str(getattr(event, "device_type", "")):
-                device_us = getattr(event, "self_device_time_total", None)
-                kernel_total += (getattr(event, "self_cuda_time_total", 0.0) if device_us is None else device_us) / 1e3
-        kernel_total /= steps
+        kernel_total = sum(_kernels_by_name(prof, steps).values())  # every kernel, memcpy and memset, per step
         timer_total = sum(times.time_ms) / steps
         rows.append({
             "config": label(spec), "e2e_event_median_ms": e2e, "timer_step_ms": times.step_ms,
@@ -214,17 +217,6 @@ def check_optimer(out: Path) -> dict[str, Any]:
         del model, x, y, optimizer, step
         torch.cuda.empty_cache()
     return {"configs": rows}
-
-
-def _kernels_by_name(prof: Any, steps: int) -> dict[str, float]:
-    """GPU time per kernel name (ms per step) of a profile."""
-    out: dict[str, float] = {}
-    for event in prof.key_averages():
-        if "CUDA" in str(getattr(event, "device_type", "")):
-            device_us = getattr(event, "self_device_time_total", None)
-            device_us = getattr(event, "self_cuda_time_total", 0.0) if device_us is None else device_us
-            out[event.key] = out.get(event.key, 0.0) + device_us / 1e3 / steps
-    return out
 
 
 def check_kernels(out: Path) -> dict[str, Any]:

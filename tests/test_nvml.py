@@ -314,6 +314,17 @@ def test_boundary_decodes_instant_power_field_and_translates_errors() -> None:
         lib.total_energy_mj("h")
 
 
+def test_boundary_reads_the_mig_mode_and_names_a_gpu_without_mig() -> None:
+    import pynvml
+
+    def no_mig(handle):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    assert nvml.NvmlLibrary(_stub_pynvml(nvmlDeviceGetMigMode=lambda h: [1, 0])).mig_mode("h") == (1, 0)
+    with pytest.raises(NvmlNotSupported, match="nvmlDeviceGetMigMode"):
+        nvml.NvmlLibrary(_stub_pynvml(nvmlDeviceGetMigMode=no_mig)).mig_mode("h")
+
+
 def test_boundary_field_level_failure_is_not_supported() -> None:
     import pynvml
 

@@ -192,6 +192,11 @@ class NvmlLibrary:
         """Bitmask of the reasons the clocks are held down now (``nvmlClocksThrottleReason*``)."""
         return int(self._call("nvmlDeviceGetCurrentClocksThrottleReasons", handle))
 
+    def mig_mode(self, handle: Any) -> tuple[int, int]:
+        """(current, pending) MIG mode: 1 enabled, 0 disabled; NvmlNotSupported on a GPU without MIG."""
+        current, pending = self._call("nvmlDeviceGetMigMode", handle)
+        return int(current), int(pending)
+
 
 @dataclass
 class GpuHandle:
