@@ -18,6 +18,18 @@ def test_default_config_is_valid_and_big_enough() -> None:
     assert config["profiling"]["ci_target"] == 0.02  # default filled in from the schema
 
 
+def test_the_schemas_predict_precisions_are_those_predict_accepts(config) -> None:
+    from perfzoo.config import SCHEMA
+    from perfzoo.hardware.precision import PREDICTABLE
+
+    schema = yaml.safe_load(SCHEMA.read_text())
+    entry = schema["properties"]["predict"]["additionalProperties"]["properties"]["precision"]
+    assert tuple(entry["enum"]) == PREDICTABLE
+    config["predict"] = {"m": {"model": "torchvision:resnet18", "precision": "bf16"}}
+    with pytest.raises(InputError, match="precision"):
+        validate_config(config)
+
+
 def test_schema_violation_names_the_key(config) -> None:
     config["shards"]["size"] = 0
     with pytest.raises(InputError, match=r"size"):

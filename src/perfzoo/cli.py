@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from perfzoo import __version__
+from perfzoo.hardware.precision import PREDICTABLE
 from perfzoo.sensors.command import add_sensors_parser, sensors_command
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
@@ -74,7 +75,7 @@ def _add_predict_parser(sub: Any) -> None:
     p.add_argument(
         "--precision",
         default="fp32",
-        help="fp32, tf32 or amp (default fp32): the hardware features of rows profiled at that precision",
+        help=f"{', '.join(PREDICTABLE)} (default fp32): the hardware features of rows profiled at that precision",
     )
     p.add_argument("--devices", metavar="A,B", help="devices to predict (default: every configured device)")
     p.add_argument(

@@ -28,6 +28,8 @@ ALIASES: dict[str, str] = {
 #: torch dtype the model is built in when featurised (amp keeps float32 weights)
 BUILD_DTYPES: dict[str, str] = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16",
                                 "amp": "float32"}
+#: precisions a prediction can be made at: the model is featurised with float32 weights
+PREDICTABLE: tuple[str, ...] = tuple(p for p in PRECISIONS if BUILD_DTYPES[p] == "float32")
 #: spec-table column of the peak that matches each precision, and whether tensor cores run it
 PEAK_COLUMNS: dict[str, tuple[str, bool]] = {
     "fp32": ("peak_fp32_tflops", False), "tf32": ("peak_tf32_tflops", True),
@@ -53,6 +55,16 @@ def normalise_precision(value: str, where: str = "precision") -> str:
         raise InputError(f"{where}: unknown precision {value!r} (accepted: {', '.join(PRECISIONS)}; "
                          f"aliases: {', '.join(sorted(set(ALIASES) - set(PRECISIONS)))})")
     return ALIASES[key]
+
+
+def predictable_precision(value: str, where: str = "precision") -> str:
+    """The canonical name of a prediction's precision; InputError for an unknown one, or for one that builds the
+    model in another dtype (fp16, bf16), since predictions featurise float32 weights (:data:`PREDICTABLE`)."""
+    name = normalise_precision(value, where)
+    if name not in PREDICTABLE:
+        raise InputError(f"{where}: {name} builds the model in {BUILD_DTYPES[name]}, and predictions "
+                         f"featurise float32 weights only; use {', '.join(PREDICTABLE)}")
+    return name
 
 
 def check_supported(spec: dict[str, Any], precision: str, where: str = "") -> None:

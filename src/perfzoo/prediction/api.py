@@ -26,7 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from perfzoo.hardware.precision import BUILD_DTYPES, normalise_precision
+from perfzoo.hardware.precision import predictable_precision
 from perfzoo.io import InputError, read_json, read_parquet, suggest
 from perfzoo.prediction.server import start_server
 from perfzoo.prediction.advice import OBJECTIVES, PredictionContext, mig_advice, power_cap, recommend
@@ -80,16 +80,6 @@ class WorkflowInputs:
     hardware: dict[str, Any]  # device -> its hardware JSON
     packages: dict[str, Any]
     code_version: Any
-
-
-def check_precision(precision: Any) -> str:
-    """The canonical name of ``--precision``; InputError for an unknown one, or one whose weights are not
-    float32 (fp16, bf16): the model is featurised with float32 weights."""
-    name = normalise_precision(precision, "--precision")
-    if BUILD_DTYPES[name] != "float32":
-        raise InputError(f"--precision: {name} builds the model in {BUILD_DTYPES[name]}, and predictions "
-                         "featurise float32 weights only; use fp32, tf32 or amp")
-    return name
 
 
 def check_options(batch: Any, mode: str, objective: str, latency_target_ms: Any) -> tuple[int, float | None]:
@@ -343,11 +333,11 @@ def predict(
     ``results``/``config``: the workflow's results folder and config (path or dict).
     ``use_server``: featurise through the warm featuriser server of this environment, and start one
     when none runs (the CLI's choice; see :mod:`perfzoo.prediction.server`).
-    ``precision``: fp32, tf32 or amp (:func:`check_precision`); it sets the hardware features as the
-    dataset's rows of that precision have them.
+    ``precision``: one of :data:`~perfzoo.hardware.precision.PREDICTABLE` (fp32, tf32, amp); it sets the
+    hardware features as the dataset's rows of that precision have them.
     """
     batch, latency_target_ms = check_options(batch, mode, objective, latency_target_ms)
-    precision = check_precision(precision)
+    precision = predictable_precision(precision, "--precision")
     results = Path(results)
     require_outputs(results)
     spec = resolve_model(model_or_name, input_shape)
