@@ -148,8 +148,9 @@ def test_per_op_times_on_cuda_come_from_the_backends_clock_after_every_label() -
     assert ops["message"] == "" and len(ops["step_ms"]) == 2  # profiling.op_timing.steps defaults to 2
     assert {"forward", "backward", "optimizer"} <= set(ops["phase"]) and all(t >= 0 for t in ops["time_ms"])
     assert len(ops["time_ms"]) == len(ops["op"]) and "aten.addmm.default" in ops["op"]
-    # asked for after the timed iterations and the allocator's peaks, so no label saw the timer
-    assert backend.calls.index("op_clock") > backend.calls.index("synchronize")
+    # asked for after the timed iterations, the allocator's peaks and the energy window's last synchronisation,
+    # with only the cool-down after it: no label saw the timer
+    assert backend.calls[-2:] == ["op_clock", "empty_cache"] and backend.calls.count("synchronize") >= 2
     repeat = measure_on_cuda(tiny_spec(), cuda_settings(time_ops=False), backend=FakeCuda(), nvml_lib=FakeNvml())
     assert "op_times" not in repeat.extra  # the noise floor's repeats are not op-timed
 

@@ -316,9 +316,10 @@ def _kernel(name: str, us: float) -> Any:
 
 
 def _h100_like_profile(unlinked_us: float = 0.0) -> list[Any]:
-    """The shape of an H100 profile of two calls: each host range's GPU-side copy (same name, its span on the
-    device timeline) is listed among the range's kernels and as a device event, beside the real kernels that
-    hang from the aten operator below the range; the first call launched two kernels, the second none."""
+    """A profile of two calls shaped as the H100's: the ranges' GPU-side copies (same name, their span on the
+    device timeline) are device events beside the real kernels, as run 3 of bench/RESULTS.md listed them; here
+    a copy is also linked among its host range's kernels, which the attribution must not count either way. The
+    real kernels hang from the aten operator below the range; the first call launched two, the second none."""
     conv = _event("aten::cudnn_convolution", kernels=[_kernel("sm90_xmma_fprop", 30.0), _kernel("nhwcToNchw", 10.0)])
     first = _event("perfzoo_op_0", kernels=[_kernel("perfzoo_op_0", 55.0)], children=[conv])
     view = _event("perfzoo_op_1", children=[_event("aten::view")])
