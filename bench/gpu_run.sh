@@ -3,7 +3,7 @@
 # importable (missing wheels in .whl/ are installed into /tmp/site first). Writes everything under $OUT:
 #   env.txt          nvidia-smi, driver, the Python packages used
 #   snakemake.log    the workflow measuring config/gpu-local.yaml: zoo, hardware_h100, trace_h100, energy_h100
-#   checks/*.json    bench/gpu_checks.py: env, sampler overhead, event vs wall clock, per-op timer vs
+#   checks/*.json    bench/gpu_checks.py: env, sampler overhead, event vs wall clock, per-op kernel times vs
 #                    torch.profiler, a power-limit sweep, interference from a second process on the GPU
 #   results.tgz      results/, logs/, benchmarks/ and Snakemake's metadata, to finish the workflow elsewhere
 # Each stage has its own time limit, so one that hangs loses nothing measured by the others.
@@ -29,7 +29,7 @@ timeout "${WORKFLOW_TIMEOUT:-330}" python3 -m snakemake --configfile config/gpu-
 echo "workflow rc $?" | tee -a "$OUT/stages.txt"
 
 date -u +"%F %T checks start" | tee -a "$OUT/stages.txt"
-timeout "${CHECKS_TIMEOUT:-150}" python3 bench/gpu_checks.py "$OUT/checks" ${CHECKS:-env overhead optimer powerlimit} \
+timeout "${CHECKS_TIMEOUT:-150}" python3 bench/gpu_checks.py "$OUT/checks" ${CHECKS:-env overhead optimer kernels powerlimit} \
   >"$OUT/checks.log" 2>&1
 echo "checks rc $?" | tee -a "$OUT/stages.txt"
 if [ -f results/hardware/h100.json ]; then
