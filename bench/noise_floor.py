@@ -31,7 +31,13 @@ it); its profiling time is the wall time of its own measurements.
   first attempt it accepts, ``detection_spread`` goes on while the spread check still objects. Their
   re-measured and still-flagged windows are counted.
 
-``--protocols`` measures only the named ones (``probe_normalised`` comes with ``current``).
+* ``gemm_normalised``: ``current``'s measurements divided by the geometric mean of the probe's GEMM times
+  before and after the window over the baseline's (the GEMM part alone: the part that follows the machine's
+  compute speed; the copy part does not, ``bench/RESULTS.md``);
+* ``detection_spread_gemm``: ``detection_spread``'s kept attempt normalised the same way.
+
+``--protocols`` measures only the named ones (``probe_normalised`` and ``gemm_normalised`` come with
+``current``, ``detection_spread_gemm`` with ``detection_spread``).
 
 ``--traces`` measures nothing: for each finished run's ``results`` folder it reads the traces
 (``traces/<device>/<shard>.parquet``) and prints, per spread tolerance of ``--tolerances``, the windows
@@ -68,8 +74,10 @@ from perfzoo.profiling.worker import run_isolated  # noqa: E402
 from perfzoo.stats import mape  # noqa: E402
 from perfzoo.models.zoo import expand_zoo, manifest_frame  # noqa: E402
 
-PROTOCOLS = ("current", "probe_normalised", "interleaved", "pinned", "one_thread", "detection",
-             "detection_spread")
+PROTOCOLS = ("current", "probe_normalised", "gemm_normalised", "interleaved", "pinned", "one_thread", "detection",
+             "detection_spread", "detection_spread_gemm")
+DERIVED = {"probe_normalised": "current", "gemm_normalised": "current", "detection_spread_gemm": "detection_spread"}
+"""Protocols computed from another's measurements (no measurement of their own)."""
 
 
 def pin_workers(cpus: set[int] | None) -> None:
@@ -100,6 +108,14 @@ def speed_ratio(record: dict[str, Any], baseline: dict[str, Any]) -> float:
                                                        p["copy_ms"] / baseline["copy_ms"]))
 
 
+def gemm_ratio(record: dict[str, Any], baseline: dict[str, Any]) -> float:
+    """Geometric mean of the probe's GEMM times before and after the window over the baseline's (NaN without)."""
+    probes = record.get("probes") or []
+    if not probes or "gemm_ms" not in baseline:
+        return float("nan")
+    return math.exp(statistics.mean(math.log(p["gemm_ms"] / baseline["gemm_ms"]) for p in probes))
+
+
 def detection_rows(config: dict[str, Any], repeat: int, settings: dict[str, Any],
                    baseline: dict[str, Any]) -> list[dict[str, Any]]:
     """Rows of ``detection`` and ``detection_spread`` for one (config, repeat), from one chain of attempts."""
@@ -128,7 +144,11 @@ def detection_rows(config: dict[str, Any], repeat: int, settings: dict[str, Any]
                               "latency_ms": statistics.median(times) if times else float("nan"),
                               "wall_s": spent, "attempts": attempt + 1, "interference": reason,
                               "first_spread": first_spread}
-        if len(rows) == len(policies):
+                if name == "detection_spread":
+                    ratio = gemm_ratio(m["extra"].get("interference", {}) if m else {}, baseline)
+                    rows["detection_spread_gemm"] = {**rows[name], "protocol": "detection_spread_gemm",
+                                                     "latency_ms": rows[name]["latency_ms"] / ratio}
+        if len(rows) == len(policies) + 1:
             break
     return list(rows.values())
 
@@ -153,6 +173,8 @@ def run(configs: list[dict[str, Any]], settings: dict[str, Any], windows: int, t
                                  "latency_ms": latency, "wall_s": wall})
                     rows.append({"protocol": "probe_normalised", "config_id": cid, "repeat": repeat,
                                  "latency_ms": latency / speed_ratio(record, baseline), "wall_s": wall})
+                    rows.append({"protocol": "gemm_normalised", "config_id": cid, "repeat": repeat,
+                                 "latency_ms": latency / gemm_ratio(record, baseline), "wall_s": wall})
                 if window == 0 and "pinned" in protocols:
                     pin_workers(pinned)
                     try:
@@ -236,9 +258,10 @@ def main() -> None:
     parser.add_argument("--config", default=str(ROOT / "config.yaml"))
     parser.add_argument("--device", default="cpu", help="a cpu device of the config (its threads are used)")
     parser.add_argument("--configs", type=int, default=0, help="first N configs (0: every 4th of the zoo)")
+    parser.add_argument("--every", type=int, default=4, help="every N-th config of the zoo (without --configs)")
     parser.add_argument("--windows", type=int, default=3, help="windows per interleaved repeat")
     parser.add_argument("--max-time-s", type=float, default=None, help="override profiling.max_time_s")
-    parser.add_argument("--protocols", default=",".join(p for p in PROTOCOLS if p != "probe_normalised"),
+    parser.add_argument("--protocols", default=",".join(p for p in PROTOCOLS if p not in DERIVED),
                         help="comma-separated protocols to measure (default: all)")
     parser.add_argument("--out", help="CSV of every latency")
     parser.add_argument("--traces", nargs="+", type=Path, help="offline: finished runs' results folders")
@@ -255,7 +278,7 @@ def main() -> None:
     config = load_config(args.config)
     threads = int(config["devices"][args.device]["threads"])
     manifest = manifest_frame(expand_zoo(config))
-    picked = manifest.head(args.configs) if args.configs else manifest.iloc[::4]
+    picked = manifest.head(args.configs) if args.configs else manifest.iloc[::args.every]
     settings = worker_settings(config["profiling"], config["devices"][args.device], config["zoo"]["num_classes"])
     if args.max_time_s is not None:
         settings["max_time_s"] = args.max_time_s
