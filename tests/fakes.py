@@ -5,7 +5,7 @@ pynvml) and scripted behaviour: a constant power draw (instant and average readi
 unsupported), a total-energy counter that either integrates that draw over real time and updates every
 ``counter_period_s`` (as the driver's does) or stays at a fixed value, reads that fail on given read
 numbers or for good after some reads ("GPU is lost"), a settable power limit that may need privileges,
-and a scripted temperature series.
+a scripted temperature series and a MIG mode (or none, as on a GPU without MIG).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ class FakeNvml:
         uuids: dict[str, str] | None = None,
         utilization: tuple[float, float] = (90.0, 40.0),
         limit_log: str | None = None,
+        mig_mode: tuple[int, int] | None = (0, 0),
     ) -> None:
         self._name = name
         self.power_w, self.average_w, self.instant = power_w, average_w, instant
@@ -48,6 +49,7 @@ class FakeNvml:
         self.temperatures = list(temperatures or [55.0])
         self.uuids, self._utilization = uuids, utilization
         self.limit_mw = ORIGINAL_MW
+        self._mig_mode = mig_mode  # None: a GPU without MIG
         self.set_calls: list[int] = []
         self.t0 = time.perf_counter_ns()
 
@@ -132,6 +134,11 @@ class FakeNvml:
 
     def throttle_reasons(self, handle: str) -> int:
         return int(getattr(self, "throttle_bits", 0))
+
+    def mig_mode(self, handle: str) -> tuple[int, int]:
+        if self._mig_mode is None:
+            raise NvmlNotSupported("nvmlDeviceGetMigMode: Not Supported")
+        return self._mig_mode
 
     def temperature_c(self, handle: str) -> float:
         return self.temperatures.pop(0) if len(self.temperatures) > 1 else self.temperatures[0]

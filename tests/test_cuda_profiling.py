@@ -288,6 +288,7 @@ def test_describe_cuda_device_with_fakes(monkeypatch) -> None:
     assert all(v > 0 for v in hw["measured_gemm_tflops"].values())
     assert hw["measured_copy_gbs"] > 0 and hw["sm_count"] == 108 and hw["memory_gb"] == 40.0
     assert hw["spec"]["name"].startswith("A100") and hw["mig_profiles"][0]["name"] == "1g.5gb"
+    assert hw["mig_mode"] == "disabled"  # read from NVML, so MIG advice can say what using a profile takes
     assert hw["carbon_intensity_g_per_kwh"] == 300.0 and hw["energy_sensor"] == "nvml"
     feats = hardware_features(hw)
     assert feats == {"hw_peak_gflops": hw["measured_gemm_tflops"]["fp32"] * 1000,

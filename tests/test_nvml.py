@@ -47,6 +47,14 @@ def test_device_identity_reports_facts_and_missing_reasons() -> None:
     )
     assert ident["memory_total_mb"] == 40960.0
     assert ident["uuid"] is None and "Not Supported" in ident["missing"]["uuid"]
+    assert ident["mig_mode"] == "disabled"
+
+
+def test_device_identity_reads_the_mig_mode_or_says_why_not() -> None:
+    enabled = nvml.device_identity(_gpu(mig_mode=(1, 1))[0])
+    assert enabled["mig_mode"] == "enabled"
+    without = nvml.device_identity(_gpu(mig_mode=None)[0])
+    assert without["mig_mode"] is None and "nvmlDeviceGetMigMode" in without["missing"]["mig_mode"]
 
 
 def test_check_gpu_name_accepts_regex_and_substring_and_names_both_on_mismatch() -> None:

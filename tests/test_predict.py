@@ -309,10 +309,24 @@ def test_objectives_mig_and_power_cap(run_dir: Path) -> None:
     )
     mig = energy.record["devices"]["a100"]["mig"]
     assert mig["gpu"] == "A100-40GB" and mig["profile"] == "1g.5gb"  # a tiny MLP fits the smallest slice
+    assert mig["mig_mode"] is None and "not recorded in the hardware record" in mig["mig_state"]
+    assert "not recorded in the hardware record" in energy.to_text()
     assert energy.record["devices"]["cpu"]["mig"] is None
     cap = energy.record["devices"]["a100"]["power_cap"]
     assert cap["power_cap_w"] is None and "power-limit feature" in cap["reason"]
     assert energy.record["devices"]["cpu"]["power_cap"] is None
+
+
+def test_mig_state_says_whether_the_profiled_gpu_has_mig_on() -> None:
+    from perfzoo.prediction.advice import mig_state
+
+    assert mig_state({"mig_mode": "enabled"}) == {"mig_mode": "enabled",
+                                                  "mig_state": "MIG is enabled on the profiled GPU"}
+    off = mig_state({"mig_mode": "disabled"})
+    assert off["mig_mode"] == "disabled" and "nvidia-smi -i <index> -mig 1" in off["mig_state"]
+    unread = mig_state({"mig_mode": None, "identity": {"missing": {"mig_mode": "nvmlDeviceGetMigMode: Not Supported"}}})
+    assert unread == {"mig_mode": None, "mig_state": "MIG mode not read: nvmlDeviceGetMigMode: Not Supported"}
+    assert "not recorded" in mig_state(None)["mig_state"]
 
 
 def test_predictor_choice_and_fold_average(run_dir: Path) -> None:

@@ -85,9 +85,24 @@ def mig_advice(
         return {"profile": None, "reason": f"no MIG profile table for GPU {next(filter(None, names), '?')!r}"}
     mem, lat = q["peak_mem_mb"], q["latency_ms"]
     if not present(mem):
-        return {"gpu": gpu, "profile": None, "reason": f"no peak memory prediction: {mem.get('missing')}"}
+        return {"gpu": gpu, "profile": None, "reason": f"no peak memory prediction: {mem.get('missing')}",
+                **mig_state(hw)}
     target = latency_target_ms if present(lat) else None
-    return recommend_mig(gpu, mem["value"], lat["value"] if present(lat) else None, target)
+    return {**recommend_mig(gpu, mem["value"], lat["value"] if present(lat) else None, target), **mig_state(hw)}
+
+
+def mig_state(hw: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Whether the profiled GPU has MIG on (``mig_mode`` of its hardware record: enabled, disabled, or None with
+    ``mig_state`` saying why it is not known), so that advice to run in a MIG profile says what it takes."""
+    mode = (hw or {}).get("mig_mode")
+    if mode == "enabled":
+        return {"mig_mode": mode, "mig_state": "MIG is enabled on the profiled GPU"}
+    if mode == "disabled":
+        return {"mig_mode": mode, "mig_state": "MIG is disabled on the profiled GPU: enabling it "
+                                               "(nvidia-smi -i <index> -mig 1) needs an idle GPU and may need a reset"}
+    why = ((hw or {}).get("identity") or {}).get("missing", {}).get("mig_mode")
+    return {"mig_mode": None, "mig_state": f"MIG mode not read: {why}" if why else
+            "MIG mode not recorded in the hardware record (measured before perfzoo read it)"}
 
 
 def _power_limit_columns(predictors: Mapping[str, Predictor]) -> list[str]:

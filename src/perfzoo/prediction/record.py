@@ -84,6 +84,8 @@ def _device_lines(device: str, entry: Mapping[str, Any], labels: Mapping[str, st
     mig = entry.get("mig")
     if mig is not None:
         lines.append(f"  {'MIG profile':<27} {mig.get('profile') or 'none'!s:>11}  {mig.get('reason', '')}")
+        if mig.get("mig_state"):
+            lines.append(f"  {'':<27} {'':>11}  {mig['mig_state']}")
     cap = entry.get("power_cap")
     if cap is not None:
         lines.append(f"  {'power cap (W)':<27} {_fmt(cap.get('power_cap_w')):>11}  {cap.get('reason', '')}")

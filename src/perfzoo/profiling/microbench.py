@@ -203,6 +203,7 @@ def cuda_hardware(
         "spec_missing_reason": spec_reason,
         "mig_profiles": mig,
         "mig_missing_reason": mig_reason,
+        "mig_mode": identity.get("mig_mode"),
         "power_limit_min_w": identity.get("power_limit_min_w"),
         "power_limit_max_w": identity.get("power_limit_max_w"),
         "power_limit_w": identity.get("power_limit_w"),

@@ -254,8 +254,13 @@ def _cuda_version_string(encoded: int) -> str:
     return f"{encoded // 1000}.{(encoded % 1000) // 10}"
 
 
+MIG_MODES = {0: "disabled", 1: "enabled"}
+"""NVML's MIG mode values (``nvmlDeviceGetMigMode``) as the hardware record writes them."""
+
+
 def device_identity(gpu: GpuHandle) -> dict[str, Any]:
-    """Name, UUID, driver, CUDA driver version, memory and power-limit facts of ``gpu``.
+    """Name, UUID, driver, CUDA driver version, memory, power-limit facts and MIG mode (``mig_mode``:
+    enabled / disabled now; None with its reason on a GPU without MIG) of ``gpu``.
 
     A fact NVML cannot give is None, with its reason under ``missing``.
     """
@@ -269,6 +274,7 @@ def device_identity(gpu: GpuHandle) -> dict[str, Any]:
         "power_limit_min_w": lambda: lib.power_limit_constraints_mw(h)[0] / 1000.0,
         "power_limit_max_w": lambda: lib.power_limit_constraints_mw(h)[1] / 1000.0,
         "power_limit_w": lambda: lib.power_limit_mw(h) / 1000.0,
+        "mig_mode": lambda: MIG_MODES[lib.mig_mode(h)[0]],
     }
     identity: dict[str, Any] = {"index": gpu.index}
     missing: dict[str, str] = {}

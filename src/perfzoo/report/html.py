@@ -163,7 +163,7 @@ def prediction_records_table(paths: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-MIG_COLUMNS = ["prediction", "model", "device", "gpu", "profile", "reason"]
+MIG_COLUMNS = ["prediction", "model", "device", "gpu", "profile", "reason", "mig_mode", "mig_state"]
 
 
 def mig_recommendation_table(paths: list[str]) -> pd.DataFrame:
@@ -176,5 +176,6 @@ def mig_recommendation_table(paths: list[str]) -> pd.DataFrame:
             mig = entry.get("mig")
             if isinstance(mig, dict):
                 rows.append({"prediction": Path(path).stem, "model": model, "device": device, "gpu": mig.get("gpu"),
-                             "profile": mig.get("profile"), "reason": mig.get("reason")})
+                             "profile": mig.get("profile"), "reason": mig.get("reason"),
+                             "mig_mode": mig.get("mig_mode"), "mig_state": mig.get("mig_state")})
     return pd.DataFrame(rows, columns=MIG_COLUMNS)
