@@ -16,13 +16,16 @@ Each subcommand writes ``OUT/<name>.json`` (and prints it), measured with perfzo
   process keeps the GPU busy for part of it; which measurements were flagged and re-measured.
 
 Usage (on the GPU machine, perfzoo importable): ``python bench/gpu_checks.py OUT env overhead optimer
-powerlimit`` then, after the workflow, ``python bench/gpu_checks.py OUT interference results``.
+powerlimit`` then, after the workflow, ``python bench/gpu_checks.py OUT interference results``. The workflow
+config and its cuda device are ``PERFZOO_GPU_CONFIG`` and ``PERFZOO_GPU_DEVICE`` (default
+``config/gpu-local.yaml`` and ``h100``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -41,6 +44,10 @@ from perfzoo.profiling.op_timing import CudaKernelClock, time_operators
 from perfzoo.profiling.power_limits import PowerLimitSweep
 
 DEVICE = "cuda:0"
+GPU_CONFIG = os.environ.get("PERFZOO_GPU_CONFIG", "config/gpu-local.yaml")
+"""The workflow config whose cuda device the ``interference`` check profiles (``bench/gpu_run.sh`` sets it)."""
+GPU_DEVICE = os.environ.get("PERFZOO_GPU_DEVICE", "h100")
+"""That device's name in the config (its ``results/hardware/<name>.json`` gives the probe baseline)."""
 CONFIGS = [  # (builder, name, input shape, batch, mode, precision)
     ("torchvision", "resnet50", [3, 128, 128], 32, "inference", "amp"),
     ("torchvision", "resnet18", [3, 128, 128], 32, "training", "fp32"),
@@ -262,7 +269,7 @@ def check_powerlimit(out: Path) -> dict[str, Any]:
         result.update(original_w=original / 1e3, range_w=[low / 1e3, high / 1e3], limits_w=limits, windows=[])
         from perfzoo.profiling.cuda import TorchCuda
 
-        with PowerLimitSweep(gpu, limits, repetitions=1, seed=1, device="h100") as sweep:
+        with PowerLimitSweep(gpu, limits, repetitions=1, seed=1, device=GPU_DEVICE) as sweep:
             for _, limit_w in sweep:
                 read_back = gpu.lib.power_limit_mw(gpu.handle) / 1e3
                 iteration = statistics.median(event_ms(step) for _ in range(10))
@@ -285,8 +292,8 @@ def check_interference(out: Path, results: Path) -> dict[str, Any]:
     from perfzoo.models.zoo import expand_zoo, manifest_frame
     from perfzoo.profiling.runner import profile_shard_with_ops, worker_settings
 
-    config = load_config("config/gpu-local.yaml")  # schema defaults filled in, as the workflow has them
-    device_cfg = config["devices"]["h100"]
+    config = load_config(GPU_CONFIG)  # schema defaults filled in, as the workflow has them
+    device_cfg = config["devices"][GPU_DEVICE]
     configs = manifest_frame(expand_zoo(config))
     configs = configs[configs["precision"] == "amp"].head(3).reset_index(drop=True)
     settings = {**worker_settings(config["profiling"], device_cfg, config["zoo"]["num_classes"]), "repeat_every": 1000,
@@ -302,8 +309,8 @@ def check_interference(out: Path, results: Path) -> dict[str, Any]:
     journal = out / "interference.journal.jsonl"
     journal.unlink(missing_ok=True)
     try:
-        result = profile_shard_with_ops(configs, "h100", device_cfg, settings, journal, progress=False,
-                                        hardware=read_json(results / "hardware" / "h100.json"))
+        result = profile_shard_with_ops(configs, GPU_DEVICE, device_cfg, settings, journal, progress=False,
+                                        hardware=read_json(results / "hardware" / f"{GPU_DEVICE}.json"))
     finally:
         hog.kill()
         hog.wait()

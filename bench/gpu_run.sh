@@ -2,13 +2,15 @@
 # The real-GPU run: on a machine with an NVIDIA GPU, in the repository root, with perfzoo's dependencies
 # importable (missing wheels in .whl/ are installed into /tmp/site first). Writes everything under $OUT:
 #   env.txt          nvidia-smi, driver, the Python packages used
-#   snakemake.log    the workflow measuring config/gpu-local.yaml: zoo, hardware_h100, trace_h100, energy_h100
+#   snakemake.log    the workflow measuring $CONFIG's cuda device $DEVICE (default config/gpu-local.yaml and
+#                    h100): zoo, hardware_$DEVICE, trace_$DEVICE, energy_$DEVICE
 #   checks/*.json    bench/gpu_checks.py: env, sampler overhead, event vs wall clock, per-op kernel times vs
 #                    torch.profiler, a power-limit sweep, interference from a second process on the GPU
 #   results.tgz      results/, logs/, benchmarks/ and Snakemake's metadata, to finish the workflow elsewhere
 # Each stage has its own time limit, so one that hangs loses nothing measured by the others.
 set -u
 OUT=${OUT:-/tmp/perfzoo-gpu}
+export PERFZOO_GPU_CONFIG=${CONFIG:-config/gpu-local.yaml} PERFZOO_GPU_DEVICE=${DEVICE:-h100}
 mkdir -p "$OUT/checks"
 export PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -24,15 +26,15 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 } >"$OUT/env.txt" 2>&1
 
 date -u +"%F %T workflow start" | tee -a "$OUT/stages.txt"
-timeout "${WORKFLOW_TIMEOUT:-330}" python3 -m snakemake --configfile config/gpu-local.yaml --replace-workflow-config \
-  --cores all profile_h100 energy_h100 >"$OUT/snakemake.log" 2>&1
+timeout "${WORKFLOW_TIMEOUT:-330}" python3 -m snakemake --configfile "$PERFZOO_GPU_CONFIG" --replace-workflow-config \
+  --cores all "profile_$PERFZOO_GPU_DEVICE" "energy_$PERFZOO_GPU_DEVICE" >"$OUT/snakemake.log" 2>&1
 echo "workflow rc $?" | tee -a "$OUT/stages.txt"
 
 date -u +"%F %T checks start" | tee -a "$OUT/stages.txt"
 timeout "${CHECKS_TIMEOUT:-150}" python3 bench/gpu_checks.py "$OUT/checks" ${CHECKS:-env overhead optimer kernels powerlimit} \
   >"$OUT/checks.log" 2>&1
 echo "checks rc $?" | tee -a "$OUT/stages.txt"
-if [ -f results/hardware/h100.json ]; then
+if [ -f "results/hardware/$PERFZOO_GPU_DEVICE.json" ]; then
   timeout "${INTERFERENCE_TIMEOUT:-70}" python3 bench/gpu_checks.py "$OUT/checks" interference results \
     >>"$OUT/checks.log" 2>&1
   echo "interference rc $?" | tee -a "$OUT/stages.txt"
