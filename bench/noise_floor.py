@@ -34,7 +34,11 @@ it); its profiling time is the wall time of its own measurements.
 * ``gemm_normalised``: ``current``'s measurements divided by the geometric mean of the probe's GEMM times
   before and after the window over the baseline's (the GEMM part alone: the part that follows the machine's
   compute speed; the copy part does not, ``bench/RESULTS.md``);
-* ``detection_spread_gemm``: ``detection_spread``'s kept attempt normalised the same way.
+* ``detection_spread_gemm``: ``detection_spread``'s kept attempt normalised the same way;
+* ``window_1s``, ``window_2s``: as ``current`` with a window of fixed length (iterations until 1 s / 2 s have
+  passed, at least ``min_iters``; no CI or iteration-count stop), where ``current`` stops a window of a fast
+  config after 5-30 iterations (a median of ~0.35 s in a default run): a speed that changes over seconds is
+  averaged over more of its changes.
 
 ``--protocols`` measures only the named ones (``probe_normalised`` and ``gemm_normalised`` come with
 ``current``, ``detection_spread_gemm`` with ``detection_spread``).
@@ -42,7 +46,8 @@ it); its profiling time is the wall time of its own measurements.
 ``--traces`` measures nothing: for each finished run's ``results`` folder it reads the traces
 (``traces/<device>/<shard>.parquet``) and prints, per spread tolerance of ``--tolerances``, the windows
 (config, repeat) whose median iteration exceeds ``1 + tolerance`` times their fastest and the latency noise
-floor of the repeat pairs where neither window does.
+floor of the repeat pairs where neither window does; then, per run and device, the noise floor of the labels and
+of the labels divided by the probe's GEMM time (traces that keep ``probe_gemm_ms``).
 
 The table is printed as Markdown; ``--out`` also writes the per-config latencies as CSV.
 """
@@ -75,7 +80,9 @@ from perfzoo.stats import mape  # noqa: E402
 from perfzoo.models.zoo import expand_zoo, manifest_frame  # noqa: E402
 
 PROTOCOLS = ("current", "probe_normalised", "gemm_normalised", "interleaved", "pinned", "one_thread", "detection",
-             "detection_spread", "detection_spread_gemm")
+             "detection_spread", "detection_spread_gemm", "window_1s", "window_2s")
+WINDOWS_S = {"window_1s": 1.0, "window_2s": 2.0}
+"""Fixed-length windows: iterations for this long whatever the CI (at least ``min_iters``)."""
 DERIVED = {"probe_normalised": "current", "gemm_normalised": "current", "detection_spread_gemm": "detection_spread"}
 """Protocols computed from another's measurements (no measurement of their own)."""
 
@@ -175,6 +182,12 @@ def run(configs: list[dict[str, Any]], settings: dict[str, Any], windows: int, t
                                  "latency_ms": latency / speed_ratio(record, baseline), "wall_s": wall})
                     rows.append({"protocol": "gemm_normalised", "config_id": cid, "repeat": repeat,
                                  "latency_ms": latency / gemm_ratio(record, baseline), "wall_s": wall})
+                for name, length in WINDOWS_S.items():
+                    if window == 0 and name in protocols:
+                        fixed = {**settings, "max_time_s": length, "ci_target": -1.0, "max_iters": 10**6}
+                        latency, _, wall = measure(config, fixed)
+                        rows.append({"protocol": name, "config_id": cid, "repeat": repeat,
+                                     "latency_ms": latency, "wall_s": wall})
                 if window == 0 and "pinned" in protocols:
                     pin_workers(pinned)
                     try:
@@ -229,8 +242,29 @@ def trace_windows(results: Path) -> pd.DataFrame:
         raise SystemExit(f"{results}: no traces/<device>/<shard>.parquet")
     traces = pd.concat([pd.read_parquet(f).assign(device=f.parent.name) for f in files], ignore_index=True)
     ok = traces[traces["status"] == "ok"]
-    return ok.groupby(["device", "config_id", "repeat"])["time_ms"].agg(
+    windows = ok.groupby(["device", "config_id", "repeat"])["time_ms"].agg(
         latency_ms="median", iterations="size", spread=lambda t: spread_ratio(list(t))).reset_index()
+    if "probe_gemm_ms" in ok.columns:  # traces written before the probe's times were kept lack it
+        gemm = ok.groupby(["device", "config_id", "repeat"])["probe_gemm_ms"].first().to_numpy()
+        windows["latency_per_gemm"] = windows["latency_ms"] / gemm
+    return windows
+
+
+def gemm_table(runs: list[Path]) -> pd.DataFrame:
+    """Per run and device: the latency noise floor of the labels and of the labels over the probe's GEMM time
+    (``probe_gemm_ms`` of the traces; NaN for traces without it)."""
+    rows = []
+    for results in runs:
+        windows = trace_windows(results)
+        for device, w in windows.groupby("device"):
+            floors = {}
+            for column in ("latency_ms", "latency_per_gemm"):
+                pairs = (w.pivot(index="config_id", columns="repeat", values=column).dropna()
+                         if column in w else pd.DataFrame({0: [], 1: []}))
+                floors[column] = mape(pairs[0].to_numpy(), pairs[1].to_numpy()) if len(pairs) else math.nan
+            rows.append({"run": str(results), "device": device, "pairs": int((w["repeat"] == 1).sum()),
+                         "noise floor %": floors["latency_ms"], "over the GEMM probe %": floors["latency_per_gemm"]})
+    return pd.DataFrame(rows)
 
 
 def spread_table(runs: list[Path], tolerances: list[float]) -> pd.DataFrame:
@@ -271,6 +305,8 @@ def main() -> None:
     if args.traces:
         table = spread_table(args.traces, [float(t) for t in args.tolerances.split(",")])
         print(table.to_markdown(index=False, floatfmt=".1f"))
+        print()
+        print(gemm_table(args.traces).to_markdown(index=False, floatfmt=".2f"))
         return
     protocols = set(args.protocols.split(","))
     if unknown := protocols - set(PROTOCOLS):

@@ -121,6 +121,7 @@ def test_busy_core_during_a_real_run_is_flagged_or_remeasured(config, tmp_path, 
         assert rows.loc[config_id, "interference"] or rows.loc[config_id, "attempts"] > 1
     assert meta["interference"]["flagged"] + meta["interference"]["remeasured"] >= len(disturbed)
     assert rows["probe_ratio"].notna().all() and (rows["probe_message"] == "").all()
+    assert (rows["probe_gemm_ms"] > 0).all() and (rows["probe_copy_ms"] > 0).all()
     assert meta["measurement_setting"] == {"threads": threads}
     # the report's first screen says how many configs stayed flagged
     read = traces.assign(device="cpu", trace_file=str(journal))  # as perfzoo.dataset.build.read_traces gives them
@@ -217,6 +218,8 @@ def test_verdict_names_each_reason_and_never_invents_a_ratio() -> None:
     slow = assess(measurement([{"gemm_ms": 1.0, "copy_ms": 2.0}, {"gemm_ms": 1.0, "copy_ms": 5.0}], load=0.9,
                               steal=0.2), baseline, policy, ["other processes on the GPU: [7]"])
     assert slow.probe_ratio == pytest.approx(2.5)
+    # the probe's own times are kept raw: geometric means over its runs before and after the window
+    assert (slow.probe_gemm_ms, slow.probe_copy_ms) == (pytest.approx(1.0), pytest.approx(math.sqrt(10.0)))
     for part in ("GPU: [7]", "probe 2.50x", "0.90 of 2 CPUs", "steal time 20%"):
         assert part in slow.interference
     spare = measurement([{"gemm_ms": 1.0, "copy_ms": 2.0}], load=0.9)
@@ -226,6 +229,7 @@ def test_verdict_names_each_reason_and_never_invents_a_ratio() -> None:
     assert assess(spare, baseline, policy).interference == "other processes used 1.30 of 2 CPUs"
     failed = assess(measurement([], error="RuntimeError: boom"), baseline, policy)
     assert math.isnan(failed.probe_ratio) and "boom" in failed.probe_message
+    assert math.isnan(failed.probe_gemm_ms) and math.isnan(failed.probe_copy_ms)  # no probe, no time
     no_base = assess(measurement([{"gemm_ms": 1.0, "copy_ms": 2.0}]), {"missing": "probe failed: x"}, policy)
     assert math.isnan(no_base.probe_ratio) and "probe failed: x" in no_base.probe_message
     none = assess(None, baseline, policy)

@@ -49,7 +49,7 @@ PROBE_COPY_MB = 8
 PROBE_REPEATS = 5
 BASELINE_RUNS = 15
 INTERFERENCE_TRACE_COLUMNS = ["probe_ratio", "probe_message", "other_cpu_load", "steal_frac", "interference",
-                              "attempts", "memory_reference_mb"]
+                              "attempts", "memory_reference_mb", "probe_gemm_ms", "probe_copy_ms"]
 """Per-config interference columns written after the energy columns of every trace.
 
 ``probe_ratio``: probe time over the device's baseline (NaN, with ``probe_message`` saying why, when it
@@ -58,7 +58,10 @@ during the measurement; ``steal_frac``: hypervisor steal time as a fraction of t
 ``interference``: '' when clean, else the reasons; ``attempts``: measurements made of the config (more
 than one when a disturbed one was re-measured); ``memory_reference_mb``: the peak memory of the fixed
 reference step (:mod:`perfzoo.profiling.reference`) measured when the shard started measuring (NaN on CUDA
-or when it failed), so that labels measured in different states of the machine can be told apart."""
+or when it failed), so that labels measured in different states of the machine can be told apart;
+``probe_gemm_ms`` / ``probe_copy_ms``: the probe's two parts as measured (geometric mean of the runs before and
+after the window; NaN without a probe), kept raw so that a label can be set beside the machine's speed at its
+moment (``bench/noise_floor.py --traces``; traces written before them lack the two columns)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,8 @@ class Assessment:
     other_cpu_load: float
     steal_frac: float
     interference: str
+    probe_gemm_ms: float = math.nan
+    probe_copy_ms: float = math.nan
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -248,7 +253,16 @@ def assess(measurement: dict[str, Any] | None, baseline: dict[str, Any] | None, 
     share = float(info.get("own_cpu_share", math.nan))
     if policy.cpu_share_tolerance is not None and share < 1 - policy.cpu_share_tolerance:
         reasons.append(f"the worker ran {share:.2f} of a CPU")
-    return Assessment(ratio, missing, load, steal, "; ".join(reasons))
+    return Assessment(ratio, missing, load, steal, "; ".join(reasons), *probe_times_ms(info.get("probes") or []))
+
+
+def probe_times_ms(probes: Sequence[dict[str, float]]) -> tuple[float, float]:
+    """(GEMM, copy) times of a measurement's probes, each the geometric mean over the probe runs (NaN without)."""
+    def mean_of(part: str) -> float:
+        values = [float(p[part]) for p in probes if part in p and p[part] > 0]
+        return math.exp(statistics.fmean(math.log(v) for v in values)) if values else math.nan
+
+    return mean_of("gemm_ms"), mean_of("copy_ms")
 
 
 def flagged_runs(traces: pd.DataFrame) -> pd.DataFrame:

@@ -208,7 +208,8 @@ def traces_frame(tasks: list[Task], done: dict[str, dict[str, Any]]) -> pd.DataF
                       **{c: "float64" for c in RESIDENT_SET_TRACE_COLUMNS},
                       **{c: "float64" for c in _FLOAT_ENERGY_COLUMNS},
                       "probe_ratio": "float64", "other_cpu_load": "float64", "steal_frac": "float64",
-                      "attempts": "int64", "memory_reference_mb": "float64"})
+                      "attempts": "int64", "memory_reference_mb": "float64", "probe_gemm_ms": "float64",
+                      "probe_copy_ms": "float64"})
 
 
 def sensors_frame(tasks: list[Task], done: dict[str, dict[str, Any]]) -> pd.DataFrame:
