@@ -488,6 +488,18 @@ def test_empty_results_names_the_workflow_target(tmp_path: Path) -> None:
     assert "results/evaluate/metrics.parquet" in str(err.value) and "snakemake --cores all" in str(err.value)
 
 
+def test_the_printed_record_says_its_precision_or_that_an_older_record_has_none(run_dir: Path) -> None:
+    from perfzoo.prediction import predict
+    from perfzoo.prediction.record import Prediction
+
+    result = predict(_mlp(), batch=8, input_shape=64)
+    assert ", precision fp32, " in result.to_text().splitlines()[0]
+    older = copy.deepcopy(result.record)
+    del older["model"]["precision"]  # as records were written before predictions had a precision
+    head = Prediction(record=older, table=result.table).to_text().splitlines()[0]
+    assert "precision not recorded (older record)" in head and "fp32" not in head
+
+
 def test_bad_options(run_dir: Path) -> None:
     from perfzoo.io import InputError
     from perfzoo.prediction import parse_input, predict

@@ -56,11 +56,16 @@ def _fmt(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def _precision_text(model: Mapping[str, Any]) -> str:
+    """``precision amp``; a record written before predictions had a precision says so instead of guessing one."""
+    return f"precision {model['precision']}" if model.get("precision") else "precision not recorded (older record)"
+
+
 def _head_lines(r: Mapping[str, Any]) -> list[str]:
     m, f = r["model"], r["features"]
     head = (
         f"perfzoo predict {m['text']}: batch {m['batch']}, input {'x'.join(map(str, m['input_shape']))} "
-        f"({m['dtype']}), {m['mode']}, precision {m.get('precision', 'fp32')}, objective {r['objective']}"
+        f"({m['dtype']}), {m['mode']}, {_precision_text(m)}, objective {r['objective']}"
     )
     summary = (
         f"  features (meta device): {_fmt(_float(f.get('flops')))} FLOPs per step, "
