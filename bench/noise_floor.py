@@ -18,7 +18,8 @@ it); its profiling time is the wall time of its own measurements.
 * ``interleaved``: ``--windows`` shorter measurements (``max_time_s / windows`` each) per repeat, spread
   over the run in rounds, and the median of the per-window medians;
 * ``pinned``: as ``current`` with the worker pinned to the first ``threads`` CPUs (the forkserver's
-  affinity is set before the worker is forked, and restored after);
+  affinity is set before the worker is forked, and restored after); ``pinned_last``: to the last ``threads``
+  CPUs (away from CPU 0, where the kernel and this process more often run);
 * ``one_thread``: as ``current`` with one intra-op thread instead of the device's ``threads`` (a
   measurement that waits for the slowest of several threads feels any other process on any core);
   its latencies are those of another device setting, so only its noise floor and time compare;
@@ -80,7 +81,7 @@ from perfzoo.stats import mape  # noqa: E402
 from perfzoo.models.zoo import expand_zoo, manifest_frame  # noqa: E402
 
 PROTOCOLS = ("current", "probe_normalised", "gemm_normalised", "interleaved", "pinned", "one_thread", "detection",
-             "detection_spread", "detection_spread_gemm", "window_1s", "window_2s")
+             "detection_spread", "detection_spread_gemm", "window_1s", "window_2s", "pinned_last")
 WINDOWS_S = {"window_1s": 1.0, "window_2s": 2.0}
 """Fixed-length windows: iterations for this long whatever the CI (at least ``min_iters``)."""
 DERIVED = {"probe_normalised": "current", "gemm_normalised": "current", "detection_spread_gemm": "detection_spread"}
@@ -167,6 +168,7 @@ def run(configs: list[dict[str, Any]], settings: dict[str, Any], windows: int, t
     short = {**settings, "max_time_s": settings["max_time_s"] / windows}
     single = {**settings, "threads": 1}
     pinned = set(sorted(os.sched_getaffinity(0))[:threads])
+    pinned_last = set(sorted(os.sched_getaffinity(0))[-threads:])
     run_isolated("cpu", configs[0], settings)  # start the worker server before timing anything
     rows: list[dict[str, Any]] = []
     per_window: dict[tuple[str, int], list[float]] = {}
@@ -188,14 +190,15 @@ def run(configs: list[dict[str, Any]], settings: dict[str, Any], windows: int, t
                         latency, _, wall = measure(config, fixed)
                         rows.append({"protocol": name, "config_id": cid, "repeat": repeat,
                                      "latency_ms": latency, "wall_s": wall})
-                if window == 0 and "pinned" in protocols:
-                    pin_workers(pinned)
-                    try:
-                        latency, _, wall = measure(config, settings)
-                    finally:
-                        pin_workers(None)
-                    rows.append({"protocol": "pinned", "config_id": cid, "repeat": repeat,
-                                 "latency_ms": latency, "wall_s": wall})
+                for name, cpus in (("pinned", pinned), ("pinned_last", pinned_last)):
+                    if window == 0 and name in protocols:
+                        pin_workers(cpus)
+                        try:
+                            latency, _, wall = measure(config, settings)
+                        finally:
+                            pin_workers(None)
+                        rows.append({"protocol": name, "config_id": cid, "repeat": repeat,
+                                     "latency_ms": latency, "wall_s": wall})
                 if window == 0 and "one_thread" in protocols:
                     latency, _, wall = measure(config, single)
                     rows.append({"protocol": "one_thread", "config_id": cid, "repeat": repeat,
