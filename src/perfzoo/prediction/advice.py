@@ -100,7 +100,8 @@ def mig_state(hw: Mapping[str, Any] | None) -> dict[str, Any]:
     if mode == "disabled":
         return {"mig_mode": mode, "mig_state": "MIG is disabled on the profiled GPU: enabling it "
                                                "(nvidia-smi -i <index> -mig 1) needs an idle GPU and may need a reset"}
-    why = ((((hw or {}).get("identity") or {}).get("missing")) or {}).get("mig_mode")
+    identity = (hw or {}).get("identity") or {}
+    why = (identity.get("missing") or {}).get("mig_mode")
     return {"mig_mode": None, "mig_state": f"MIG mode not read: {why}" if why else
             "MIG mode not recorded in the hardware record (measured before perfzoo read it)"}
 
