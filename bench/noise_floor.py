@@ -74,7 +74,13 @@ import pandas as pd  # noqa: E402
 import psutil  # noqa: E402
 
 from perfzoo.config import load_config  # noqa: E402
-from perfzoo.profiling.interference import Policy, assess, probe_baseline, spread_ratio  # noqa: E402
+from perfzoo.profiling.interference import (  # noqa: E402
+    Policy,
+    assess,
+    probe_baseline,
+    probe_times_ms,
+    spread_ratio,
+)
 from perfzoo.profiling.runner import worker_settings  # noqa: E402
 from perfzoo.profiling.worker import run_isolated  # noqa: E402
 from perfzoo.stats import mape  # noqa: E402
@@ -117,11 +123,10 @@ def speed_ratio(record: dict[str, Any], baseline: dict[str, Any]) -> float:
 
 
 def gemm_ratio(record: dict[str, Any], baseline: dict[str, Any]) -> float:
-    """Geometric mean of the probe's GEMM times before and after the window over the baseline's (NaN without)."""
-    probes = record.get("probes") or []
-    if not probes or "gemm_ms" not in baseline:
+    """The probe's GEMM time (as the trace keeps it, :func:`probe_times_ms`) over the baseline's (NaN without)."""
+    if "gemm_ms" not in baseline:
         return float("nan")
-    return math.exp(statistics.mean(math.log(p["gemm_ms"] / baseline["gemm_ms"]) for p in probes))
+    return probe_times_ms(record.get("probes") or [])[0] / baseline["gemm_ms"]
 
 
 def detection_rows(config: dict[str, Any], repeat: int, settings: dict[str, Any],
@@ -245,12 +250,19 @@ def trace_windows(results: Path) -> pd.DataFrame:
         raise SystemExit(f"{results}: no traces/<device>/<shard>.parquet")
     traces = pd.concat([pd.read_parquet(f).assign(device=f.parent.name) for f in files], ignore_index=True)
     ok = traces[traces["status"] == "ok"]
-    windows = ok.groupby(["device", "config_id", "repeat"])["time_ms"].agg(
-        latency_ms="median", iterations="size", spread=lambda t: spread_ratio(list(t))).reset_index()
-    if "probe_gemm_ms" in ok.columns:  # traces written before the probe's times were kept lack it
-        gemm = ok.groupby(["device", "config_id", "repeat"])["probe_gemm_ms"].first().to_numpy()
-        windows["latency_per_gemm"] = windows["latency_ms"] / gemm
+    gemm = {"probe_gemm_ms": ("probe_gemm_ms", "first")} if "probe_gemm_ms" in ok.columns else {}  # older traces lack it
+    windows = ok.groupby(["device", "config_id", "repeat"]).agg(
+        latency_ms=("time_ms", "median"), iterations=("time_ms", "size"),
+        spread=("time_ms", lambda t: spread_ratio(list(t))), **gemm).reset_index()
+    if gemm:
+        windows["latency_per_gemm"] = windows["latency_ms"] / windows["probe_gemm_ms"]
     return windows
+
+
+def pair_floor(windows: pd.DataFrame, column: str) -> float:
+    """MAPE of the second measurement's ``column`` against the first's, over the configs that have both."""
+    pairs = windows.pivot(index="config_id", columns="repeat", values=column).dropna()
+    return mape(pairs[0].to_numpy(), pairs[1].to_numpy()) if {0, 1} <= set(pairs.columns) and len(pairs) else math.nan
 
 
 def gemm_table(runs: list[Path]) -> pd.DataFrame:
@@ -260,11 +272,8 @@ def gemm_table(runs: list[Path]) -> pd.DataFrame:
     for results in runs:
         windows = trace_windows(results)
         for device, w in windows.groupby("device"):
-            floors = {}
-            for column in ("latency_ms", "latency_per_gemm"):
-                pairs = (w.pivot(index="config_id", columns="repeat", values=column).dropna()
-                         if column in w else pd.DataFrame({0: [], 1: []}))
-                floors[column] = mape(pairs[0].to_numpy(), pairs[1].to_numpy()) if len(pairs) else math.nan
+            floors = {column: pair_floor(w, column) if column in w else math.nan
+                      for column in ("latency_ms", "latency_per_gemm")}
             rows.append({"run": str(results), "device": device, "pairs": int((w["repeat"] == 1).sum()),
                          "noise floor %": floors["latency_ms"], "over the GEMM probe %": floors["latency_per_gemm"]})
     return pd.DataFrame(rows)

@@ -112,6 +112,7 @@ def probes(config_path: Path, every: int) -> pd.DataFrame:
 
     from perfzoo.config import load_config
     from perfzoo.models.zoo import expand_zoo, manifest_frame
+    from perfzoo.profiling.interference import probe_times_ms
     from perfzoo.profiling.runner import worker_settings
     from perfzoo.profiling.worker import run_isolated
 
@@ -148,10 +149,10 @@ def probes(config_path: Path, every: int) -> pd.DataFrame:
             after = probe()
             if outcome.status != "ok":
                 continue
-            worker = [p["gemm_ms"] for p in outcome.measurement["extra"]["interference"]["probes"]]
+            worker_gemm, _ = probe_times_ms(outcome.measurement["extra"]["interference"]["probes"])
             rows.append({"config_id": row["config_id"], "repeat": repeat, "lat": median_latency(outcome),
                          **{k: float(np.sqrt(before[k] * after[k])) for k in before},
-                         "worker_gemm": float(np.exp(np.mean(np.log(worker))))})
+                         "worker_gemm": worker_gemm})
     return pd.DataFrame(rows)
 
 
