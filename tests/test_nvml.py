@@ -55,6 +55,8 @@ def test_device_identity_reads_the_mig_mode_or_says_why_not() -> None:
     assert enabled["mig_mode"] == "enabled"
     without = nvml.device_identity(_gpu(mig_mode=None)[0])
     assert without["mig_mode"] is None and "nvmlDeviceGetMigMode" in without["missing"]["mig_mode"]
+    odd = nvml.device_identity(_gpu(mig_mode=(7, 7))[0])  # a value NVML does not document: missing, named
+    assert odd["mig_mode"] is None and "undocumented mode 7" in odd["missing"]["mig_mode"]
 
 
 def test_check_gpu_name_accepts_regex_and_substring_and_names_both_on_mismatch() -> None:

@@ -258,6 +258,14 @@ MIG_MODES = {0: "disabled", 1: "enabled"}
 """NVML's MIG mode values (``nvmlDeviceGetMigMode``) as the hardware record writes them."""
 
 
+def _mig_mode_name(lib: Any, handle: Any) -> str:
+    """The GPU's current MIG mode by name; NvmlError for a value NVML does not document (a missing fact, named)."""
+    current = lib.mig_mode(handle)[0]
+    if current not in MIG_MODES:
+        raise NvmlError(f"nvmlDeviceGetMigMode: undocumented mode {current}")
+    return MIG_MODES[current]
+
+
 def device_identity(gpu: GpuHandle) -> dict[str, Any]:
     """Name, UUID, driver, CUDA driver version, memory, power-limit facts and MIG mode (``mig_mode``:
     enabled / disabled now; None with its reason on a GPU without MIG) of ``gpu``.
@@ -274,7 +282,7 @@ def device_identity(gpu: GpuHandle) -> dict[str, Any]:
         "power_limit_min_w": lambda: lib.power_limit_constraints_mw(h)[0] / 1000.0,
         "power_limit_max_w": lambda: lib.power_limit_constraints_mw(h)[1] / 1000.0,
         "power_limit_w": lambda: lib.power_limit_mw(h) / 1000.0,
-        "mig_mode": lambda: MIG_MODES[lib.mig_mode(h)[0]],
+        "mig_mode": lambda: _mig_mode_name(lib, h),
     }
     identity: dict[str, Any] = {"index": gpu.index}
     missing: dict[str, str] = {}
