@@ -72,6 +72,9 @@ GPUS = {
     "4090": Gpu("RTX 4090", 165.2, 1008, 128, 72, 2.52, 450),
     "5090": Gpu("RTX 5090", 209.5, 1792, 170, 96, 2.407, 575),
     "pro6000maxq": Gpu("RTX PRO 6000 Blackwell Max-Q", 438.9, 1792, 188, 128, 2.28, 300),
+    # NVIDIA H200 datasheet (SXM: 989.5 dense FP16 tensor TFLOP/s, 4.8 TB/s, 700 W; 1.98 GHz boost as the
+    # H100 SXM); 132 SMs and 60 MB L2 as torch reported them on the lent H200 (tests/fixtures/gpu-h200/).
+    "h200": Gpu("H200 SXM", 989.5, 4800, 132, 60, 1.98, 700),
 }
 
 WORKLOAD = ["flops", "activation_bytes", "weight_bytes"]
@@ -81,14 +84,20 @@ METHODS = {"device_transfer": {}, "roofline_only": {"reference_weight": 0.0},
            "blend_half": {"reference_weight": 0.5}, "reference_only": {"reference_weight": 1.0}}
 
 
-def load(directory: Path) -> pd.DataFrame:
-    """One row per (file, model, image size): per-sample features, device specs and latency."""
+def load(*directories: Path) -> pd.DataFrame:
+    """One row per (file, model, image size): per-sample features, device specs and latency, from the
+    ``*benchmark-infer-amp-*.csv`` files of every directory (a row with an ``error`` has no time: left out)."""
     frames = []
-    for path in sorted(directory.glob("*benchmark-infer-amp-*.csv")):
+    for path in sorted(p for directory in directories for p in directory.glob("*benchmark-infer-amp-*.csv")):
         parts = path.stem.split("-")
         torch_version, key = parts[4], parts[-1]
         gpu = GPUS[key]
         df = pd.read_csv(path)
+        if "error" in df:
+            failed = df[df["infer_step_time"].isna()]
+            for _, bad in failed.iterrows():
+                print(f"{path.name}: {bad['model']} not measured: {bad['error']}")
+            df = df.drop(failed.index)
         frames.append(pd.DataFrame({
             "model_id": df["model"] + "@" + df["infer_img_size"].astype(str),
             "gpu": gpu.name, "device": f"{gpu.name} ({torch_version})", "torch": torch_version,
@@ -225,9 +234,12 @@ class Setup:
 
     degree: int = 1
     interaction: tuple[str, ...] = ()
+    few_shot_max_rows: int | None = None  # the regressor's default when None
 
 
 def fit_method(train: pd.DataFrame, method: str, setup: Setup, **extra: object) -> DeviceTransferRegressor:
+    if setup.few_shot_max_rows is not None:
+        extra.setdefault("few_shot_max_rows", setup.few_shot_max_rows)
     reg = DeviceTransferRegressor(workload_features=WORKLOAD, group_col="gpu", interaction_degree=setup.degree,
                                   interaction_features=list(setup.interaction), **METHODS[method], **extra)
     return reg.fit(train, train["latency_ms"])
@@ -291,23 +303,27 @@ def software_floor(data: pd.DataFrame) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("directory", nargs="?", default="../shared/data/timm-benchmark", type=Path)
+    parser.add_argument("directory", nargs="*", default=[Path("../shared/data/timm-benchmark")], type=Path,
+                        help="folders of timm benchmark CSVs (e.g. also tests/fixtures/gpu-h200)")
+    parser.add_argument("--held-out", nargs="+", default=None, help="GPU names to hold out (default: every GPU)")
     parser.add_argument("--draws", type=int, default=5)
     parser.add_argument("--k", type=int, nargs="+", default=[0, 5, 20], help="configs of the held-out GPU in training")
     parser.add_argument("--degree", type=int, choices=(1, 2), default=1, help="interaction degree of device_transfer")
     parser.add_argument("--upper", action="store_true", help="also the upper bound with half of each file in training")
     parser.add_argument("--op-features", type=Path, default=None,
                         help="operator features from bench/timm_ops.py")
+    parser.add_argument("--few-shot-max-rows", type=int, default=None,
+                        help="a device with at most this many rows is a few-shot device (regressor default: 50)")
     parser.add_argument("--out", type=Path, default=Path("bench/device_transfer.csv"))
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    data, interaction = load(args.directory), []
+    data, interaction = load(*args.directory), []
     if args.op_features:
         data, interaction = with_operator_features(data, args.op_features)
-    setup = Setup(args.degree, tuple(interaction))
+    setup = Setup(args.degree, tuple(interaction), args.few_shot_max_rows)
     print(f"{len(data)} rows, {data['model_id'].nunique()} workloads, devices: {sorted(data['device'].unique())}")
     rows = []
-    for gpu in sorted(data["gpu"].unique()):
+    for gpu in sorted(args.held_out or data["gpu"].unique()):
         for k in args.k:
             rows += [evaluate_fold(data, gpu, k, seed, setup) for seed in range(args.draws if k else 1)]
     table = pd.DataFrame(rows)

@@ -75,3 +75,31 @@ def test_a_model_calling_a_kind_more_often_than_any_profiled_config_is_outside_t
     assert beyond.reasons == ["matmul operators: 257 calls per step, profiled at most 73"]  # its own mode only
     assert range_check({**inside, "flops": 8e9, "op_matmul_count": 257.0}, 4, "training", data).reasons == []
     assert range_check({**inside, "op_matmul_count": 1e4}, 4, "inference", data).out_of_range
+
+
+def test_a_device_faster_than_every_profiled_one_is_named_with_the_factor_it_lies_beyond() -> None:
+    """Real rows: timm's RTX 3090/4090 files as the profiled data, the H200 measured here as the new device."""
+    from perfzoo.dataset.external import ImportOptions, import_external
+    from perfzoo.prediction.bounds import hardware_beyond_profiled, range_warnings
+    from perfzoo.prediction.spec import ModelSpec
+
+    fixtures = Path(__file__).parent / "fixtures"
+    timm = ImportOptions(fmt="timm", featurise_models=False)
+    data = pd.concat([import_external(fixtures / "timm" / name, options=timm)[0] for name in
+                      ("benchmark-infer-amp-nchw-pt240-cu124-rtx3090.csv", "benchmark-infer-amp-nchw-pt291-cu128-4090.csv")])
+    h200 = import_external(fixtures / "gpu-h200" / "benchmark-infer-amp-nchw-pt211-cu130-h200.csv", options=timm)[0]
+    row = {**h200.iloc[0].to_dict(), "precision": "amp"}
+    peak, bandwidth = 989.5e3 / 165.2e3, 4800 / 1008
+    assert hardware_beyond_profiled(row, data) == [
+        f"its peak GFLOP/s 9.895e+05 is {peak:.2f}x the largest profiled (1.652e+05)",
+        f"its memory bandwidth GB/s 4800 is {bandwidth:.2f}x the largest profiled (1008)"]
+    assert hardware_beyond_profiled({**row, "hw_peak_gflops": 100e3, "hw_mem_bw_gbs": 1000.0}, data) == []
+    slow = hardware_beyond_profiled({**row, "hw_peak_gflops": 35.5e3}, data)[0]
+    assert slow == "its peak GFLOP/s 3.55e+04 is 2.00x below the smallest profiled (7.1e+04)"
+    spec = ModelSpec("timm:resnet50", "timm", "resnet50", (3, 224, 224))
+    feats = {"flops": float(data["flops"].median()) if data["flops"].notna().any() else None, "params": None}
+    devices = ["RTX 3090 pt240-cu124", "H200 SXM pt211-cu130"]
+    warnings = range_warnings(spec, "ResNet", feats, 256, "inference", data, devices, {devices[1]: row})
+    [device_warning] = [w for w in warnings if w.startswith("device ")]
+    assert device_warning.startswith("device H200 SXM pt211-cu130 has no profiled rows: its numbers extrapolate "
+                                     "from hardware features alone; its peak GFLOP/s 9.895e+05 is 5.99x")

@@ -369,3 +369,50 @@ def test_timm_model_whose_module_mentions_img_size_but_whose_class_takes_none_is
     assert tuple(out.shape) == (1, 10)
     with pytest.raises(TypeError, match="img_size"):  # a size the user passes explicitly is never dropped
         build_model("timm", "hieradet_small", {"img_size": 256}, 10, (3, 256, 256))
+
+
+# --------------------------------------------------------------------------- a GPU measured with timm's protocol
+
+H200 = Path(__file__).parent / "fixtures" / "gpu-h200" / "benchmark-infer-amp-nchw-pt211-cu130-h200.csv"
+
+
+def test_h200_file_measured_here_imports_and_its_unmeasured_model_is_named_with_the_reason_never_a_number() -> None:
+    data, prov = import_external(H200, options=ImportOptions(fmt="timm", featurise_models=False))
+    raw = pd.read_csv(H200)
+    measured = raw[raw["infer_step_time"].notna()]
+    assert len(data) == len(measured) == 39 and set(data["device"]) == {"H200 SXM pt211-cu130"}
+    assert set(data["gpu"]) == {"H200 SXM"} and data["latency_ms"].notna().all()
+    assert data["hw_peak_gflops"].iloc[0] == lookup_gpu("H200 SXM")["peak_fp16_tflops"] * 1000
+    row = data[data["name"] == "timm:resnet50"].iloc[0]
+    assert row["latency_ms"] == measured.set_index("model").loc["resnet50", "infer_step_time"]
+    assert "timm:efficientnet_cc_b1_8e" not in set(data["name"])
+    [missing] = prov["not_measured"]
+    assert missing["name"] == "timm:efficientnet_cc_b1_8e" and missing["device"] == "H200 SXM pt211-cu130"
+    assert "stopped at its time limit" in missing["reason"]
+    summary = import_summary(data, "out.parquet", prov["not_measured"])
+    assert summary[-2] == "1 model(s) not measured in the table (no time; left out):"
+    assert summary[-1].startswith("  not measured: timm:efficientnet_cc_b1_8e (240px, batch 1024): no time:")
+
+
+def test_timm_file_with_only_unmeasured_models_is_an_error_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "benchmark-infer-amp-nchw-pt211-cu130-h200.csv"
+    path.write_text("model,infer_img_size,infer_samples_per_sec,infer_step_time,infer_batch_size,error\n"
+                    "resnet50,224,,,1024,CUDA out of memory\n")
+    with pytest.raises(InputError, match=r"benchmark-infer-amp-nchw-pt211-cu130-h200.csv: no measured model "
+                                         r"\(1 row\(s\) with an error only\)"):
+        import_external(path, options=ImportOptions(fmt="timm", featurise_models=False))
+
+
+def test_unmeasured_imported_models_are_counted_in_the_status_table_and_the_report_notes() -> None:
+    from perfzoo.dataset.build import NOT_MEASURED_STATUS, with_imported_statuses
+    from perfzoo.report.html import report_notes
+
+    profiled = pd.DataFrame({"device": ["cpu"], "status": ["ok"], "configs": [12]})
+    assert with_imported_statuses(profiled, []) is profiled
+    _, prov = import_external(H200, options=ImportOptions(fmt="timm", featurise_models=False))
+    statuses = with_imported_statuses(profiled, prov["not_measured"])
+    assert statuses.to_dict("records") == [
+        {"device": "cpu", "status": "ok", "configs": 12},
+        {"device": "H200 SXM pt211-cu130", "status": NOT_MEASURED_STATUS, "configs": 1}]
+    assert report_notes(statuses, []) == ["1 config(s) on H200 SXM pt211-cu130 ended with status "
+                                          "not measured (imported table)"]

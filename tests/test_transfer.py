@@ -105,6 +105,24 @@ def test_intervals_cover_about_ninety_percent_of_an_unseen_device() -> None:
     assert 0.85 <= coverage <= 0.95
 
 
+def test_an_unseen_device_beyond_the_profiled_hardware_has_its_interval_widened_by_the_factor_outside() -> None:
+    data = roofline_panel(n_workloads=100, noise=0.05, seed=2)
+    train, test = held_out(data, "D")  # D: peak 400e3, beyond the others' 70e3-210e3; bandwidth inside
+    reg = DeviceTransferRegressor().fit(train, train["latency_ms"])
+    lo, hi = reg.predict_interval(test)
+    pred = reg.predict(test)
+    np.testing.assert_allclose(hi / pred, np.exp(reg.interval_halfwidth_) * 400 / 210)
+    np.testing.assert_allclose(pred / lo, np.exp(reg.interval_halfwidth_) * 400 / 210)
+    inside_train, inside = held_out(data, "B")  # B lies inside A, C, D's range: the calibrated width alone
+    inner = DeviceTransferRegressor().fit(inside_train, inside_train["latency_ms"])
+    lo, hi = inner.predict_interval(inside)
+    np.testing.assert_allclose(hi / inner.predict(inside), np.exp(inner.interval_halfwidth_))
+    shots = pd.concat([train, test.iloc[:5]])  # with its own rows the device is calibrated, not widened
+    few = DeviceTransferRegressor().fit(shots, shots["latency_ms"])
+    lo, hi = few.predict_interval(test.iloc[5:])
+    assert np.allclose(hi / few.predict(test.iloc[5:]), np.exp(few.interval_halfwidth_))
+
+
 def test_few_shot_rows_calibrate_a_device_offset_that_hardware_cannot_explain() -> None:
     data = roofline_panel(n_workloads=200)
     slow = data["device"] == "D"

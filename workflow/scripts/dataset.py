@@ -1,9 +1,9 @@
 """Rule dataset: labels from raw traces joined with model and hardware features (+ imported rows)."""
 import pandas as pd
 
-from perfzoo.dataset.build import build_dataset, imported_only
+from perfzoo.dataset.build import build_dataset, imported_only, with_imported_statuses
 from perfzoo.io import read_parquet
-from perfzoo.provenance import provenance, write_table
+from perfzoo.provenance import provenance, read_provenance, write_table
 from perfzoo.workflow import run_step
 
 
@@ -20,6 +20,8 @@ def main() -> None:
     if external:
         data = pd.concat([data, *external], ignore_index=True)
         data = data.sort_values("row_id").reset_index(drop=True)
+    statuses = with_imported_statuses(
+        statuses, [m for p in inputs.external for m in read_provenance(p).get("not_measured", [])])
     prov = provenance([*local, *inputs.external])
     write_table(snakemake.output.dataset, data, prov)
     write_table(snakemake.output.noise, noise, prov)

@@ -287,6 +287,19 @@ def imported_only(external: list[pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFr
     return data, noise, statuses
 
 
+NOT_MEASURED_STATUS = "not measured (imported table)"
+
+
+def with_imported_statuses(statuses: pd.DataFrame, not_measured: list[dict[str, Any]]) -> pd.DataFrame:
+    """``statuses`` plus one row per device of the models imported tables record as not measured (their
+    ``not_measured`` provenance), so the report counts them beside the profiled configs that failed."""
+    if not not_measured:
+        return statuses
+    counts = (pd.DataFrame(not_measured).groupby("device").size().rename("configs").reset_index()
+              .assign(status=NOT_MEASURED_STATUS))
+    return pd.concat([statuses, counts[["device", "status", "configs"]]], ignore_index=True)
+
+
 #: the measured GEMM of ``hardware/{device}.json`` that matches each precision (amp runs matmuls in fp16)
 GEMM_OF_PRECISION = {"fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "bf16": "bf16", "amp": "fp16"}
 

@@ -69,7 +69,7 @@ from perfzoo.hardware.specs import close_names, lookup_gpu
 from perfzoo.io import InputError, read_yaml
 from perfzoo.hardware.precision import check_supported, normalise_precision, peak_for
 from perfzoo.provenance import provenance, sha256_file, write_table
-from perfzoo.dataset.timm import describe_file, read_timm_rows
+from perfzoo.dataset.timm import NotMeasured, describe_file, read_timm_rows
 from perfzoo.models.builders import library_model_names
 from perfzoo.models.zoo import stable_id
 
@@ -427,10 +427,12 @@ def unfeaturisable_models(data: pd.DataFrame) -> pd.DataFrame:
             .agg(rows=("row_id", "size"), reason=("feature_missing_reason", "first")).reset_index())
 
 
-def _long_rows(path: Path, options: ImportOptions) -> list[tuple[int, int, dict[str, str]]]:
-    """Rows in perfzoo's long format, whatever the table's format."""
+def _long_rows(path: Path, options: ImportOptions
+               ) -> tuple[list[tuple[int, int, dict[str, str]]], list[NotMeasured]]:
+    """Rows in perfzoo's long format, whatever the table's format, and the models the table records as
+    not measured (a timm file's ``error`` rows)."""
     if options.fmt == "long":
-        return _read_rows(path)
+        return _read_rows(path), []
     if options.fmt != "timm":
         raise InputError(f"{path}: unknown table format {options.fmt!r} (accepted: long, timm)")
     described = describe_file(path)
@@ -440,8 +442,10 @@ def _long_rows(path: Path, options: ImportOptions) -> list[tuple[int, int, dict[
     if not device or not precision:
         raise InputError(f"{path}: the file name does not say the device and precision of this timm file; "
                          "give them (--device, --precision or device:/precision: in the config)")
-    return [(n, line, {**OPTIONAL_COLUMNS, **row}) for n, line, row in
-            read_timm_rows(path, device, precision, software)]
+    rows, not_measured = read_timm_rows(path, device, precision, software)
+    if not rows:
+        raise InputError(f"{path}: no measured model ({len(not_measured)} row(s) with an error only)")
+    return [(n, line, {**OPTIONAL_COLUMNS, **row}) for n, line, row in rows], not_measured
 
 
 def import_external(csv_path: str | Path, featurise_models: bool = True, progress: bool = False,
@@ -453,7 +457,7 @@ def import_external(csv_path: str | Path, featurise_models: bool = True, progres
     """
     options = options or ImportOptions(featurise_models=featurise_models, progress=progress)
     path = Path(csv_path)
-    rows = _long_rows(path, options)
+    rows, not_measured = _long_rows(path, options)
     specs = resolve_devices(rows, options.device_map, path)
     records = [{**_check_row(row, f"{path}: row {n} (line {line})", specs[row["device"]]), "data_row": n}
                for n, line, row in rows]
@@ -502,6 +506,8 @@ def import_external(csv_path: str | Path, featurise_models: bool = True, progres
                       "model_configs": int(data["model_id"].nunique())}
     if missing is not None:
         prov["unfeaturisable"] = missing.to_dict("records")
+    prov["not_measured"] = [{"name": f"timm:{m.model}", "device": str(data["device"].iloc[0]),
+                             "resolution": m.resolution, "batch": m.batch, "reason": m.reason} for m in not_measured]
     return data, prov
 
 
@@ -533,8 +539,9 @@ def build_parser(prog: str = "perfzoo-import") -> argparse.ArgumentParser:
     return parser
 
 
-def import_summary(data: pd.DataFrame, output: str) -> list[str]:
-    """Summary lines: rows and models counted separately, then every unfeaturisable model with why."""
+def import_summary(data: pd.DataFrame, output: str, not_measured: Sequence[dict[str, Any]] = ()) -> list[str]:
+    """Summary lines: rows and models counted separately, then every unfeaturisable model with why, then
+    every model the table records as not measured, with the table's reason."""
     ok = data["feature_missing_reason"].fillna("") == ""
     missing = unfeaturisable_models(data)
     lines = [f"{len(data)} rows ({int(ok.sum())} featurised, {int((~ok).sum())} without features, left out of "
@@ -543,6 +550,10 @@ def import_summary(data: pd.DataFrame, output: str) -> list[str]:
              f"{data['device'].nunique()} devices -> {output}"]
     lines += [f"  not featurised: {r.name} ({r.precision}, {r.resolution}px, {r.mode}; {r.rows} rows): {r.reason}"
               for r in missing.itertuples(index=False)]
+    if not_measured:
+        lines.append(f"{len(not_measured)} model(s) not measured in the table (no time; left out):")
+        lines += [f"  not measured: {m['name']} ({m['resolution']}px, batch {m['batch']}): {m['reason']}"
+                  for m in not_measured]
     return lines
 
 
@@ -560,7 +571,7 @@ def external_main(argv: Sequence[str] | None = None, prog: str = "perfzoo-import
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     write_table(args.output, data, prov)
-    for line in import_summary(data, args.output):
+    for line in import_summary(data, args.output, prov.get("not_measured", ())):
         print(f"{prog}: {line}", file=sys.stderr)
     return 0
 

@@ -8,7 +8,9 @@ timm's ``benchmark.py`` writes one row per model (columns documented in timm's `
   param_count``.
 
 Each row becomes long-format measurements for ``perfzoo.dataset.external`` (latency in ms per batch and
-throughput in samples/s, both as measured; timm's own parameter and MAC counts are not used). The model is
+throughput in samples/s, both as measured; timm's own parameter and MAC counts are not used). A model that
+timm's script could not measure has its reason in an ``error`` column and no times: it becomes no
+measurement, only a :class:`NotMeasured` record (named, with that reason), never a number. The model is
 named ``timm:<name>`` so the import builds it with timm (torchvision has different models of the same
 names), and its family is the timm module that defines it (``timm.models.resnet`` → ``resnet``,
 ``vision_transformer``), read from timm's model registry. The device, precision and software stack are
@@ -44,6 +46,16 @@ class TimmFile:
     software: str
 
 
+@dataclass(frozen=True)
+class NotMeasured:
+    """A row of a timm file without times: its ``error`` column says why."""
+
+    model: str
+    resolution: str
+    batch: str
+    reason: str
+
+
 def describe_file(path: str | Path) -> TimmFile | None:
     """Mode, precision, device token and ``pt<ver>-<backend>`` of a timm benchmark file name, or None."""
     match = FILE_NAME.search(Path(path).stem)
@@ -72,8 +84,9 @@ def _mode_of(header: list[str], path: Path) -> str:
 
 
 def read_timm_rows(path: str | Path, device: str, precision: str, software: str = ""
-                   ) -> list[tuple[int, int, dict[str, str]]]:
-    """(1-based data row, file line, long-format row) for the latency and throughput of every model."""
+                   ) -> tuple[list[tuple[int, int, dict[str, str]]], list[NotMeasured]]:
+    """(1-based data row, file line, long-format row) for the latency and throughput of every measured
+    model, and the models the file records as not measured (``error`` set, no step time)."""
     path = Path(path)
     try:
         with path.open(newline="", encoding="utf-8-sig") as handle:
@@ -84,9 +97,13 @@ def read_timm_rows(path: str | Path, device: str, precision: str, software: str 
         raise InputError(f"{path}: no data rows")
     mode = _mode_of(list(records[0]), path)
     prefix = "infer" if mode == "inference" else "train"
-    rows = []
+    rows, not_measured = [], []
     for n, record in enumerate(records, start=1):
         name = record["model"].strip()
+        reason = (record.get("error") or "").strip()
+        if reason and not (record[f"{prefix}_step_time"] or "").strip():
+            not_measured.append(NotMeasured(name, record[f"{prefix}_img_size"], record[f"{prefix}_batch_size"], reason))
+            continue
         common = {"model": f"timm:{name}", "device": device, "batch": record[f"{prefix}_batch_size"],
                   "mode": mode, "precision": precision, "n_gpus": "1", "family": timm_family(name),
                   "resolution": record[f"{prefix}_img_size"], "software": software}
@@ -94,4 +111,4 @@ def read_timm_rows(path: str | Path, device: str, precision: str, software: str 
                                 "unit": "ms"}))
         rows.append((n, n + 1, {**common, "metric": "throughput", "value": record[f"{prefix}_samples_per_sec"],
                                 "unit": "samples/s"}))
-    return rows
+    return rows, not_measured

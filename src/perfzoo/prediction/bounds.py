@@ -252,8 +252,11 @@ def range_warnings(
     mode: str,
     data: pd.DataFrame,
     devices: Sequence[str],
+    hardware: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[str]:
-    """Where the model lies outside the profiled data: mode, FLOPs, parameters, batch, family, devices."""
+    """Where the model lies outside the profiled data: mode, FLOPs, parameters, batch, family, devices (and
+    for a device without profiled rows, where its ``hardware`` features, device -> feature row, lie beyond
+    the profiled ones)."""
     warnings = []
     same_mode = data[data["mode"] == mode]
     if same_mode.empty:
@@ -291,7 +294,34 @@ def range_warnings(
     profiled = set(data["device"].astype(str))
     for d in devices:
         if d not in profiled:
+            beyond = hardware_beyond_profiled((hardware or {}).get(d, {}), data)
             warnings.append(
                 f"device {d} has no profiled rows: its numbers extrapolate from hardware features alone"
+                + "".join(f"; {text}" for text in beyond)
             )
     return warnings
+
+
+#: hardware features whose range over the profiled devices bounds a transfer to a new device
+HARDWARE_RANGE_COLUMNS = {"hw_peak_gflops": "peak GFLOP/s", "hw_mem_bw_gbs": "memory bandwidth GB/s"}
+
+
+def hardware_beyond_profiled(row: Mapping[str, Any], data: pd.DataFrame) -> list[str]:
+    """How far a device's peak FLOP/s and bandwidth (its feature ``row``) lie outside those of the profiled
+    rows of its precision (``row["precision"]``, when given), as a factor: a device faster than every
+    profiled one is predicted by extrapolation (an H200 was predicted 2.3x too fast from four workstation
+    GPUs, bench/RESULTS.md)."""
+    if "precision" in row and "precision" in data.columns and (data["precision"] == row["precision"]).any():
+        data = data[data["precision"] == row["precision"]]
+    texts = []
+    for col, name in HARDWARE_RANGE_COLUMNS.items():
+        v = _num(row.get(col))
+        ref = pd.to_numeric(data[col], errors="coerce").dropna() if col in data.columns else pd.Series(dtype=float)
+        if not len(ref) or not v > 0:
+            continue
+        lo, hi = float(ref.min()), float(ref.max())
+        if v > hi:
+            texts.append(f"its {name} {v:.4g} is {v / hi:.2f}x the largest profiled ({hi:.4g})")
+        elif v < lo:
+            texts.append(f"its {name} {v:.4g} is {lo / v:.2f}x below the smallest profiled ({lo:.4g})")
+    return texts

@@ -49,6 +49,13 @@ least ``min_scaled_shots`` shots, each residual is divided by its device's error
 leave-one-out error of the reference regression on its shots) and the new device's half-width is that
 quantile times its own scale (normalised conformal scores), so a device whose shots the other devices
 explain badly gets a wider interval.
+
+A device without rows (k = 0) whose hardware features (``device_features`` and the anchor) lie outside
+those of the fully profiled devices is predicted by extrapolation, which no held-out training device
+calibrates: its interval is widened at both ends by the factor it lies outside (the largest over the
+features), the rule :mod:`perfzoo.prediction.bounds` applies to a model outside the profiled range. (An
+H200 predicted from four workstation GPUs, 2.25x beyond their peak FLOP/s, came out 2.3x too fast with a
+1.39x half-width: bench/RESULTS.md.)
 """
 
 from __future__ import annotations
@@ -135,7 +142,7 @@ class DeviceTransferRegressor(Regressor):
         "feature_names_", "coef_", "z_mean_", "z_scale_", "h_mean_", "workload_ids_", "workload_effects_",
         "effect_coef_", "shot_devices_", "shot_coef_", "shot_refs_", "ref_devices_", "ref_residuals_",
         "interval_halfwidth_", "ref_log_times_", "reference_models_", "scaled_halfwidth_", "reference_weight_",
-        "x_mean_", "x_scale_",
+        "x_mean_", "x_scale_", "hw_log_range_",
     )
 
     def __init__(
@@ -201,6 +208,17 @@ class DeviceTransferRegressor(Regressor):
             return np.zeros(len(X))
         return self._logged(X, [self.anchor_feature])[:, 0]
 
+    def _hardware_logged(self, X: pd.DataFrame) -> np.ndarray:
+        """``log`` of the device features and the anchor: the hardware whose profiled range bounds a transfer."""
+        return self._logged(X, [*self.device_features, *([self.anchor_feature] if self.anchor_feature else [])])
+
+    def _beyond_hardware_range(self, X: pd.DataFrame) -> np.ndarray:
+        """Per row, how far (natural log, largest over the hardware features) its device lies outside the
+        fully profiled devices' range; 0 inside."""
+        h = self._hardware_logged(X)
+        lo, hi = self.hw_log_range_
+        return np.maximum(np.maximum(h - hi, lo - h), 0.0).max(axis=1, initial=0.0)
+
     def _parts(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Standardised workload features, centred device features (over the anchor) and row features."""
         Z = (self._logged(X, self.workload_features) - self.z_mean_) / self.z_scale_
@@ -239,6 +257,8 @@ class DeviceTransferRegressor(Regressor):
         self.z_mean_, self.z_scale_ = mean_and_scale(Zraw)
         self.x_mean_, self.x_scale_ = mean_and_scale(self._interaction_logged(Xf))
         self.h_mean_ = (self._logged(Xf, self.device_features) - self._anchor(Xf)[:, None]).mean(axis=0)
+        hardware = self._hardware_logged(Xf)
+        self.hw_log_range_ = np.vstack([hardware.min(axis=0), hardware.max(axis=0)])
         Z, H, R = self._parts(Xf)
         A = self._design(self._interaction_workload(Xf, Z), H, R)
         target = tf + self._anchor(Xf)
@@ -479,6 +499,8 @@ class DeviceTransferRegressor(Regressor):
             scale = X[self.device_col].astype(str).map(self._device_scales()).to_numpy(dtype=np.float64)
             known = np.isfinite(scale)
             q[known] = float(self.scaled_halfwidth_) * scale[known]
+        unseen = ~X[self.device_col].astype(str).isin(self.shot_devices_).to_numpy()
+        q[unseen] += self._beyond_hardware_range(X[unseen])
         return np.exp(z - q), np.exp(z + q)
 
     # -- persistence
