@@ -123,6 +123,24 @@ def test_an_unseen_device_beyond_the_profiled_hardware_has_its_interval_widened_
     assert np.allclose(hi / few.predict(test.iloc[5:]), np.exp(few.interval_halfwidth_))
 
 
+def test_each_device_is_calibrated_for_its_own_number_of_shots_whatever_else_is_partly_profiled() -> None:
+    data = roofline_panel(n_workloads=120, noise=0.1, seed=3)
+    full = data[data["device"].isin(["A", "B"])]
+    c_rows, d_rows = data[data["device"] == "C"], data[data["device"] == "D"]
+
+    def fitted(*parts: pd.DataFrame) -> DeviceTransferRegressor:
+        train = pd.concat([full, *parts])
+        return DeviceTransferRegressor().fit(train, train["latency_ms"])
+
+    mixed = fitted(c_rows.iloc[:5], d_rows.iloc[:20])  # two partly profiled devices: k = 5 and k = 20
+    assert [(c["shots"], c["devices"]) for c in mixed.calibrations_] == [(0, []), (5, ["C"]), (20, ["D"])]
+    for alone, rows in ((fitted(c_rows.iloc[:5]), c_rows.iloc[5:]), (fitted(d_rows.iloc[:20]), d_rows.iloc[20:])):
+        np.testing.assert_allclose(mixed.predict_interval(rows), alone.predict_interval(rows))
+    unseen = fitted(c_rows.iloc[:20])  # D not in training: the k = 0 calibration, as without any shots
+    np.testing.assert_allclose(unseen.predict_interval(d_rows), fitted().predict_interval(d_rows))
+    assert unseen.calibrations_[0]["halfwidth"] == fitted().interval_halfwidth_
+
+
 def test_few_shot_rows_calibrate_a_device_offset_that_hardware_cannot_explain() -> None:
     data = roofline_panel(n_workloads=200)
     slow = data["device"] == "D"

@@ -44,7 +44,9 @@ device is held out in turn (with the same number of its rows kept in training as
 training device has, to mimic a few-shot device), the model is refitted on the rest, and the
 ``ceil((n+1)·level)/n`` quantile of the absolute held-out log residuals is the half-width of the
 interval ``[ŷ·exp(-q), ŷ·exp(q)]``. The held-out device is predicted exactly as a new device with k
-shots would be (reference regression included), so the residuals mimic the test situation. With at
+shots would be (reference regression included), so the residuals mimic the test situation; this is done
+once per k a predicted device may have (each few-shot device's row count, and 0 for a device not in
+training), and each device gets the interval and blend weight of its own k. With at
 least ``min_scaled_shots`` shots, each residual is divided by its device's error scale (the
 leave-one-out error of the reference regression on its shots) and the new device's half-width is that
 quantile times its own scale (normalised conformal scores), so a device whose shots the other devices
@@ -142,7 +144,7 @@ class DeviceTransferRegressor(Regressor):
         "feature_names_", "coef_", "z_mean_", "z_scale_", "h_mean_", "workload_ids_", "workload_effects_",
         "effect_coef_", "shot_devices_", "shot_coef_", "shot_refs_", "ref_devices_", "ref_residuals_",
         "interval_halfwidth_", "ref_log_times_", "reference_models_", "scaled_halfwidth_", "reference_weight_",
-        "x_mean_", "x_scale_", "hw_log_range_",
+        "x_mean_", "x_scale_", "hw_log_range_", "calibrations_",
     )
 
     def __init__(
@@ -405,22 +407,50 @@ class DeviceTransferRegressor(Regressor):
         self.feature_names_ = [*self.workload_features, *self.interaction_features, *self.device_features,
                                *self.row_features]
         self.n_features_in_ = len(self.feature_names_)
-        self.interval_halfwidth_, self.scaled_halfwidth_, self.reference_weight_ = self._conformal(X, t)
+        self.calibrations_ = self._calibrations(X, t)
+        largest = self.calibrations_[-1]
+        self.interval_halfwidth_, self.scaled_halfwidth_, self.reference_weight_ = (
+            largest["halfwidth"], largest["scaled_halfwidth"], largest["weight"])
         self._fit_core(X, t)
         return self
+
+    def _calibrations(self, X: pd.DataFrame, t: np.ndarray) -> list[dict]:
+        """One conformal calibration (:meth:`_conformal`) per number of shots a predicted device may have:
+        each few-shot device's own row count, and 0 for a device not in training, in increasing order.
+        A device is predicted with the calibration of its own k, so one partly profiled device in the
+        data does not set the interval (and blend weight) of another with a different k."""
+        few = self._few_shot_mask(X)
+        counts = pd.Series(X[self.device_col].astype(str).to_numpy()[few]).value_counts()
+        by_shots: dict[int, list[str]] = {0: []}
+        for device, n in counts.items():
+            by_shots.setdefault(int(n), []).append(str(device))
+        out = []
+        for k in sorted(by_shots):
+            halfwidth, scaled, weight = self._conformal(X, t, k)
+            out.append({"shots": k, "devices": sorted(by_shots[k]), "halfwidth": halfwidth,
+                        "scaled_halfwidth": scaled, "weight": weight})
+        return out
+
+    def _row_calibrations(self, X: pd.DataFrame) -> list[dict]:
+        """The calibration of each row's device: its own k for a few-shot device, k = 0 for a device not in
+        training, the largest k for a fully profiled one (as a single calibration had it)."""
+        by_device = {d: c for c in self.calibrations_ for d in c["devices"]}
+        unseen, largest = self.calibrations_[0], self.calibrations_[-1]
+        trained = set(self.shot_devices_)
+        return [by_device.get(d) or (largest if d in trained else unseen) for d in X[self.device_col].astype(str)]
 
     def _candidate_weights(self) -> list[float]:
         return [float(self.reference_weight)] if self.reference_weight is not None else \
             [float(w) for w in self.reference_weights]
 
-    def _conformal(self, X: pd.DataFrame, t: np.ndarray) -> tuple[float, float, float]:
+    def _conformal(self, X: pd.DataFrame, t: np.ndarray, shots: int) -> tuple[float, float, float]:
         """Inner leave-one-group-out absolute log residuals -> conformal half-width (inf if < 2 groups),
         the half-width of the residuals divided by their device's error scale (NaN without shots), and
         the blend weight (of :meth:`_candidate_weights`) with the lowest mean absolute inner residual.
 
         Groups are the fully profiled devices (or their ``group_col`` value, e.g. the GPU model when one
-        GPU appears under two software versions). When the training data hold a few-shot device with k
-        rows, each inner held-out group keeps k random rows of each of its devices in training, and each
+        GPU appears under two software versions). For a device with k = ``shots`` rows, each inner held-out
+        group keeps k random rows of each of its devices in training, and each
         residual is also divided by the leave-one-out error of its device's reference model on those k
         rows (normalised conformal scores; Papadopoulos et al., "Normalized nonconformity measures for
         regression conformal prediction"), so that a device whose shots are fitted badly gets a wider
@@ -433,7 +463,6 @@ class DeviceTransferRegressor(Regressor):
         weights = self._candidate_weights()
         if len(names) < 2:
             return math.inf, math.nan, weights[len(weights) // 2]
-        shots = int(pd.Series(devices[few]).value_counts().max()) if few.any() else 0
         rng = np.random.default_rng(0)
         residuals, scales = [], []
         for name in names:
@@ -482,7 +511,12 @@ class DeviceTransferRegressor(Regressor):
 
     def _predict_log(self, X: pd.DataFrame) -> np.ndarray:
         roofline, reference = self._predict_components(X)
-        return _blends(roofline, reference, [float(self.reference_weight_)])[:, 0]
+        weights = np.array([c["weight"] for c in self._row_calibrations(X)], dtype=np.float64)
+        out = np.empty(len(X))
+        for weight in np.unique(weights):
+            rows = weights == weight
+            out[rows] = _blends(roofline[rows], reference[rows], [float(weight)])[:, 0]
+        return out
 
     def predict(self, X: pd.DataFrame) -> np.ndarray:
         self._check(X)
@@ -494,11 +528,12 @@ class DeviceTransferRegressor(Regressor):
             raise InputError("device_transfer: intervals need log_target=True")
         self._check(X)
         z = self._predict_log(X)
-        q = np.full(len(X), float(self.interval_halfwidth_))
-        if not math.isnan(self.scaled_halfwidth_):
-            scale = X[self.device_col].astype(str).map(self._device_scales()).to_numpy(dtype=np.float64)
-            known = np.isfinite(scale)
-            q[known] = float(self.scaled_halfwidth_) * scale[known]
+        calibrations = self._row_calibrations(X)
+        q = np.array([c["halfwidth"] for c in calibrations], dtype=np.float64)
+        scaled = np.array([c["scaled_halfwidth"] for c in calibrations], dtype=np.float64)
+        scale = X[self.device_col].astype(str).map(self._device_scales()).to_numpy(dtype=np.float64)
+        known = np.isfinite(scale) & ~np.isnan(scaled)
+        q[known] = scaled[known] * scale[known]
         unseen = ~X[self.device_col].astype(str).isin(self.shot_devices_).to_numpy()
         q[unseen] += self._beyond_hardware_range(X[unseen])
         return np.exp(z - q), np.exp(z + q)
