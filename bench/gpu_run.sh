@@ -7,6 +7,9 @@
 #   checks/*.json    bench/gpu_checks.py: env, sampler overhead, event vs wall clock, per-op kernel times vs
 #                    torch.profiler, a power-limit sweep, interference from a second process on the GPU
 #   results.tgz      results/, logs/, benchmarks/ and Snakemake's metadata, to finish the workflow elsewhere
+#   timm.csv         with TIMM_BUDGET_S=N (seconds; default 0: skipped), first: bench/timm_gpu.py measures the
+#                    models of bench/timm_gpu_models.csv from TIMM_FROM (default 1; the H200 fixture holds the first
+#                    40) in timm's protocol, into a timm benchmark CSV (bench/device_transfer.py reads it)
 # Each stage has its own time limit, so one that hangs loses nothing measured by the others.
 set -u
 OUT=${OUT:-/tmp/perfzoo-gpu}
@@ -24,6 +27,14 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
   python3 -m pip list 2>/dev/null | grep -i -E "^(torch|torchvision|timm|numpy|pandas|pyarrow|scikit-learn|scipy|nvidia-ml-py|snakemake|matplotlib|jsonschema|pyyaml|psutil) "
   nproc; free -g
 } >"$OUT/env.txt" 2>&1
+
+if [ "${TIMM_BUDGET_S:-0}" -gt 0 ]; then
+  date -u +"%F %T timm start" | tee -a "$OUT/stages.txt"
+  (head -1 bench/timm_gpu_models.csv; tail -n +"$((${TIMM_FROM:-1} + 1))" bench/timm_gpu_models.csv) >/tmp/timm_models.csv
+  timeout "$((TIMM_BUDGET_S + 90))" python3 bench/timm_gpu.py measure /tmp/timm_models.csv "$OUT/timm.csv" \
+    --budget-s "$TIMM_BUDGET_S" >"$OUT/timm.log" 2>&1
+  echo "timm rc $?" | tee -a "$OUT/stages.txt"
+fi
 
 date -u +"%F %T workflow start" | tee -a "$OUT/stages.txt"
 timeout "${WORKFLOW_TIMEOUT:-330}" python3 -m snakemake --configfile "$PERFZOO_GPU_CONFIG" --replace-workflow-config \
