@@ -31,8 +31,10 @@ keep the CSV features). The baselines do not use them.
 The target is latency per sample (``infer_step_time / infer_batch_size``): the batch a GPU ran differs
 between files, and per-sample MAPE equals per-step MAPE at the file's batch.
 
-Usage: ``PYTHONPATH=src python bench/device_transfer.py [DIR] [--draws 5] [--k 0 5 20] [--degree 1|2] [--upper]
-[--op-features FILE.parquet] [--out FILE.csv]``
+Usage: ``PYTHONPATH=src python bench/device_transfer.py [DIR ...] [--draws 5] [--k 0 5 20] [--degree 1|2] [--upper]
+[--op-features FILE.parquet] [--held-out GPU ...] [--few-shot-max-rows N] [--out FILE.csv]``. Several folders
+are read together: ``../shared/data/timm-benchmark tests/fixtures/gpu-h200`` adds the H200 measured with
+``bench/timm_gpu.py``; a row with an ``error`` and no time is named and left out.
 """
 
 from __future__ import annotations

@@ -39,14 +39,14 @@ the workload's rows), so ``B`` and ``c`` come from how times *differ between dev
 workload: the fixed-effects estimator of a two-way panel model.
 
 Intervals are split-conformal (Vovk, Gammerman and Shafer, "Algorithmic Learning in a Random World";
-Lei et al., "Distribution-Free Predictive Inference for Regression") on log residuals: each training
-device is held out in turn (with the same number of its rows kept in training as the smallest
-training device has, to mimic a few-shot device), the model is refitted on the rest, and the
-``ceil((n+1)·level)/n`` quantile of the absolute held-out log residuals is the half-width of the
-interval ``[ŷ·exp(-q), ŷ·exp(q)]``. The held-out device is predicted exactly as a new device with k
-shots would be (reference regression included), so the residuals mimic the test situation; this is done
-once per k a predicted device may have (each few-shot device's row count, and 0 for a device not in
-training), and each device gets the interval and blend weight of its own k. With at
+Lei et al., "Distribution-Free Predictive Inference for Regression") on log residuals: each fully
+profiled training device is held out in turn (with k of its rows kept in training, to mimic a device
+with k shots), the model is refitted on the rest, and the ``ceil((n+1)·level)/n`` quantile of the
+absolute held-out log residuals is the half-width of the interval ``[ŷ·exp(-q), ŷ·exp(q)]``. The
+held-out device is predicted exactly as a new device with k shots would be (reference regression
+included), so the residuals mimic the test situation; this is done once per k a predicted device may
+have (each few-shot device's row count, and 0 for a device not in training), and each device gets the
+interval and blend weight of its own k. With at
 least ``min_scaled_shots`` shots, each residual is divided by its device's error scale (the
 leave-one-out error of the reference regression on its shots) and the new device's half-width is that
 quantile times its own scale (normalised conformal scores), so a device whose shots the other devices
