@@ -22,11 +22,14 @@ TIMM = ROOT / "tests" / "fixtures" / "timm"
 FILES = {"rtx3090": "benchmark-infer-amp-nchw-pt240-cu124-rtx3090.csv",
          "rtx4090": "benchmark-infer-amp-nchw-pt291-cu128-4090.csv",
          "rtx5090": "benchmark-infer-amp-nchw-pt291-cu130-5090.csv"}
+# measured by perfzoo on an H200 with timm's protocol; one model has an error and no time (an absolute path)
+H200 = ROOT / "tests" / "fixtures" / "gpu-h200" / "benchmark-infer-amp-nchw-pt211-cu130-h200.csv"
 
 
 def config(timm_dir: Path) -> dict:
     external = {name: {"path": f, "format": "timm"} for name, f in FILES.items()}
     external["rtx4090"]["device_map"] = "gpus.yaml"  # a device-map file, relative to the working directory
+    external["h200"] = {"path": str(H200), "format": "timm"}
     return {"external_dir": str(timm_dir), "external": external,
             "splits": {"schemes": ["leave_one_device_out", "leave_one_family_out"]},
             "fit": {"targets": ["latency_ms"], "regressors": ["linear"], "ablation_regressors": ["xgboost"],
@@ -51,18 +54,26 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_import_only_config_runs_to_the_report(run: Path) -> None:
     data = pd.read_parquet(run / "results/dataset/dataset.parquet")
-    expected = sum(len(pd.read_csv(TIMM / f)) for f in FILES.values())
+    expected = sum(len(pd.read_csv(TIMM / f)) for f in FILES.values()) + 39  # the H200's measured models
     assert len(data) == expected and (data["trace_kind"] == "external").all()
-    assert sorted(data["device"].unique()) == ["RTX 3090 pt240-cu124", "RTX 4090 pt291-cu128",
-                                                "RTX 5090 pt291-cu130"]
+    assert sorted(data["device"].unique()) == ["H200 SXM pt211-cu130", "RTX 3090 pt240-cu124",
+                                                "RTX 4090 pt291-cu128", "RTX 5090 pt291-cu130"]
+    assert "timm:efficientnet_cc_b1_8e" not in set(data["name"])
     assert not (run / "results/zoo").exists() and not (run / "results/traces").exists()
     metrics = pd.read_parquet(run / "results/evaluate/metrics.parquet")
     assert set(metrics["split"]) == {"leave_one_device_out", "leave_one_family_out"}
-    lodo = metrics[metrics["split"] == "leave_one_device_out"].iloc[0]
+    by_device = metrics[metrics["split"] == "leave_one_device_out"].set_index("regressor")
+    lodo = by_device.loc["linear"]
     featurised = int((data["feature_missing_reason"] == "").sum())
-    assert lodo["n"] == featurised and lodo["folds"] == 3  # every featurised row held out once
+    assert lodo["n"] == featurised and lodo["folds"] == 4  # every featurised row held out once
+    # the H200's 39 models ran on no other GPU: "same workload on the nearest device" has no number for them
+    assert by_device.loc["baseline:device_peak", "n_missing"] == 39
     index = (run / "results/report/index.html").read_text()
     assert "2 row(s) of 1 model(s) that could not be featurised excluded" in index
+    assert "1 imported config(s) not measured in their table (no time, left out)" in index
+    assert "1 config(s) on H200 SXM pt211-cu130 ended with status not measured (imported table)" in index
+    assert "not measured: timm:efficientnet_cc_b1_8e (240px, batch 1024): no time:" in (
+        run / "logs/external/h200.log").read_text()
     assert (run / "results/report/figures/latency_vs_batch.png").stat().st_size > 0
     log = (run / "logs/external/rtx4090.log").read_text()
     assert "not featurised: timm:test_vit3" in log and "of 9 models (8 featurised, 1 not)" in log

@@ -210,6 +210,19 @@ def test_first_screen_counts_flagged_configs_and_warns_about_a_high_noise_floor(
     assert "interference flags not computed" in quiet and "warning:" not in quiet
 
 
+def test_first_screen_counts_imported_models_without_a_time_apart_from_the_profiled_configs() -> None:
+    from perfzoo.dataset.build import NOT_MEASURED_STATUS
+
+    statuses = pd.DataFrame({"device": ["cpu", "H200 SXM pt211-cu130"], "status": ["ok", NOT_MEASURED_STATUS],
+                             "configs": [20, 1], "flagged": [2, None]})
+    noise = pd.DataFrame({"device": ["cpu"], "target": ["latency_ms"], "pairs": [5], "noise_mape": [4.0]})
+    line = health_line(statuses, noise, [], 0)
+    assert line.startswith("0 of 20 profiled configs failed (oom, error or timeout); 1 imported config(s) not "
+                           "measured in their table (no time, left out); 2 flagged for interference (of 20 configs;")
+    imported_only = health_line(statuses.iloc[1:].drop(columns="flagged"), noise.iloc[:0], [], 0)
+    assert imported_only.startswith("0 of 0 profiled configs failed (oom, error or timeout); 1 imported config(s)")
+
+
 def test_first_screen_warns_when_the_memory_reference_moved_between_shards_or_since_the_hardware_rule() -> None:
     statuses = pd.DataFrame({"device": ["cpu"], "status": ["ok"], "configs": [3]})
     noise = pd.DataFrame({"device": ["cpu"], "target": ["latency_ms"], "pairs": [2], "noise_mape": [3.0]})

@@ -18,6 +18,7 @@ from typing import Any
 import jinja2
 import pandas as pd
 
+from perfzoo.dataset.build import NOT_MEASURED_STATUS
 from perfzoo.evaluate import COVERAGE_BAND, outside_coverage_band
 from perfzoo.plotting import quantity_label
 from perfzoo.report.registry import CATEGORY_ORDER, REPORT_OUTPUTS, ReportOutput
@@ -203,6 +204,9 @@ def health_line(statuses: pd.DataFrame, noise: pd.DataFrame, notes: list[str], n
                 data: pd.DataFrame | None = None) -> str:
     """Failed and interference-flagged configs, a warning for a noisy measurement, the memory reference of
     each device (a warning when it moved), notes and prediction warnings, in one sentence."""
+    imported = statuses["status"] == NOT_MEASURED_STATUS if "status" in statuses else pd.Series(dtype=bool)
+    not_measured = int(statuses.loc[imported, "configs"].sum()) if imported.any() else 0
+    statuses = statuses[~imported] if imported.any() else statuses
     total = int(statuses["configs"].sum()) if "configs" in statuses else 0
     failed = int(statuses.loc[statuses["status"] != "ok", "configs"].sum()) if total else 0
     if "flagged" in statuses:
@@ -210,7 +214,9 @@ def health_line(statuses: pd.DataFrame, noise: pd.DataFrame, notes: list[str], n
                      "while the machine was disturbed, left out of fitting)")
     else:
         flag_text = "interference flags " + NOT_COMPUTED
-    return (f"{failed} of {total} profiled configs failed (oom, error or timeout); {flag_text}; "
+    imported_text = (f"{not_measured} imported config(s) not measured in their table (no time, left out); "
+                     if not_measured else "")
+    return (f"{failed} of {total} profiled configs failed (oom, error or timeout); {imported_text}{flag_text}; "
             f"{noise_warning(noise)}{memory_reference_text(data)}{len(notes)} note(s) below; "
             f"{n_warnings} prediction warning(s).")
 
