@@ -13,7 +13,8 @@ Two steps:
   with random weights on the GPU, ``eval()``, ``torch.no_grad()``, fp16 autocast, a ``randn`` float32 batch
   at the listed image size and batch; ``--warmup`` steps, then ``--steps`` steps each timed as timm times
   them (``perf_counter`` before the call, ``synchronize`` and ``perf_counter`` after). ``infer_step_time``
-  is their mean (timm's definition), ``infer_step_time_median`` their median. A model that fails (unknown
+  is their mean (timm's definition), ``infer_step_time_median`` their median; ``build_s``, ``first_step_s``
+  (the first warm-up step, with cuDNN's autotuning) and ``total_s`` say where the model's time went. A model that fails (unknown
   to this timm, out of memory, an error in its forward, longer than ``--model-limit-s``) gets a row with its
   error and no times. Each row is appended and flushed as it is measured, so a run stopped by a time limit
   keeps what it measured. (The limit came after the H200 run of ``tests/fixtures/gpu-h200``, where one model
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import platform
 import signal
 import statistics
@@ -42,7 +44,8 @@ import traceback
 from pathlib import Path
 
 COLUMNS = ["model", "infer_img_size", "infer_samples_per_sec", "infer_step_time", "infer_batch_size", "param_count",
-           "infer_step_time_median", "infer_step_time_min", "infer_step_time_max", "steps", "build_s", "error"]
+           "infer_step_time_median", "infer_step_time_min", "infer_step_time_max", "steps", "build_s", "first_step_s",
+           "total_s", "error"]
 
 
 def select(source: Path, out: Path, max_step_ms: float, seed: int) -> None:
@@ -96,20 +99,23 @@ def time_model(name: str, img_size: int, batch: int, device: str, warmup: int, s
     x = torch.randn((batch, 3, img_size, img_size), device=device)
     build_s = time.perf_counter() - t0
     dtype = torch.float16 if device.startswith("cuda") else torch.bfloat16
-    times = []
+    times, first_s = [], math.nan
     with torch.no_grad():
         for i in range(warmup + steps):
             start = time.perf_counter()
             with torch.autocast(device.split(":")[0], dtype=dtype):
                 model(x)
             sync()
+            if i == 0:
+                first_s = time.perf_counter() - start  # with cuDNN's autotuning of every new shape
             if i >= warmup:
                 times.append(1e3 * (time.perf_counter() - start))
     mean = statistics.fmean(times)
     return {"model": name, "infer_img_size": img_size, "infer_samples_per_sec": round(1e3 * batch / mean, 2),
             "infer_step_time": round(mean, 3), "infer_batch_size": batch, "param_count": round(params / 1e6, 2),
             "infer_step_time_median": round(statistics.median(times), 3), "infer_step_time_min": round(min(times), 3),
-            "infer_step_time_max": round(max(times), 3), "steps": steps, "build_s": round(build_s, 2), "error": ""}
+            "infer_step_time_max": round(max(times), 3), "steps": steps, "build_s": round(build_s, 2),
+            "first_step_s": round(first_s, 2), "total_s": round(time.perf_counter() - t0, 2), "error": ""}
 
 
 class ModelTimeLimit(Exception):
