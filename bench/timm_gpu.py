@@ -118,8 +118,9 @@ def time_model(name: str, img_size: int, batch: int, device: str, warmup: int, s
             "first_step_s": round(first_s, 2), "total_s": round(time.perf_counter() - t0, 2), "error": ""}
 
 
-class ModelTimeLimit(Exception):
-    """Raised by the alarm when one model has taken longer than its limit."""
+class ModelTimeLimit(BaseException):
+    """Raised by the alarm when one model has taken longer than its limit (a BaseException, so that no
+    ``except Exception`` on the way, e.g. :func:`build`'s retry on the CPU, swallows it)."""
 
 
 def _alarm(signum: int, frame: object) -> None:
