@@ -143,8 +143,7 @@ class DeviceTransferRegressor(Regressor):
     _required_state: ClassVar[tuple[str, ...]] = (
         "feature_names_", "coef_", "z_mean_", "z_scale_", "h_mean_", "workload_ids_", "workload_effects_",
         "effect_coef_", "shot_devices_", "shot_coef_", "shot_refs_", "ref_devices_", "ref_residuals_",
-        "interval_halfwidth_", "ref_log_times_", "reference_models_", "scaled_halfwidth_", "reference_weight_",
-        "x_mean_", "x_scale_", "hw_log_range_", "calibrations_",
+        "ref_log_times_", "reference_models_", "x_mean_", "x_scale_", "hw_log_range_", "calibrations_",
     )
 
     def __init__(
@@ -408,11 +407,22 @@ class DeviceTransferRegressor(Regressor):
                                *self.row_features]
         self.n_features_in_ = len(self.feature_names_)
         self.calibrations_ = self._calibrations(X, t)
-        largest = self.calibrations_[-1]
-        self.interval_halfwidth_, self.scaled_halfwidth_, self.reference_weight_ = (
-            largest["halfwidth"], largest["scaled_halfwidth"], largest["weight"])
         self._fit_core(X, t)
         return self
+
+    # the calibration of the largest number of shots (0 without a few-shot device): what a fully profiled
+    # device is predicted with, and what a single calibration was before there was one per k
+    @property
+    def interval_halfwidth_(self) -> float:
+        return float(self.calibrations_[-1]["halfwidth"])
+
+    @property
+    def scaled_halfwidth_(self) -> float:
+        return float(self.calibrations_[-1]["scaled_halfwidth"])
+
+    @property
+    def reference_weight_(self) -> float:
+        return float(self.calibrations_[-1]["weight"])
 
     def _calibrations(self, X: pd.DataFrame, t: np.ndarray) -> list[dict]:
         """One conformal calibration (:meth:`_conformal`) per number of shots a predicted device may have:
