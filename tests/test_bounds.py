@@ -80,6 +80,7 @@ def test_a_model_calling_a_kind_more_often_than_any_profiled_config_is_outside_t
 def test_a_device_faster_than_every_profiled_one_is_named_with_the_factor_it_lies_beyond() -> None:
     """Real rows: timm's RTX 3090/4090 files as the profiled data, the H200 measured here as the new device."""
     from perfzoo.dataset.external import ImportOptions, import_external
+    from perfzoo.hardware.specs import lookup_gpu
     from perfzoo.prediction.bounds import hardware_beyond_profiled, range_warnings
     from perfzoo.prediction.spec import ModelSpec
 
@@ -87,19 +88,22 @@ def test_a_device_faster_than_every_profiled_one_is_named_with_the_factor_it_lie
     timm = ImportOptions(fmt="timm", featurise_models=False)
     data = pd.concat([import_external(fixtures / "timm" / name, options=timm)[0] for name in
                       ("benchmark-infer-amp-nchw-pt240-cu124-rtx3090.csv", "benchmark-infer-amp-nchw-pt291-cu128-4090.csv")])
-    h200 = import_external(fixtures / "gpu-h200" / "benchmark-infer-amp-nchw-pt211-cu130-h200.csv", options=timm)[0]
-    row = {**h200.iloc[0].to_dict(), "precision": "amp"}
-    peak, bandwidth = 989.5e3 / 165.2e3, 4800 / 1008
-    assert hardware_beyond_profiled(row, data) == [
-        f"its peak GFLOP/s 9.895e+05 is {peak:.2f}x the largest profiled (1.652e+05)",
-        f"its memory bandwidth GB/s 4800 is {bandwidth:.2f}x the largest profiled (1008)"]
-    assert hardware_beyond_profiled({**row, "hw_peak_gflops": 100e3, "hw_mem_bw_gbs": 1000.0}, data) == []
-    slow = hardware_beyond_profiled({**row, "hw_peak_gflops": 35.5e3}, data)[0]
-    assert slow == "its peak GFLOP/s 3.55e+04 is 2.00x below the smallest profiled (7.1e+04)"
+    row = import_external(fixtures / "gpu-h200" / "benchmark-infer-amp-nchw-pt211-cu130-h200.csv", options=timm)[0].iloc[0]
+    h200, rtx4090, rtx3090 = (lookup_gpu(name) for name in ("H200 SXM", "RTX 4090", "RTX 3090"))
+    peak, top_peak = 1e3 * h200["peak_fp16_tflops"], 1e3 * rtx4090["peak_fp16_tflops"]  # AMP rows: FP16 peaks
+    bandwidth, top_bandwidth = h200["mem_bw_gbs"], rtx4090["mem_bw_gbs"]
+    beyond = [f"its peak GFLOP/s {peak:.4g} is {peak / top_peak:.2f}x the largest profiled ({top_peak:.4g})",
+              f"its memory bandwidth GB/s {bandwidth:.4g} is {bandwidth / top_bandwidth:.2f}x the largest profiled "
+              f"({top_bandwidth:.4g})"]
+    assert hardware_beyond_profiled(row, data, "amp") == beyond
+    inside = {**row, "hw_peak_gflops": top_peak, "hw_mem_bw_gbs": top_bandwidth}
+    assert hardware_beyond_profiled(inside, data, "amp") == []
+    low_peak = 1e3 * rtx3090["peak_fp16_tflops"]
+    slow = hardware_beyond_profiled({**row, "hw_peak_gflops": low_peak / 2}, data, "amp")[0]
+    assert slow == f"its peak GFLOP/s {low_peak / 2:.4g} is 2.00x below the smallest profiled ({low_peak:.4g})"
     spec = ModelSpec("timm:resnet50", "timm", "resnet50", (3, 224, 224))
-    feats = {"flops": float(data["flops"].median()) if data["flops"].notna().any() else None, "params": None}
     devices = ["RTX 3090 pt240-cu124", "H200 SXM pt211-cu130"]
-    warnings = range_warnings(spec, "ResNet", feats, 256, "inference", data, devices, {devices[1]: row})
+    warnings = range_warnings(spec, "ResNet", {}, 256, "inference", data, devices, {devices[1]: row}, "amp")
     [device_warning] = [w for w in warnings if w.startswith("device ")]
-    assert device_warning.startswith("device H200 SXM pt211-cu130 has no profiled rows: its numbers extrapolate "
-                                     "from hardware features alone; its peak GFLOP/s 9.895e+05 is 5.99x")
+    assert device_warning == ("device H200 SXM pt211-cu130 has no profiled rows: its numbers extrapolate from "
+                              "hardware features alone; " + "; ".join(beyond))

@@ -289,8 +289,7 @@ def _record(
     dataset_key = record_key(w.results / "dataset" / "dataset.parquet", w.workdir)
     model = {**spec.to_dict(), "batch": o.batch, "mode": o.mode, "precision": o.precision,
              "num_classes": o.num_classes}
-    hardware = {d: {**row, "precision": o.precision} for d, row in feature_rows.items()}
-    warnings = range_warnings(spec, class_name, feats, o.batch, o.mode, w.data, w.names, hardware)
+    warnings = range_warnings(spec, class_name, feats, o.batch, o.mode, w.data, w.names, feature_rows, o.precision)
     return {
         "model": {**model, "class_name": class_name},
         "objective": o.objective,

@@ -253,10 +253,11 @@ def range_warnings(
     data: pd.DataFrame,
     devices: Sequence[str],
     hardware: Mapping[str, Mapping[str, Any]] | None = None,
+    precision: str | None = None,
 ) -> list[str]:
     """Where the model lies outside the profiled data: mode, FLOPs, parameters, batch, family, devices (and
-    for a device without profiled rows, where its ``hardware`` features, device -> feature row, lie beyond
-    the profiled ones)."""
+    for a device without profiled rows, where its ``hardware`` features, device -> feature row at
+    ``precision``, lie beyond the profiled ones)."""
     warnings = []
     same_mode = data[data["mode"] == mode]
     if same_mode.empty:
@@ -294,7 +295,7 @@ def range_warnings(
     profiled = set(data["device"].astype(str))
     for d in devices:
         if d not in profiled:
-            beyond = hardware_beyond_profiled((hardware or {}).get(d, {}), data)
+            beyond = hardware_beyond_profiled((hardware or {}).get(d, {}), data, precision)
             warnings.append(
                 f"device {d} has no profiled rows: its numbers extrapolate from hardware features alone"
                 + "".join(f"; {text}" for text in beyond)
@@ -306,13 +307,13 @@ def range_warnings(
 HARDWARE_RANGE_COLUMNS = {"hw_peak_gflops": "peak GFLOP/s", "hw_mem_bw_gbs": "memory bandwidth GB/s"}
 
 
-def hardware_beyond_profiled(row: Mapping[str, Any], data: pd.DataFrame) -> list[str]:
+def hardware_beyond_profiled(row: Mapping[str, Any], data: pd.DataFrame, precision: str | None = None) -> list[str]:
     """How far a device's peak FLOP/s and bandwidth (its feature ``row``) lie outside those of the profiled
-    rows of its precision (``row["precision"]``, when given), as a factor: a device faster than every
+    rows of ``precision`` (all rows when None or none has it), as a factor: a device faster than every
     profiled one is predicted by extrapolation (an H200 was predicted 2.3x too fast from four workstation
     GPUs, bench/RESULTS.md)."""
-    if "precision" in row and "precision" in data.columns and (data["precision"] == row["precision"]).any():
-        data = data[data["precision"] == row["precision"]]
+    if precision is not None and "precision" in data.columns and (data["precision"] == precision).any():
+        data = data[data["precision"] == precision]
     texts = []
     for col, name in HARDWARE_RANGE_COLUMNS.items():
         v = _num(row.get(col))
