@@ -5,7 +5,8 @@
 
 The trace credits the bytes an operator *reads* from the simulated 16 MiB cache (``bytes_cached``); ``writes``
 also credits the bytes it writes to a storage the cache holds (``perfzoo.features.ops.cached_bytes`` replaced
-in this process). The first form re-featurises the run's manifest (``orig`` reproduces its op features exactly)
+in this process by ``cached_bytes_writes``, a copy of it whose only change is that output hits count too; kept
+here, not as an option of the product's function, because the variant was not adopted). The first form re-featurises the run's manifest (``orig`` reproduces its op features exactly)
 into ``/tmp/cache_writes_<variant>.parquet``; ``--eval`` refits ``composed`` and ``composed_blend`` on the run's
 dataset and splits with those op features and prints the test MAPE (``bench/RESULTS.md``, "A cap on composed's
 per-call cost": not adopted).

@@ -45,7 +45,6 @@ def user_rows() -> pd.DataFrame:
 
 data = read_parquet(f'{R}/dataset/dataset.parquet')
 # the features the workflow joins in the fit rule? check op columns
-print('op cols', sum(c.startswith('op_') for c in data.columns))
 orig = C._nonnegative_fit
 CAP_ARG = sys.argv[2] if len(sys.argv) > 2 else None
 CAP_US = None if CAP_ARG is None else (CAP_ARG if CAP_ARG == "measured" else float(CAP_ARG))
@@ -102,8 +101,8 @@ for split in ['leave_one_family_out', 'batch_extrapolation', 'random', 'family_m
 print('cap', CAP_US, out)
 
 # user models: fit on every usable row, predict the GRU and LSTM configs
-from perfzoo.fitting import featurised_rows, regressor_inputs
 from perfzoo.dataset.build import finite_target_rows
+from perfzoo.fitting import featurised_rows, regressor_inputs
 MEASURED = {('gru','inference',1):3.9,('gru','inference',8):9.6,('gru','inference',32):29.3,('gru','training',1):29.1,('gru','training',8):51.6,('gru','training',32):127.7,
             ('lstm','inference',1):1.1,('lstm','inference',8):2.9,('lstm','inference',32):9.9,('lstm','training',1):3.4,('lstm','training',8):10.1,('lstm','training',32):54.9}
 usable = finite_target_rows(data, 'latency_ms') & featurised_rows(data)

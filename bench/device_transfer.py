@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from perfzoo.hardware.specs import lookup_gpu
 from perfzoo.regressors.transfer import DeviceTransferRegressor
 from perfzoo.stats import mape
 
@@ -65,6 +66,13 @@ class Gpu:
     tdp_w: float
 
 
+def _spec_gpu(name: str, l2_mb: float, boost_ghz: float) -> Gpu:
+    """A :class:`Gpu` from perfzoo's GPU spec table (``src/perfzoo/data/gpu_specs.csv``), plus what it lacks."""
+    spec = lookup_gpu(name)
+    return Gpu(spec["name"], float(spec["peak_fp16_tflops"]), float(spec["mem_bw_gbs"]), int(spec["sm_count"]),
+               l2_mb, boost_ghz, float(spec["tdp_w"]))
+
+
 GPUS = {
     # Ampere GA102 whitepaper; Ada AD102 whitepaper; Blackwell GB202 whitepaper / RTX PRO 6000 datasheet.
     # The PRO 6000 Max-Q datasheet states no FP16 tensor figure, only 3,511 FP4 "AI TOPS" (sparse):
@@ -74,9 +82,9 @@ GPUS = {
     "4090": Gpu("RTX 4090", 165.2, 1008, 128, 72, 2.52, 450),
     "5090": Gpu("RTX 5090", 209.5, 1792, 170, 96, 2.407, 575),
     "pro6000maxq": Gpu("RTX PRO 6000 Blackwell Max-Q", 438.9, 1792, 188, 128, 2.28, 300),
-    # NVIDIA H200 datasheet (SXM: 989.5 dense FP16 tensor TFLOP/s, 4.8 TB/s, 700 W; 1.98 GHz boost as the
-    # H100 SXM); 132 SMs and 60 MB L2 as torch reported them on the lent H200 (tests/fixtures/gpu-h200/).
-    "h200": Gpu("H200 SXM", 989.5, 4800, 132, 60, 1.98, 700),
+    # the H200 measured with bench/timm_gpu.py: its spec-table row (NVIDIA's datasheet); 60 MB of L2 as torch
+    # reported it on the lent H200 (tests/fixtures/gpu-h200/), 1.98 GHz boost as the H100 SXM
+    "h200": _spec_gpu("H200 SXM", l2_mb=60, boost_ghz=1.98),
 }
 
 WORKLOAD = ["flops", "activation_bytes", "weight_bytes"]

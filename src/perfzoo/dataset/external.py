@@ -506,6 +506,7 @@ def import_external(csv_path: str | Path, featurise_models: bool = True, progres
                       "model_configs": int(data["model_id"].nunique())}
     if missing is not None:
         prov["unfeaturisable"] = missing.to_dict("records")
+    # only a timm file has such rows, and it holds one device: the resolved name of its rows
     prov["not_measured"] = [{"name": f"timm:{m.model}", "device": str(data["device"].iloc[0]),
                              "resolution": m.resolution, "batch": m.batch, "reason": m.reason} for m in not_measured]
     return data, prov
