@@ -4,8 +4,8 @@
 
 RESULTS_DIR is a finished default run's ``results/`` (read only: its ``dataset/dataset.parquet`` with the
 ``sim_*`` features and its ``splits/*.parquet``). ``--refeaturise`` featurises the run's zoo manifest again with
-the current code and takes the columns the run's dataset lacks from it (``sim_onednn_conv`` for runs made before it
-existed; the other features of the run's dataset are kept, so its other term sets are scored as the run had them). Every term set below is ``memory_sim``'s median
+the current code and takes the columns the run's dataset lacks from it (``sim_heap_churn_bytes`` for runs made before
+it existed; the other features of the run's dataset are kept, so its other term sets are scored as the run had them). Every term set below is ``memory_sim``'s median
 regression (weights 1/y, per device) on other columns; each is fitted on every fold's training rows and
 scored on its test rows (MAPE %, pooled over folds). ``nested`` chooses, inside each outer fold, the term
 set with the lowest inner leave-one-family-out MAPE on that fold's training families alone, so no
@@ -37,13 +37,17 @@ TERMS: dict[str, Term] = {
     "training_activation": lambda X: ((X["mode"] == "training").to_numpy(float)
                                       * X["sim_activation_bytes"].to_numpy(float) / MIB),
     "conv": lambda X: (X["op_conv_count"].to_numpy(float) > 0).astype(float),  # any convolution ran
+    "onednn_conv": lambda X: X["sim_onednn_conv"].to_numpy(float),
+    "heap_churn": lambda X: X["sim_heap_churn_bytes"].to_numpy(float) / MIB,
 }
-BASE = ("training", "peak", "activation", "sqrt_kinds", "conv")
+ACTIVATION = ("training", "peak", "activation", "training_activation", "sqrt_kinds", "onednn_conv")
+CHURN = ("training", "peak", "heap_churn", "sqrt_kinds", "onednn_conv")
 TERM_SETS: dict[str, tuple[str, ...] | None] = {
-    "before (constant, training, peak, activation, sqrt kinds, conv)": ("constant", *BASE),
-    "no constant": BASE,
-    "no constant + training x activation": (*BASE[:3], "training_activation", *BASE[3:]),
-    "the same, convolution on oneDNN for conv (memory_sim)": None,  # the regressor itself, not a copy
+    "activation terms (training, peak, activation, training x activation, sqrt kinds, oneDNN conv)": ACTIVATION,
+    "heap churn for the activation terms (training, peak, churn, sqrt kinds, oneDNN conv)": CHURN,
+    "heap churn, without sqrt kinds": tuple(t for t in CHURN if t != "sqrt_kinds"),
+    "heap churn beside the activation terms": (*ACTIVATION, "heap_churn"),
+    "memory_sim as the fit rule runs it": None,  # the regressor itself, not a copy
 }
 
 
@@ -88,7 +92,7 @@ def score(data: pd.DataFrame, split: pd.DataFrame) -> tuple[dict[str, float], pd
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path)
-    parser.add_argument("--refeaturise", action="store_true", help="sim_onednn_conv from the current code")
+    parser.add_argument("--refeaturise", action="store_true", help="sim_* columns the run lacks from the current code")
     args = parser.parse_args()
     data = pd.read_parquet(args.results / "dataset" / "dataset.parquet")
     if args.refeaturise:  # the run's manifest featurised again, with the run's config (bench/cache_bytes.py)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-from perfzoo.features.memory import SIM_COLUMNS, simulate_peak_memory
+from perfzoo.features.memory import HEAP_MAX_BYTES, SIM_COLUMNS, SIM_STEPS, simulate_peak_memory
 from perfzoo.features.meta import MODEL_COLUMNS, featurise, simulated_memory
 from perfzoo.fitting import unsupported_reason
 from perfzoo.io import InputError
@@ -67,6 +67,17 @@ def test_training_peak_holds_weights_optimizer_state_gradients_and_saved_activat
     assert result.activation_bytes == 3 * hidden_bytes(batch) + 2 * 4
     assert result.peak_bytes == (result.weight_bytes + result.input_bytes + result.optimizer_bytes
                                  + result.grad_bytes + result.activation_bytes)
+
+
+@pytest.mark.parametrize("batch", [4, 2**20])
+def test_heap_churn_counts_what_both_steps_allocate_below_the_largest_heap_block(batch: int) -> None:
+    # each inference step allocates the first Linear's output, the ReLU's and the second Linear's (batch x 4);
+    # at 2**20 samples a hidden tensor is 64 MiB, a block glibc always maps on its own, so only the outputs count
+    result = simulate_peak_memory(*two_linear(batch), "inference")
+    out_bytes = batch * OUT * 4
+    heap_sized = [b for b in (hidden_bytes(batch), hidden_bytes(batch), out_bytes) if b < HEAP_MAX_BYTES]
+    assert hidden_bytes(2**20) >= HEAP_MAX_BYTES > out_bytes
+    assert result.heap_churn_bytes == SIM_STEPS * sum(heap_sized)
 
 
 def test_training_needs_more_than_inference_and_adam_more_than_sgd() -> None:
@@ -157,7 +168,7 @@ def test_a_step_without_meta_kernel_names_the_model() -> None:
 
 # --------------------------------------------------------------------------- the calibrated regressor
 
-COEF = {"cpu": [9.0, 1.0, 0.4, 0.3, 5.0, 35.0], "gpu": [30.0, 1.0, 1.2, 0.0, 0.0, 0.0]}
+COEF = {"cpu": [9.0, 1.0, 0.06, 5.0, 35.0], "gpu": [30.0, 1.0, 0.2, 0.0, 0.0]}
 
 
 def sim_frame(n: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
@@ -166,13 +177,12 @@ def sim_frame(n: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
     frame = pd.DataFrame({
         "device": np.where(np.arange(n) % 2, "cpu", "gpu"), "mode": rng.choice(["inference", "training"], n),
         "sim_peak_bytes": rng.uniform(1, 3000, n) * 2**20,
-        "sim_activation_bytes": rng.uniform(0, 200, n) * 2**20,
+        "sim_heap_churn_bytes": rng.uniform(0, 600, n) * 2**20,
         "sim_op_kinds": rng.integers(3, 40, n).astype(float),
         "sim_onednn_conv": rng.integers(0, 2, n).astype(float),
         "flops": rng.uniform(1, 2, n)})
     training = (frame["mode"] == "training").to_numpy(dtype=float)
-    activation = frame["sim_activation_bytes"] / 2**20
-    terms = np.column_stack([training, frame["sim_peak_bytes"] / 2**20, activation, training * activation,
+    terms = np.column_stack([training, frame["sim_peak_bytes"] / 2**20, frame["sim_heap_churn_bytes"] / 2**20,
                              np.sqrt(frame["sim_op_kinds"]), frame["sim_onednn_conv"]])
     coef = np.array([COEF[d] for d in frame["device"]])
     return frame, (terms * coef).sum(axis=1)
@@ -197,7 +207,7 @@ def test_regressor_recovers_per_device_calibration_and_round_trips(tmp_path: Pat
 def test_a_step_that_allocates_and_runs_nothing_is_predicted_to_add_no_memory() -> None:
     X, y = sim_frame(120)
     reg = MemorySimRegressor().fit(X, y)
-    empty = X.iloc[:2].assign(mode="inference", sim_peak_bytes=0.0, sim_activation_bytes=0.0, sim_op_kinds=0.0,
+    empty = X.iloc[:2].assign(mode="inference", sim_peak_bytes=0.0, sim_heap_churn_bytes=0.0, sim_op_kinds=0.0,
                               sim_onednn_conv=0.0)
     np.testing.assert_array_equal(reg.predict(empty), [0.0, 0.0])  # no constant term to carry over
 

@@ -14,11 +14,13 @@ it snapshots every module at every operator; this tracker keeps only the totals.
 
 Two steps are replayed: the optimizer state is created at the end of the first, so in the second (and
 every later step the profiler times) it is live during forward and backward while the gradients of the
-previous step are gone (``set_to_none``). The result is the peak of the live bytes over both steps and
-the split of that peak by category.
+previous step are gone (``set_to_none``). The result is the peak of the live bytes over both steps, the
+split of that peak by category, and the bytes both steps allocate in blocks small enough for a C allocator's
+heap (:data:`HEAP_MAX_BYTES`): their freed blocks are what fragments a CPU process's heap.
 
 What it does not see: memory an operator's kernel allocates internally (convolution workspaces, oneDNN
-weight reorders, BLAS packing buffers), the allocator's rounding and fragmentation, and the runtime
+weight reorders, BLAS packing buffers), the allocator's rounding and where its fragmentation leaves the
+freed blocks, and the runtime
 itself (code pages of the kernels that run, thread stacks). Those are what the per-device calibration of
 :class:`perfzoo.regressors.memory.MemorySimRegressor` absorbs. Precision is whatever dtype the model and
 input carry; AMP's float16 activations under autocast are not modelled (meta tensors are not autocast).
@@ -43,10 +45,15 @@ if TYPE_CHECKING:
 SIM_STEPS = 2
 """Steps replayed: the first creates the optimizer state, the second runs with it (as every timed step)."""
 SIM_COLUMNS = ("sim_peak_bytes", "sim_start_bytes", "sim_weight_bytes", "sim_grad_bytes",
-               "sim_optimizer_bytes", "sim_activation_bytes", "sim_op_kinds", "sim_onednn_conv")
+               "sim_optimizer_bytes", "sim_activation_bytes", "sim_heap_churn_bytes", "sim_op_kinds",
+               "sim_onednn_conv")
 """Feature columns of :meth:`SimulatedMemory.features`, in order (numeric; ``sim_error`` says why they are
 missing in a feature table)."""
 CATEGORIES = ("weight", "input", "activation", "grad", "optimizer")
+HEAP_MAX_BYTES = 32 * 2**20
+"""glibc's largest mmap threshold on 64-bit (``DEFAULT_MMAP_THRESHOLD_MAX``): a block of this size or more is
+always mapped on its own and unmapped when freed; a smaller one may come from the heap once glibc has raised its
+threshold (it does so to the size of each mapped block freed, up to this), and a freed heap block stays resident."""
 
 
 def _unique_storages(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
@@ -73,6 +80,10 @@ class SimulatedMemory:
     """Optimizer state (momentum buffers, Adam moments and step counters) live at the peak."""
     activation_bytes: int
     """Forward outputs saved for backward and backward temporaries live at the peak."""
+    heap_churn_bytes: int
+    """Bytes of the storages the replayed steps allocated in blocks below :data:`HEAP_MAX_BYTES` (those a C
+    allocator may serve from its heap; the first step's include the optimizer state it creates): the traffic whose
+    freed blocks leave a CPU process's heap fragmented and resident."""
     input_bytes: int
     """Input batch and targets, at the peak."""
     op_kinds: int
@@ -108,6 +119,8 @@ class _LiveBytes:
         self.convolutions: set[tuple] = set()
         self.phase = "activation"
         self.paused = False
+        self.step = -1  # index of the replayed step (-1: weights and input, registered before the first)
+        self.heap_churn = 0
 
     def add(self, tensor: torch.Tensor, category: str) -> None:
         storage = tensor.untyped_storage()
@@ -118,6 +131,8 @@ class _LiveBytes:
         self.live[key] = (nbytes, category)
         self.totals[category] += nbytes
         self.current += nbytes
+        if self.step >= 0 and nbytes < HEAP_MAX_BYTES:
+            self.heap_churn += nbytes
         weakref.finalize(storage, self._free, key)
         if self.current > self.peak:
             self.peak, self.at_peak = self.current, dict(self.totals)
@@ -211,6 +226,7 @@ def _categorised(tracker: _LiveBytes, model: nn.Module) -> Iterator[None]:
 def _replay(step: Callable[[], None], tracker: _LiveBytes, rider: StepRider | None) -> None:
     """The :data:`SIM_STEPS` steps under the tracker's dispatch mode, each inside ``rider``'s context."""
     for index in range(SIM_STEPS):
+        tracker.step = index
         with rider(index, tracker.untracked) if rider else contextlib.nullcontext() as run:
             with _dispatch_mode(tracker, run or _run_plainly):
                 step()
@@ -264,6 +280,7 @@ def simulate_peak_memory(model: nn.Module, x: torch.Tensor, mode: str, optimizer
     return SimulatedMemory(peak_bytes=tracker.peak, start_bytes=start_bytes, weight_bytes=split["weight"],
                            grad_bytes=split["grad"], optimizer_bytes=split["optimizer"],
                            activation_bytes=split["activation"], input_bytes=split["input"],
+                           heap_churn_bytes=tracker.heap_churn,
                            op_kinds=len(tracker.operators),
                            onednn_conv=int(_any_on_onednn(tracker.convolutions)))
 

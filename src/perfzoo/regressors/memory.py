@@ -24,11 +24,12 @@ MIB = 2.0**20
 
 @register_regressor
 class MemorySimRegressor(Regressor):
-    """``peak_mem_mb ≈ a_t·[training] + b·peak + (c + c_t·[training])·activation + d·√op_kinds + e·onednn_conv``.
+    """``peak_mem_mb ≈ a_t·[training] + b·peak + c·heap_churn + d·√op_kinds + e·onednn_conv``.
 
     The ``sim_*`` features come from :func:`perfzoo.features.memory.simulate_peak_memory` (bytes, used in
-    MiB): the peak of live tensor bytes of the profiled step replayed on the meta device, the activation
-    and temporary bytes live at that peak, the number of distinct operators the step ran and whether a
+    MiB): the peak of live tensor bytes of the profiled step replayed on the meta device, the bytes the
+    replayed steps allocate in blocks a C allocator may serve from its heap (below 32 MiB), the number of
+    distinct operators the step ran and whether a
     convolution runs on oneDNN (PyTorch runs small ones on its own kernel). The square root of the operator
     count was chosen over the count itself after comparing both on the splits of the default CPU zoo
     (bench/memory_sim.py, on the former label that counted library code: kernels share it, so the code a
@@ -42,9 +43,11 @@ class MemorySimRegressor(Regressor):
     label, which is measured above a baseline taken in the same process. With a free constant, the
     constant and the operator term are not identified by the few families of a zoo (a held-out family
     of small models then inherits tens of MiB of someone else's constant; bench/RESULTS.md, "memory_sim
-    without a constant"). Training has its own activation coefficient ``c_t``: activations saved for the
-    backward pass and freed during it leave the allocator's heap fragmented, so the resident set grows
-    faster with them than in inference.
+    without a constant"). The heap term replaced two activation terms (the activations live at the peak, and
+    again in training): on the CPU the label is mostly glibc's footprint of the *sequence* of allocations, not
+    their live peak, since a block freed inside the heap stays resident; the bytes that pass through the heap
+    measure that sequence, and their fitted cost was 0.11-0.13 MiB per MiB of one step on every
+    leave-one-family-out fold of the default zoo (bench/RESULTS.md, "Heap churn").
 
     What the calibration absorbs, on the CPU, whose label is the profiling worker's peak resident set without
     file-backed pages, above its baseline taken after ``gc`` and before the model is built
@@ -53,9 +56,9 @@ class MemorySimRegressor(Regressor):
     optimizer kernels' own state in training; ``e`` oneDNN's convolution primitives and their JIT-generated
     kernels (anonymous memory; a step whose convolutions PyTorch runs on its own im2col kernel creates none:
     a ``Conv1d`` over 12 x 256 at batch 1); ``d`` per-operator state that grows with the distinct operators
-    a step runs (kernel caches, the allocator's arenas); ``c`` the workspaces that kernels allocate
-    internally in proportion to the activations (convolution reorders, im2col buffers, GEMM packing) and the
-    allocator's fragmentation; ``b`` stays near 1 (weights, gradients and optimizer state
+    a step runs (kernel caches, the allocator's arenas); ``c`` the allocator's fragmentation: the share of
+    the heap traffic whose freed blocks stay resident (and, with it, the workspaces kernels allocate inside
+    themselves in proportion to their tensors: convolution reorders, im2col buffers); ``b`` stays near 1 (weights, gradients and optimizer state
     are allocated as simulated). On CUDA, whose label is ``max_memory_reserved``, the same terms absorb the
     caching allocator's rounding and cuBLAS/cuDNN workspaces. A row without simulated features (a model the
     simulation failed on) gets no prediction (NaN), never an imputed one. Only the ``peak_mem_mb`` target
@@ -66,10 +69,9 @@ class MemorySimRegressor(Regressor):
 
     kind = "memory_sim"
     only_targets = ("peak_mem_mb",)
-    FEATURES: ClassVar[tuple[str, ...]] = ("sim_peak_bytes", "sim_activation_bytes", "sim_op_kinds",
+    FEATURES: ClassVar[tuple[str, ...]] = ("sim_peak_bytes", "sim_heap_churn_bytes", "sim_op_kinds",
                                            "sim_onednn_conv")
-    TERMS: ClassVar[tuple[str, ...]] = ("training", "peak_mib", "activation_mib", "training_activation_mib",
-                                        "sqrt_op_kinds", "onednn_conv")
+    TERMS: ClassVar[tuple[str, ...]] = ("training", "peak_mib", "heap_churn_mib", "sqrt_op_kinds", "onednn_conv")
     _required_state: ClassVar[tuple[str, ...]] = ("feature_names_", "terms_", "global_coef_", "group_coefs_")
 
     def __init__(self, group_col: str | None = "device", min_group_rows: int = 24,
@@ -82,10 +84,9 @@ class MemorySimRegressor(Regressor):
         """One row of :data:`TERMS` per row of ``X`` (NaN where a simulated feature is missing)."""
         X = check_frame(X)
         require_columns(X, [*self.FEATURES, "mode"], what="memory_sim")
-        peak, activation, op_kinds, onednn_conv = numeric_matrix(X, self.FEATURES).T
+        peak, heap_churn, op_kinds, onednn_conv = numeric_matrix(X, self.FEATURES).T
         training = (X["mode"].astype(str) == "training").to_numpy(dtype=float)
-        return np.column_stack([training, peak / MIB, activation / MIB, training * activation / MIB,
-                                np.sqrt(op_kinds), onednn_conv])
+        return np.column_stack([training, peak / MIB, heap_churn / MIB, np.sqrt(op_kinds), onednn_conv])
 
     def _groups(self, X: pd.DataFrame) -> np.ndarray:
         return group_labels(X, self.group_col, "memory_sim group")
