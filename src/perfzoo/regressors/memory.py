@@ -46,8 +46,8 @@ class MemorySimRegressor(Regressor):
     without a constant"). The heap term replaced two activation terms (the activations live at the peak, and
     again in training): on the CPU the label is mostly glibc's footprint of the *sequence* of allocations, not
     their live peak, since a block freed inside the heap stays resident; the bytes that pass through the heap
-    measure that sequence, and their fitted cost was 0.11-0.13 MiB per MiB of one step on every
-    leave-one-family-out fold of the default zoo (bench/RESULTS.md, "Heap churn").
+    measure that sequence, and their fitted cost was 0.055-0.069 MiB per MiB of the two replayed steps on
+    every leave-one-family-out fold of the default zoo (bench/RESULTS.md, "Heap churn").
 
     What the calibration absorbs, on the CPU, whose label is the profiling worker's peak resident set without
     file-backed pages, above its baseline taken after ``gc`` and before the model is built
