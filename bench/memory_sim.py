@@ -130,8 +130,8 @@ def main() -> None:
                   f"{mape(rows['y_true'], rows['y_raw']):.1f} | {theirs.get(family, np.nan):.1f} |")
     everything = data[np.isfinite(data[TARGET])]
     fitted = MemorySimRegressor().fit(regressor_inputs(everything), everything[TARGET])
-    print("\ncoefficients fitted on all rows, per device (MiB, MiB per MiB, MiB per square root of the "
-          "operator kinds):\n")
+    print("\ncoefficients fitted on all rows, per device (MiB for an indicator term, MiB per MiB for a byte "
+          "term):\n")
     for device in sorted(fitted.group_coefs_):
         print(f"- {device}: " + ", ".join(f"{k} {v:.3g}" for k, v in fitted.coefficients(device).items()))
 
