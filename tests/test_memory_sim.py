@@ -80,6 +80,15 @@ def test_heap_churn_counts_what_both_steps_allocate_below_the_largest_heap_block
     assert result.heap_churn_bytes == SIM_STEPS * sum(heap_sized)
 
 
+def test_training_churn_holds_both_steps_gradients_and_the_optimizer_state_created_once() -> None:
+    # set_to_none: each step allocates every gradient anew; the first step creates SGD's momentum buffers
+    inference = simulate_peak_memory(*two_linear(4), "inference")
+    sgd = simulate_peak_memory(*two_linear(4), "training", "sgd")
+    adam = simulate_peak_memory(*two_linear(4), "training", "adam")
+    assert sgd.heap_churn_bytes >= SIM_STEPS * WEIGHT_BYTES + WEIGHT_BYTES > inference.heap_churn_bytes
+    assert adam.heap_churn_bytes > sgd.heap_churn_bytes  # two moments and Adam's temporaries
+
+
 def test_training_needs_more_than_inference_and_adam_more_than_sgd() -> None:
     inference = simulate_peak_memory(*two_linear(64), "inference")
     sgd = simulate_peak_memory(*two_linear(64), "training", "sgd")
