@@ -45,7 +45,7 @@ CHURN = ("training", "peak", "heap_churn", "sqrt_kinds", "onednn_conv")
 TERM_SETS: dict[str, tuple[str, ...] | None] = {
     "activation terms (training, peak, activation, training x activation, sqrt kinds, oneDNN conv)": ACTIVATION,
     "heap churn for the activation terms (training, peak, churn, sqrt kinds, oneDNN conv)": CHURN,
-    "heap churn, without sqrt kinds (memory_sim)": tuple(t for t in CHURN if t != "sqrt_kinds"),
+    "heap churn, without sqrt kinds": tuple(t for t in CHURN if t != "sqrt_kinds"),
     "heap churn beside the activation terms": (*ACTIVATION, "heap_churn"),
     "memory_sim as the fit rule runs it": None,  # the regressor itself, not a copy
 }

@@ -177,7 +177,7 @@ def test_a_step_without_meta_kernel_names_the_model() -> None:
 
 # --------------------------------------------------------------------------- the calibrated regressor
 
-COEF = {"cpu": [9.0, 1.0, 0.06, 35.0], "gpu": [30.0, 1.0, 0.2, 0.0]}
+COEF = {"cpu": [9.0, 1.0, 0.4, 0.3, 5.0, 35.0], "gpu": [30.0, 1.0, 1.2, 0.0, 0.0, 0.0]}
 
 
 def sim_frame(n: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
@@ -186,12 +186,14 @@ def sim_frame(n: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
     frame = pd.DataFrame({
         "device": np.where(np.arange(n) % 2, "cpu", "gpu"), "mode": rng.choice(["inference", "training"], n),
         "sim_peak_bytes": rng.uniform(1, 3000, n) * 2**20,
-        "sim_heap_churn_bytes": rng.uniform(0, 600, n) * 2**20,
+        "sim_activation_bytes": rng.uniform(0, 200, n) * 2**20,
+        "sim_op_kinds": rng.integers(3, 40, n).astype(float),
         "sim_onednn_conv": rng.integers(0, 2, n).astype(float),
         "flops": rng.uniform(1, 2, n)})
     training = (frame["mode"] == "training").to_numpy(dtype=float)
-    terms = np.column_stack([training, frame["sim_peak_bytes"] / 2**20, frame["sim_heap_churn_bytes"] / 2**20,
-                             frame["sim_onednn_conv"]])
+    activation = frame["sim_activation_bytes"] / 2**20
+    terms = np.column_stack([training, frame["sim_peak_bytes"] / 2**20, activation, training * activation,
+                             np.sqrt(frame["sim_op_kinds"]), frame["sim_onednn_conv"]])
     coef = np.array([COEF[d] for d in frame["device"]])
     return frame, (terms * coef).sum(axis=1)
 
@@ -215,7 +217,7 @@ def test_regressor_recovers_per_device_calibration_and_round_trips(tmp_path: Pat
 def test_a_step_that_allocates_and_runs_nothing_is_predicted_to_add_no_memory() -> None:
     X, y = sim_frame(120)
     reg = MemorySimRegressor().fit(X, y)
-    empty = X.iloc[:2].assign(mode="inference", sim_peak_bytes=0.0, sim_heap_churn_bytes=0.0,
+    empty = X.iloc[:2].assign(mode="inference", sim_peak_bytes=0.0, sim_activation_bytes=0.0, sim_op_kinds=0.0,
                               sim_onednn_conv=0.0)
     np.testing.assert_array_equal(reg.predict(empty), [0.0, 0.0])  # no constant term to carry over
 
@@ -238,8 +240,8 @@ def test_regressor_gives_no_prediction_without_simulated_features() -> None:
     reg = MemorySimRegressor().fit(X, y)
     assert reg.n_unusable_rows_ == 1
     assert np.isnan(reg.predict(X.iloc[:1]))[0] and np.isfinite(reg.predict(X.iloc[1:])).all()
-    with pytest.raises(InputError, match="missing memory_sim column.*sim_heap_churn_bytes"):
-        reg.predict(X.drop(columns="sim_heap_churn_bytes"))
+    with pytest.raises(InputError, match="missing memory_sim column"):
+        reg.predict(X.drop(columns="sim_op_kinds"))
     with pytest.raises(InputError, match="training rows with simulated features"):
         MemorySimRegressor().fit(X.iloc[:3], y[:3])
     with pytest.raises(InputError, match="log_target must be false"):

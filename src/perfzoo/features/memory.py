@@ -83,7 +83,9 @@ class SimulatedMemory:
     heap_churn_bytes: int
     """Bytes of the storages the replayed steps allocated in blocks below :data:`HEAP_MAX_BYTES` (those a C
     allocator may serve from its heap; the first step's include the optimizer state it creates): the traffic whose
-    freed blocks leave a CPU process's heap fragmented and resident."""
+    freed blocks leave a CPU process's heap fragmented and resident. Not a term of ``memory_sim``: it explains the
+    zoo's labels better than the activation terms but prices a recurrent model's per-time-step allocations, which
+    the allocator reuses, as fragmentation (bench/RESULTS.md, "Heap churn")."""
     input_bytes: int
     """Input batch and targets, at the peak."""
     op_kinds: int

@@ -24,48 +24,52 @@ MIB = 2.0**20
 
 @register_regressor
 class MemorySimRegressor(Regressor):
-    """``peak_mem_mb ≈ a·[training] + b·peak + c·heap_churn + d·onednn_conv``.
+    """``peak_mem_mb ≈ a_t·[training] + b·peak + (c + c_t·[training])·activation + d·√op_kinds + e·onednn_conv``.
 
     The ``sim_*`` features come from :func:`perfzoo.features.memory.simulate_peak_memory` (bytes, used in
-    MiB): the peak of live tensor bytes of the profiled step replayed on the meta device, the bytes the
-    replayed steps allocate in blocks a C allocator may serve from its heap (below 32 MiB), and whether a
-    convolution runs on oneDNN (PyTorch runs small ones on its own kernel). The coefficients are fitted per
-    device (``group_col``) by median regression with weights ``1 / y``, which minimises the mean absolute
-    percentage error on the training rows and is robust to outliers; a device with fewer than
-    ``min_group_rows`` training rows (or not seen in training) uses the coefficients fitted on all rows.
+    MiB): the peak of live tensor bytes of the profiled step replayed on the meta device, the activation
+    and temporary bytes live at that peak, the number of distinct operators the step ran and whether a
+    convolution runs on oneDNN (PyTorch runs small ones on its own kernel). The square root of the operator
+    count was chosen over the count itself after comparing both on the splits of the default CPU zoo
+    (bench/memory_sim.py, on the former label that counted library code: kernels share it, so the code a
+    step touches grows less than in proportion to its distinct operators). The
+    coefficients are fitted per device (``group_col``) by median regression with weights ``1 / y``, which
+    minimises the mean absolute percentage error on the training rows and is robust to outliers; a device
+    with fewer than ``min_group_rows`` training rows (or not seen in training) uses the coefficients
+    fitted on all rows.
 
-    There is no constant term: a step that allocates nothing adds nothing to the label, which is measured
-    above a baseline taken in the same process. With a free constant, the constant and the other terms are
-    not identified by the few families of a zoo (a held-out family of small models then inherits tens of MiB
-    of someone else's constant; bench/RESULTS.md, "memory_sim without a constant"). The heap term replaced two
-    activation terms (the activations live at the peak, and again in training) and the square root of the
-    distinct operators (whose fitted cost had turned negative): on the CPU the label is mostly glibc's
-    footprint of the *sequence* of allocations, not their live peak, since a block freed inside the heap stays
-    resident; the bytes that pass through the heap measure that sequence. Their fitted cost was 0.056-0.069
-    MiB per MiB of the two replayed steps on every leave-one-family-out fold of two default runs, and every
-    coefficient is positive (bench/RESULTS.md, "Heap churn").
+    There is no constant term: a step that allocates nothing and runs no operator adds nothing to the
+    label, which is measured above a baseline taken in the same process. With a free constant, the
+    constant and the operator term are not identified by the few families of a zoo (a held-out family
+    of small models then inherits tens of MiB of someone else's constant; bench/RESULTS.md, "memory_sim
+    without a constant"). Training has its own activation coefficient ``c_t``: activations saved for the
+    backward pass and freed during it leave the allocator's heap fragmented, so the resident set grows
+    faster with them than in inference.
 
     What the calibration absorbs, on the CPU, whose label is the profiling worker's peak resident set without
     file-backed pages, above its baseline taken after ``gc`` and before the model is built
     (:class:`perfzoo.profiling.core.ResidentPeak`; library code mapped from disk is not in it, so the terms
-    below count only memory the process allocates): ``a`` the autograd engine's and the backward and
-    optimizer kernels' own state in training; ``d`` oneDNN's convolution primitives and their JIT-generated
+    below count only memory the process allocates): ``a_t`` the autograd engine's and the backward and
+    optimizer kernels' own state in training; ``e`` oneDNN's convolution primitives and their JIT-generated
     kernels (anonymous memory; a step whose convolutions PyTorch runs on its own im2col kernel creates none:
-    a ``Conv1d`` over 12 x 256 at batch 1); ``c`` the allocator's fragmentation: the share of the heap
-    traffic whose freed blocks stay resident (and, with it, the workspaces kernels allocate inside themselves
-    in proportion to their tensors: convolution reorders, im2col buffers); ``b`` stays near 1 (weights,
-    gradients and optimizer state are allocated as simulated). On CUDA, whose label is
-    ``max_memory_reserved``, the same terms absorb the caching allocator's rounding and cuBLAS/cuDNN
-    workspaces. A row without simulated features (a model the simulation failed on) gets no prediction (NaN),
-    never an imputed one. Only the ``peak_mem_mb`` target is meaningful. The model is additive in bytes, so
-    ``log_target`` (a parameter of every regressor) must stay false. The fitted state records its term names
-    (``terms_``); a file fitted with other terms is refused on loading.
+    a ``Conv1d`` over 12 x 256 at batch 1); ``d`` per-operator state that grows with the distinct operators
+    a step runs (kernel caches, the allocator's arenas); ``c`` the workspaces that kernels allocate
+    internally in proportion to the activations (convolution reorders, im2col buffers, GEMM packing) and the
+    allocator's fragmentation; ``b`` stays near 1 (weights, gradients and optimizer state
+    are allocated as simulated). On CUDA, whose label is ``max_memory_reserved``, the same terms absorb the
+    caching allocator's rounding and cuBLAS/cuDNN workspaces. A row without simulated features (a model the
+    simulation failed on) gets no prediction (NaN), never an imputed one. Only the ``peak_mem_mb`` target
+    is meaningful. The model is additive in bytes, so ``log_target`` (a parameter of every regressor) must
+    stay false. The fitted state records its term names (``terms_``); a file fitted with other terms is
+    refused on loading.
     """
 
     kind = "memory_sim"
     only_targets = ("peak_mem_mb",)
-    FEATURES: ClassVar[tuple[str, ...]] = ("sim_peak_bytes", "sim_heap_churn_bytes", "sim_onednn_conv")
-    TERMS: ClassVar[tuple[str, ...]] = ("training", "peak_mib", "heap_churn_mib", "onednn_conv")
+    FEATURES: ClassVar[tuple[str, ...]] = ("sim_peak_bytes", "sim_activation_bytes", "sim_op_kinds",
+                                           "sim_onednn_conv")
+    TERMS: ClassVar[tuple[str, ...]] = ("training", "peak_mib", "activation_mib", "training_activation_mib",
+                                        "sqrt_op_kinds", "onednn_conv")
     _required_state: ClassVar[tuple[str, ...]] = ("feature_names_", "terms_", "global_coef_", "group_coefs_")
 
     def __init__(self, group_col: str | None = "device", min_group_rows: int = 24,
@@ -78,9 +82,10 @@ class MemorySimRegressor(Regressor):
         """One row of :data:`TERMS` per row of ``X`` (NaN where a simulated feature is missing)."""
         X = check_frame(X)
         require_columns(X, [*self.FEATURES, "mode"], what="memory_sim")
-        peak, heap_churn, onednn_conv = numeric_matrix(X, self.FEATURES).T
+        peak, activation, op_kinds, onednn_conv = numeric_matrix(X, self.FEATURES).T
         training = (X["mode"].astype(str) == "training").to_numpy(dtype=float)
-        return np.column_stack([training, peak / MIB, heap_churn / MIB, onednn_conv])
+        return np.column_stack([training, peak / MIB, activation / MIB, training * activation / MIB,
+                                np.sqrt(op_kinds), onednn_conv])
 
     def _groups(self, X: pd.DataFrame) -> np.ndarray:
         return group_labels(X, self.group_col, "memory_sim group")
