@@ -74,13 +74,14 @@ def _spec_gpu(name: str, l2_mb: float, boost_ghz: float) -> Gpu:
 
 
 GPUS = {
-    # Ampere GA102 whitepaper; Ada AD102 whitepaper; Blackwell GB202 whitepaper / RTX PRO 6000 datasheet.
-    # The PRO 6000 Max-Q datasheet states no FP16 tensor figure, only 3,511 FP4 "AI TOPS" (sparse):
-    # 438.9 = 3511 / 8 (dense, FP16 with FP32 accumulate at full rate on workstation parts) is derived.
-    "rtx3090": Gpu("RTX 3090", 71.0, 936, 82, 6, 1.695, 350),
-    "rtx4090": Gpu("RTX 4090", 165.2, 1008, 128, 72, 2.52, 450),
-    "4090": Gpu("RTX 4090", 165.2, 1008, 128, 72, 2.52, 450),
-    "5090": Gpu("RTX 5090", 209.5, 1792, 170, 96, 2.407, 575),
+    # the spec table's rows (Ampere GA102, Ada AD102 and Blackwell GB202 whitepapers), with L2 size and boost clock
+    # from the same whitepapers. The PRO 6000 Max-Q datasheet states no FP16 tensor figure, only 3,511 FP4 "AI
+    # TOPS" (sparse), so the spec table leaves it empty: 438.9 = 3511 / 8 (dense, FP16 with FP32 accumulate at full
+    # rate on workstation parts) is derived here, for this benchmark only.
+    "rtx3090": _spec_gpu("RTX 3090", l2_mb=6, boost_ghz=1.695),
+    "rtx4090": _spec_gpu("RTX 4090", l2_mb=72, boost_ghz=2.52),
+    "4090": _spec_gpu("RTX 4090", l2_mb=72, boost_ghz=2.52),
+    "5090": _spec_gpu("RTX 5090", l2_mb=96, boost_ghz=2.407),
     "pro6000maxq": Gpu("RTX PRO 6000 Blackwell Max-Q", 438.9, 1792, 188, 128, 2.28, 300),
     # the H200 measured with bench/timm_gpu.py: its spec-table row (NVIDIA's datasheet); 60 MB of L2 as torch
     # reported it on the lent H200 (tests/fixtures/gpu-h200/), 1.98 GHz boost as the H100 SXM
