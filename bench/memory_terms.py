@@ -29,14 +29,12 @@ TARGET, MIB = "peak_mem_mb", 2.0**20
 SPLITS = ("leave_one_family_out", "batch_extrapolation", "random", "family_monte_carlo", "stratified_kfold")
 Term = Callable[[pd.DataFrame], np.ndarray]
 TERMS: dict[str, Term] = {
-    "constant": lambda X: np.ones(len(X)),
     "training": lambda X: (X["mode"] == "training").to_numpy(float),
     "peak": lambda X: X["sim_peak_bytes"].to_numpy(float) / MIB,
     "activation": lambda X: X["sim_activation_bytes"].to_numpy(float) / MIB,
     "sqrt_kinds": lambda X: np.sqrt(X["sim_op_kinds"].to_numpy(float)),
     "training_activation": lambda X: ((X["mode"] == "training").to_numpy(float)
                                       * X["sim_activation_bytes"].to_numpy(float) / MIB),
-    "conv": lambda X: (X["op_conv_count"].to_numpy(float) > 0).astype(float),  # any convolution ran
     "onednn_conv": lambda X: X["sim_onednn_conv"].to_numpy(float),
     "heap_churn": lambda X: X["sim_heap_churn_bytes"].to_numpy(float) / MIB,
 }
