@@ -204,9 +204,10 @@ def health_line(statuses: pd.DataFrame, noise: pd.DataFrame, notes: list[str], n
                 data: pd.DataFrame | None = None) -> str:
     """Failed and interference-flagged configs, a warning for a noisy measurement, the memory reference of
     each device (a warning when it moved), notes and prediction warnings, in one sentence."""
-    imported = statuses["status"] == NOT_MEASURED_STATUS if "status" in statuses else pd.Series(dtype=bool)
+    imported = (statuses["status"] == NOT_MEASURED_STATUS if "status" in statuses
+                else pd.Series(False, index=statuses.index))
     not_measured = int(statuses.loc[imported, "configs"].sum()) if imported.any() else 0
-    statuses = statuses[~imported] if imported.any() else statuses
+    statuses = statuses[~imported]  # the rest are the profiled configs
     total = int(statuses["configs"].sum()) if "configs" in statuses else 0
     failed = int(statuses.loc[statuses["status"] != "ok", "configs"].sum()) if total else 0
     if "flagged" in statuses:
