@@ -360,6 +360,26 @@ def test_directly_featurised_batches_are_cached_and_reloaded(tmp_path: Path,
         featurise_jobs([replace(job, batches=(2,))], workers=1)
 
 
+@pytest.mark.parametrize("module", ["features/recurrent.py", "features/ops.py", "models/builders.py"])
+def test_the_feature_cache_is_set_aside_when_any_featuriser_module_changes(tmp_path: Path, module: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    before = pool.featuriser_source_digest()
+    changed = Path(pool.__file__).parents[1] / module
+    read_bytes = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda path: read_bytes(path) + (b"#" if path == changed else b""))
+    assert pool.featuriser_source_digest() != before
+    monkeypatch.undo()
+    cache = tmp_path / "features.jsonl"
+    entry = {"key": ["timm", "resnet18", "fp32", 32, "inference", 100], "reason": "", "probes": None,
+             "features": {"1": {"flops": 1.0}}}
+    stale = {**pool._versions(), "featuriser_source": "0" * 16}
+    cache.write_text(json.dumps({**entry, "versions": stale}) + "\n")
+    assert load_cache(cache) == 0  # numbers of another featuriser are never reused
+    cache.write_text(json.dumps({**entry, "versions": pool._versions()}) + "\n")
+    monkeypatch.setattr(pool, "_CACHE", {})
+    assert load_cache(cache) == 1
+
+
 def test_timm_model_whose_module_mentions_img_size_but_whose_class_takes_none_is_built_at_any_size() -> None:
     import torch
 

@@ -88,14 +88,22 @@ def _cache_key(job: FeatureJob) -> tuple:
     return (job.builder, job.name, job.precision, job.resolution, job.mode, job.num_classes)
 
 
+def featuriser_source_digest() -> str:
+    """Digest of every module of :mod:`perfzoo.features` and :mod:`perfzoo.models` (the trace, its operator
+    kinds and calls, the memory simulation, the builders): a change to any of them changes the features."""
+    digest = hashlib.sha256()
+    for package in (Path(__file__).parent, Path(__file__).parents[1] / "models"):
+        for path in sorted(package.glob("*.py")):
+            digest.update(f"{package.name}/{path.name}\0".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 @functools.lru_cache(maxsize=1)
 def _versions() -> dict[str, str]:
     """What the cached numbers depend on: torch, torchvision, timm and perfzoo's featuriser source."""
-    import perfzoo.features.meta  # lazy: torch takes seconds to import, and an import without featurisation never needs it
-
-    source = hashlib.sha256(Path(perfzoo.features.meta.__file__).read_bytes()).hexdigest()[:16]
     return {"torch": version("torch"), "torchvision": version("torchvision"), "timm": version("timm"),
-            "features_py": source}
+            "featuriser_source": featuriser_source_digest()}
 
 
 def load_cache(path: str | Path) -> int:
