@@ -23,7 +23,7 @@ OP_FEATURE_KINDS = {f"op_{kind}_{stat}": (kind, stat) for kind in COSTED_KINDS f
 OP_FEATURES = tuple(OP_FEATURE_KINDS)
 OP_ERROR_COLUMN = "op_trace_error"
 OP_COLUMNS = [
-    "model_id", "mode", "batch", "op_idx", "op", "kind", "phase", "in_shapes", "out_shapes", "dtype", "calls",
+    "model_id", "mode", "batch", "op_idx", "op", "kind", "phase", "in_shapes", "out_shapes", "dtype",
     "flops", "bytes_read", "bytes_written", "bytes_cached", "intensity",
 ]  # fmt: skip
 PHASES = ("forward", "backward", "optimizer")

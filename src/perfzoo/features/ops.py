@@ -19,9 +19,6 @@ kind
     bytes are 0 and they are left out of the model-level aggregates.
 phase
     ``forward`` (model and loss), ``backward`` or ``optimizer``.
-calls
-    Kernel calls the operator makes one after another: 1, except a fused recurrent layer, which runs its
-    sequence one time step per call (:func:`perfzoo.features.recurrent.kernel_calls`).
 flops
     Counted by the formulas of ``torch.utils.flop_counter`` (the registry of a ``FlopCounterMode``, passed
     in by the caller so that it matches the model-level ``flops``); 0 for operators without a formula
@@ -40,7 +37,7 @@ bytes_cached
 Model level
 -----------
 :func:`op_aggregates` sums, per kind of :data:`COSTED_KINDS`, the bytes moved to and from memory
-(``bytes_read + bytes_written - bytes_cached``) and ``calls`` into ``op_<kind>_bytes`` and
+(``bytes_read + bytes_written - bytes_cached``) and calls into ``op_<kind>_bytes`` and
 ``op_<kind>_count``, and FLOPs into ``op_<kind>_flops`` for the kinds that have FLOP formulas
 (:data:`FLOP_KINDS`; for the others it would always be 0) (:data:`OP_FEATURES`).
 
@@ -71,7 +68,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_leaves
 
-from perfzoo.features.recurrent import cpu_kernels, kernel_calls
+from perfzoo.features.recurrent import cpu_kernels
 from perfzoo.features.op_kinds import (
     FLOP_KINDS,
     FREE_KIND,
@@ -484,7 +481,7 @@ class OpRecorder(TorchDispatchMode):
             "op": str(func), "kind": phase_kind(kind, self.phase),
             "phase": self.phase, "in_shapes": _shapes(inputs), "out_shapes": _shapes(outputs),
             "dtype": str(outputs[0].dtype).removeprefix("torch.") if outputs else "",
-            "calls": kernel_calls(func, args), "flops": flops, "bytes_read": read, "bytes_written": written,
+            "flops": flops, "bytes_read": read, "bytes_written": written,
             _ACCESSES: () if free else (self.storages.accesses(inputs), self.storages.accesses(outputs)),
         })  # fmt: skip
 
@@ -733,8 +730,7 @@ def _op_table(rows: list[dict[str, Any]], model_id: str, mode: str, batch: int,
     table.insert(0, "batch", batch)
     table.insert(0, "mode", mode)
     table.insert(0, "model_id", model_id)
-    counted = ("calls", "flops", "bytes_read", "bytes_written", "bytes_cached")
-    table = table.astype(dict.fromkeys(counted, "int64"))
+    table = table.astype({"flops": "int64", "bytes_read": "int64", "bytes_written": "int64", "bytes_cached": "int64"})
     moved = (table["bytes_read"] + table["bytes_written"]).to_numpy(dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         table["intensity"] = np.where(moved > 0, table["flops"].to_numpy(dtype=float) / moved, np.nan)
@@ -751,13 +747,12 @@ def op_aggregates(table: pd.DataFrame) -> dict[str, float]:
     are those moved to and from memory, ``bytes_read + bytes_written - bytes_cached``."""
     costed = table[table["kind"] != FREE_KIND]
     moved = costed["bytes_read"] + costed["bytes_written"] - costed["bytes_cached"]
-    by_kind = pd.DataFrame({"kind": costed["kind"], "calls": costed["calls"], "flops": costed["flops"],
-                            "bytes": moved}).groupby("kind")
-    sums = by_kind.sum()
+    by_kind = pd.DataFrame({"kind": costed["kind"], "flops": costed["flops"], "bytes": moved}).groupby("kind")
+    sums, counts = by_kind.sum(), by_kind.size()
     uncounted = sorted(k for k, flops in sums["flops"].items() if flops and k not in FLOP_KINDS)
     if uncounted:
         raise ValueError(f"FLOPs counted for operator kinds without a flops feature: {uncounted}")
-    totals = {"flops": sums["flops"], "bytes": sums["bytes"], "count": sums["calls"]}
+    totals = {"flops": sums["flops"], "bytes": sums["bytes"], "count": counts}
     return {name: float(totals[stat].get(kind, 0)) for name, (kind, stat) in OP_FEATURE_KINDS.items()}
 
 

@@ -11,10 +11,7 @@ runs what ``at::native::mkldnn_rnn`` runs: the input made time-major and contigu
 layer and direction, the directions' outputs concatenated, dropout between layers in training, the final
 states stacked. The operator trace files the fused operators under kind ``recurrent``, and
 :data:`RECURRENT_FLOP_FORMULAS` gives ``FlopCounterMode`` their FLOPs (the gate products; the element-wise
-gate arithmetic is not counted, as for any element-wise operator). One fused call runs the sequence one time
-step after another, so :func:`kernel_calls` counts it as one call per time step (the trace's ``calls``): a
-per-call cost then prices a long sequence at a small batch, where the step's time is the steps' latency, not
-its FLOPs.
+gate arithmetic is not counted, as for any element-wise operator).
 
 The memory simulation keeps the generic path (it steps under :func:`perfzoo.features.attention.cpu_attention`
 alone): the fused layer's meta kernel returns its workspace empty, where the CPU keeps the gates of every time
@@ -61,16 +58,6 @@ def _layer_backward_flops(input_shape: Sequence[int], w_ih_shape: Sequence[int],
 
 RECURRENT_FLOP_FORMULAS = {RNN_LAYER: _layer_flops, RNN_LAYER_BACKWARD: _layer_backward_flops}
 """FLOP formulas of the CPU's fused LSTM layer and its backward, for ``FlopCounterMode(custom_mapping=...)``."""
-
-
-def kernel_calls(func: Any, args: tuple) -> int:
-    """Calls of one operator's kernel in a row: the time steps of a fused recurrent layer or its backward,
-    which loops over the sequence one dependent step (a gate product and the gate arithmetic) after another
-    (its input is time-major, as :func:`_fused_lstm` and ``at::native::mkldnn_rnn`` give it), else 1."""
-    fused = getattr(func, "_overloadpacket", func) in (RNN_LAYER, RNN_LAYER_BACKWARD)
-    if fused and args and isinstance(args[0], torch.Tensor):
-        return max(1, int(args[0].shape[0]))
-    return 1
 
 
 def cpu_runs_fused_lstm(input: Any, hx: Any, params: Sequence[torch.Tensor], has_biases: bool) -> bool:
