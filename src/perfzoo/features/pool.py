@@ -89,8 +89,8 @@ def _cache_key(job: FeatureJob) -> tuple:
 
 
 def featuriser_source_digest() -> str:
-    """Digest of every module of :mod:`perfzoo.features` and :mod:`perfzoo.models` (the trace, its operator
-    kinds and calls, the memory simulation, the builders): a change to any of them changes the features."""
+    """Digest of every module of :mod:`perfzoo.features` and :mod:`perfzoo.models` (the operator trace and its
+    kinds, the memory simulation, the builders): a change to any of them may change the features."""
     digest = hashlib.sha256()
     for package in (Path(__file__).parent, Path(__file__).parents[1] / "models"):
         for path in sorted(package.glob("*.py")):
