@@ -44,6 +44,14 @@ def test_tiny_model_measures_until_a_stop_rule() -> None:
     assert m["peak_mem_mb"] >= 0 and m["extra"]["threads"] == 1
 
 
+def test_a_head_narrower_than_the_class_count_is_an_error_naming_the_setting() -> None:
+    spec = {**faulty_spec("build_tiny"), "mode": "training"}  # two outputs
+    outcome = run_isolated("cpu", spec, SETTINGS)  # targets drawn below num_classes 10
+    assert outcome.status == "error"
+    assert "logits have 2 classes" in outcome.message and "zoo.num_classes" in outcome.message
+    assert run_isolated("cpu", spec, {**SETTINGS, "num_classes": 2}).status == "ok"
+
+
 def test_build_failure_is_an_error_status() -> None:
     outcome = run_isolated("cpu", faulty_spec("build_broken"), SETTINGS)
     assert outcome.status == "error"

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perfzoo.io import InputError, one_line
 from perfzoo.models.builders import VOCAB_SIZE
 from perfzoo.hardware import BUILD_DTYPES
 from perfzoo.stats import relative_ci_halfwidth
@@ -220,10 +221,21 @@ def make_optimizer(model: Any, optimizer: str) -> Any:
 def step_loss(loss_fn: Any, logits: Any, y: Any) -> Any:
     """Cross-entropy of class logits ``(batch, classes)``; per-token logits ``(batch, tokens, vocab)`` (a
     language model) are scored token by token against the sample's class repeated over its tokens, which
-    costs what a next-token loss costs."""
-    if logits.dim() == 3:
-        return loss_fn(logits.flatten(0, 1), y.repeat_interleave(logits.shape[1]))
-    return loss_fn(logits, y)
+    costs what a next-token loss costs.
+
+    The targets are drawn below the config's ``zoo.num_classes``; a model whose logits have fewer classes (a
+    user's model file with its own head) fails on the CPU with an error saying so, not PyTorch's bare
+    "Target 76 is out of bounds"."""
+    try:
+        if logits.dim() == 3:
+            return loss_fn(logits.flatten(0, 1), y.repeat_interleave(logits.shape[1]))
+        return loss_fn(logits, y)
+    except IndexError as exc:
+        raise InputError(
+            f"the model's logits have {logits.shape[-1]} classes and the training targets go up to "
+            f"{int(y.max())} (zoo.num_classes of the config): give the model a head of zoo.num_classes outputs "
+            f"or set zoo.num_classes to at most {logits.shape[-1]} ({one_line(exc)})"
+        ) from None
 
 
 def make_step(model: Any, x: Any, y: Any, mode: str, optimizer: Any,
