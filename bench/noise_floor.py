@@ -36,6 +36,11 @@ it); its profiling time is the wall time of its own measurements.
   before and after the window over the baseline's (the GEMM part alone: the part that follows the machine's
   compute speed; the copy part does not, ``bench/RESULTS.md``);
 * ``detection_spread_gemm``: ``detection_spread``'s kept attempt normalised the same way;
+* ``held``: the first window as ``current`` measures it, in a worker that is then kept, model built, while
+  the next ``--held-lag`` configs are measured, and times the same step again in a second window (one warm-up
+  step first); the latency is the median of the two windows' medians (their mean), the time both windows'
+  workers' (:class:`perfzoo.profiling.worker.HeldWorker`). ``held_first`` is its first window alone (no time of
+  its own). At the end of each repeat's pass the workers still held take their second windows in turn.
 * ``window_1s``, ``window_2s``: as ``current`` with a window of fixed length (iterations until 1 s / 2 s have
   passed, at least ``min_iters``; no CI or iteration-count stop), where ``current`` stops a window of a fast
   config after 5-30 iterations (a median of ~0.35 s in a default run): a speed that changes over seconds is
@@ -57,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from dataclasses import dataclass
 import math
 import os
 import statistics
@@ -82,15 +88,17 @@ from perfzoo.profiling.interference import (  # noqa: E402
     spread_ratio,
 )
 from perfzoo.profiling.runner import worker_settings  # noqa: E402
-from perfzoo.profiling.worker import run_isolated  # noqa: E402
+from perfzoo.profiling.worker import HeldWorker, run_isolated, start_held  # noqa: E402
 from perfzoo.stats import mape  # noqa: E402
 from perfzoo.models.zoo import expand_zoo, manifest_frame  # noqa: E402
 
 PROTOCOLS = ("current", "probe_normalised", "gemm_normalised", "interleaved", "pinned", "one_thread", "detection",
-             "detection_spread", "detection_spread_gemm", "window_1s", "window_2s", "pinned_last")
+             "detection_spread", "detection_spread_gemm", "window_1s", "window_2s", "pinned_last", "held",
+             "held_first")
 WINDOWS_S = {"window_1s": 1.0, "window_2s": 2.0}
 """Fixed-length windows: iterations for this long whatever the CI (at least ``min_iters``)."""
-DERIVED = {"probe_normalised": "current", "gemm_normalised": "current", "detection_spread_gemm": "detection_spread"}
+DERIVED = {"probe_normalised": "current", "gemm_normalised": "current", "detection_spread_gemm": "detection_spread",
+           "held_first": "held"}
 """Protocols computed from another's measurements (no measurement of their own)."""
 
 
@@ -166,8 +174,46 @@ def detection_rows(config: dict[str, Any], repeat: int, settings: dict[str, Any]
     return list(rows.values())
 
 
+@dataclass
+class Held:
+    """A ``held`` measurement waiting for its second window."""
+
+    config_id: str
+    repeat: int
+    worker: HeldWorker
+    first_ms: float
+    wall_s: float
+    at: float
+
+
+def start_held_row(config: dict[str, Any], repeat: int, settings: dict[str, Any]) -> Held | dict[str, Any]:
+    """The first window of ``held``, its worker kept; a failed one's row at once."""
+    start = time.perf_counter()
+    outcome, worker = start_held("cpu", config, settings)
+    wall = time.perf_counter() - start
+    if worker is None:
+        return {"protocol": "held", "config_id": config["config_id"], "repeat": repeat,
+                "latency_ms": float("nan"), "wall_s": wall}
+    return Held(config["config_id"], repeat, worker, statistics.median(outcome.measurement["times_ms"]), wall,
+                time.perf_counter())
+
+
+def finish_held(held: Held) -> list[dict[str, Any]]:
+    """The rows of ``held`` (median of the two windows' medians) and ``held_first`` of one measurement."""
+    start = time.perf_counter()
+    outcome = held.worker.again()
+    held.worker.close()
+    wall = held.wall_s + time.perf_counter() - start
+    second = (statistics.median(outcome.measurement["times_ms"]) if outcome.status == "ok" and outcome.measurement
+              else float("nan"))
+    ident = {"config_id": held.config_id, "repeat": held.repeat}
+    return [{"protocol": "held", **ident, "latency_ms": statistics.median([held.first_ms, second]),
+             "wall_s": wall, "separation_s": start - held.at, "second_over_first": second / held.first_ms},
+            {"protocol": "held_first", **ident, "latency_ms": held.first_ms, "wall_s": 0.0}]
+
+
 def run(configs: list[dict[str, Any]], settings: dict[str, Any], windows: int, threads: int,
-        protocols: set[str]) -> pd.DataFrame:
+        protocols: set[str], held_lag: int = 6) -> pd.DataFrame:
     """Latency per (protocol, config, repeat), and the wall time each measurement took."""
     baseline = probe_baseline("cpu", threads)
     short = {**settings, "max_time_s": settings["max_time_s"] / windows}
@@ -177,10 +223,19 @@ def run(configs: list[dict[str, Any]], settings: dict[str, Any], windows: int, t
     run_isolated("cpu", configs[0], settings)  # start the worker server before timing anything
     rows: list[dict[str, Any]] = []
     per_window: dict[tuple[str, int], list[float]] = {}
+    held: list[Held] = []
     for repeat in (0, 1):
         for window in range(windows if "interleaved" in protocols else 1):
             for config in configs:
                 cid = config["config_id"]
+                if window == 0 and "held" in protocols:
+                    started = start_held_row(config, repeat, settings)
+                    if isinstance(started, Held):
+                        held.append(started)
+                    else:
+                        rows.append(started)
+                    if len(held) > held_lag:
+                        rows += finish_held(held.pop(0))
                 if window == 0 and "current" in protocols:
                     latency, record, wall = measure(config, settings)
                     rows.append({"protocol": "current", "config_id": cid, "repeat": repeat,
@@ -215,6 +270,8 @@ def run(configs: list[dict[str, Any]], settings: dict[str, Any], windows: int, t
                     per_window.setdefault((cid, repeat), []).append(latency)
                     rows.append({"protocol": "interleaved_window", "config_id": cid, "repeat": repeat,
                                  "latency_ms": latency, "wall_s": wall})
+        while held:  # the pass's last configs: their second windows in turn
+            rows += finish_held(held.pop(0))
     frame = pd.DataFrame(rows)
     if "interleaved" not in protocols:
         return frame
@@ -306,6 +363,7 @@ def main() -> None:
     parser.add_argument("--configs", type=int, default=0, help="first N configs (0: every 4th of the zoo)")
     parser.add_argument("--every", type=int, default=4, help="every N-th config of the zoo (without --configs)")
     parser.add_argument("--windows", type=int, default=3, help="windows per interleaved repeat")
+    parser.add_argument("--held-lag", type=int, default=6, help="configs measured while a held worker waits")
     parser.add_argument("--max-time-s", type=float, default=None, help="override profiling.max_time_s")
     parser.add_argument("--protocols", default=",".join(p for p in PROTOCOLS if p not in DERIVED),
                         help="comma-separated protocols to measure (default: all)")
@@ -331,11 +389,17 @@ def main() -> None:
     if args.max_time_s is not None:
         settings["max_time_s"] = args.max_time_s
     started = time.perf_counter()
-    latencies = run(picked.to_dict("records"), settings, args.windows, threads, protocols)
+    latencies = run(picked.to_dict("records"), settings, args.windows, threads, protocols, args.held_lag)
     table = summary(latencies)
     print(f"{len(picked)} configs, {threads} threads, max_time_s {settings['max_time_s']:g}, "
           f"{args.windows} windows; {time.perf_counter() - started:.0f} s in all\n")
     print(table.to_markdown(index=False, floatfmt=".2f"))
+    if "separation_s" in latencies:
+        held = latencies[latencies["protocol"] == "held"]
+        print(f"\nheld: seconds between the two windows' starts, median {held['separation_s'].median():.1f} "
+              f"(min {held['separation_s'].min():.1f}); second window over first, median "
+              f"{held['second_over_first'].median():.3f} (5-95 %: {held['second_over_first'].quantile(0.05):.3f}-"
+              f"{held['second_over_first'].quantile(0.95):.3f})")
     if args.out:
         latencies.to_csv(args.out, index=False)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pandas as pd
@@ -155,3 +156,74 @@ def test_measuring_off_linux_stops_with_one_line_naming_the_device(monkeypatch) 
     monkeypatch.setattr(microbench.platform, "system", lambda: "Darwin")
     with pytest.raises(InputError, match=r"^device cpu: measuring needs Linux .* this machine runs Darwin; "):
         microbench.check_device("cpu", {"kind": "cpu", "threads": 1})
+
+
+def test_two_windows_time_each_config_again_after_the_shards_other_configs(config, tmp_path) -> None:
+    configs = small_shard(config)
+    journal = tmp_path / "s.journal.jsonl"
+    settings = {**SETTINGS, "repeat_every": 2, "windows": 2}
+    result = profile_shard_with_ops(configs, "cpu", {"kind": "cpu"}, settings, journal, progress=False)
+    traces = result.traces
+    ok = traces[traces["status"] == "ok"]
+    assert not ok.empty and (traces.loc[traces["status"] != "ok", "window"].isna()).all()
+    per_task = ok.groupby(["config_id", "repeat"])["window"].agg(set)
+    assert (per_task == {0.0, 1.0}).all()  # every measured task has both windows
+    second = ok[ok["window"] == 1]
+    assert (second["n_warmup"] == 1).all() and second["peak_mem_mb"].notna().all()  # the first window's label
+
+    entries = [json.loads(line) for line in journal.read_text().splitlines()[1:]]
+    measured = [e for e in entries if e["status"] == "ok"]
+    assert all(len(e["later_windows"]) == 1 and e["later_windows"][0]["status"] == "ok" for e in measured)
+    # each pass's first windows are all taken before its second windows
+    for repeat in ("0", "1"):
+        of_pass = [e for e in measured if e["key"].endswith(f"/{repeat}")]
+        last_first = max(e["attempts"][-1]["finished"] for e in of_pass)
+        assert all(e["later_windows"][0]["attempts"][0]["started"] >= last_first for e in of_pass)
+    # the repeats still come from another worker server than the first measurements
+    servers = {e["key"].split("/")[1]: e["worker_server_pid"] for e in measured}
+    assert servers["0"] != servers["1"]
+
+    # the label is the mean of the two windows' medians; the dataset says how many windows it has
+    from perfzoo.dataset.build import aggregate_runs
+    runs = aggregate_runs(traces.assign(device="cpu", trace_file="s.parquet"))
+    runs = runs[runs["status"] == "ok"].set_index(["config_id", "repeat"])
+    medians = ok.groupby(["config_id", "repeat", "window"])["time_ms"].median().unstack()
+    np.testing.assert_allclose(runs.loc[medians.index, "latency_ms"], medians.mean(axis=1))
+    assert (runs["n_windows"] == 2).all()
+    assert (runs["n_iters"] == ok.groupby(["config_id", "repeat"]).size().loc[runs.index]).all()
+
+
+def test_a_trace_without_windows_keeps_the_median_of_its_iterations() -> None:
+    from perfzoo.dataset.build import aggregate_runs
+    row = {"device": "cpu", "config_id": "c", "repeat": 0, "model_id": "m", "mode": "inference", "batch": 1,
+           "status": "ok", "message": "", "trace_file": "t", "peak_mem_mb": 1.0, "stop_reason": "max_iters"}
+    times = [5.0, 1.0, 2.0, 9.0, 3.0]
+    runs = aggregate_runs(pd.DataFrame([{**row, "iter": i, "time_ms": t} for i, t in enumerate(times)]))
+    assert runs.loc[0, "latency_ms"] == 3.0 and runs.loc[0, "n_windows"] == 1
+    two = pd.DataFrame([{**row, "iter": i, "time_ms": t, "window": w}
+                        for w, ts in enumerate([times, [10.0, 12.0, 11.0]]) for i, t in enumerate(ts)])
+    runs = aggregate_runs(two)
+    assert runs.loc[0, "latency_ms"] == 7.0 and runs.loc[0, "n_windows"] == 2 and runs.loc[0, "n_iters"] == 8
+
+
+def test_a_held_worker_times_the_same_step_again_and_survives_a_new_worker_server() -> None:
+    from perfzoo.profiling.core import _LINGERING_SERVERS, reap_worker_servers, restart_worker_server
+    from perfzoo.profiling.worker import start_held
+
+    spec = {**faulty_spec("build_tiny"), "mode": "training"}
+    first, held = start_held("cpu", spec, {**SETTINGS, "num_classes": 2})
+    assert first.status == "ok" and held is not None and first.measurement["peak_mem_mb"] > 0
+    assert restart_worker_server()  # does not wait for the held worker; the old server lingers until it ends
+    again = held.again()
+    assert again.status == "ok" and len(again.measurement["times_ms"]) >= SETTINGS["min_iters"]
+    assert again.measurement["n_warmup"] == 1 and np.isnan(again.measurement["peak_mem_mb"])
+    assert "interference" in again.measurement["extra"]  # the second window runs between probes too
+    held.close()
+    failed, none = start_held("cpu", faulty_spec("build_broken"), SETTINGS)
+    assert failed.status == "error" and none is None
+    for _ in range(50):
+        reap_worker_servers()
+        if not _LINGERING_SERVERS:
+            break
+        time.sleep(0.1)
+    assert not _LINGERING_SERVERS

@@ -14,7 +14,7 @@ from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURES
 from perfzoo.hardware import hardware_features
 from perfzoo.io import InputError, read_json, read_parquet
 from perfzoo.profiling.interference import drop_flagged_runs, flagged_mask
-from perfzoo.profiling.runner import PEAK_RSS_TOTAL, STATUSES, TRACE_COLUMNS
+from perfzoo.profiling.runner import PEAK_RSS_TOTAL, STATUSES, TRACE_COLUMNS, WINDOW
 from perfzoo.stats import coefficient_of_variation, mape, median_ci
 
 KEY = ["model_id", "device", "mode", "batch"]
@@ -63,7 +63,11 @@ RUN_ENERGY_COLUMNS = (
 
 def aggregate_runs(traces: pd.DataFrame) -> pd.DataFrame:
     """One row per (config, device, repeat, power limit): status, median latency with CI, CV, n, memory,
-    and the run's energy-window columns (NaN where the trace has none, e.g. on cpu)."""
+    and the run's energy-window columns (NaN where the trace has none, e.g. on cpu).
+
+    A measurement timed in several windows (the traces' ``window`` column, ``profiling.windows``) has the
+    median of its windows' medians as its latency (two windows: their mean); its CI, CV and ``n_iters`` are
+    those of all its iterations together, and ``n_windows`` counts the windows (1 without the column)."""
     traces = traces.copy()
     if "power_limit_w" not in traces.columns:
         traces["power_limit_w"] = math.nan
@@ -78,16 +82,28 @@ def aggregate_runs(traces: pd.DataFrame) -> pd.DataFrame:
                "message": first["message"], "trace_file": first["trace_file"],
                "power_limit_w": float(limit), "power_limit_swept": bool(first["power_limit_swept"])}
         if first["status"] == "ok":
-            times = g.sort_values("iter")["time_ms"].to_numpy()
-            med, lo, hi = median_ci(times)
-            row.update(latency_ms=med, latency_ci_lo=lo, latency_ci_hi=hi, cv=coefficient_of_variation(times),
-                       n_iters=len(times), stop_reason=first["stop_reason"], peak_mem_mb=first["peak_mem_mb"],
+            g = g.sort_values([c for c in (WINDOW, "iter") if c in g.columns])
+            first = g.iloc[0]
+            times = g["time_ms"].to_numpy()
+            _, lo, hi = median_ci(times)
+            windows = window_medians(g)
+            med = float(np.median(windows))
+            row.update(latency_ms=med, n_windows=len(windows), latency_ci_lo=lo, latency_ci_hi=hi,
+                       cv=coefficient_of_variation(times), n_iters=len(times), stop_reason=first["stop_reason"], peak_mem_mb=first["peak_mem_mb"],
                        throughput=first["batch"] / med * 1000)
             row.update({c: first[c] for c in RUN_ENERGY_COLUMNS if c in g.columns})
             if MEMORY_REFERENCE in g.columns:
                 row[MEMORY_REFERENCE] = float(first[MEMORY_REFERENCE])
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def window_medians(iterations: pd.DataFrame) -> list[float]:
+    """The median time of each window of one measurement's iterations (one, of them all, without a ``window``
+    column or where it is missing)."""
+    if WINDOW not in iterations.columns or iterations[WINDOW].isna().any():
+        return [float(iterations["time_ms"].median())]
+    return [float(w.median()) for _, w in iterations.groupby(WINDOW)["time_ms"]]
 
 
 MEMORY_REFERENCE = "memory_reference_mb"

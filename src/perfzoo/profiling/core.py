@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import json
 import multiprocessing as mp
+import multiprocessing.util
+import os
 import sys
 import time
 import types
@@ -50,14 +52,41 @@ def restart_worker_server() -> bool:
     measured twice from one server gave labels 0.8-1.6 % apart (MAPE), from two servers 2.1-3.3 %
     (``bench/RESULTS.md``, "The memory label between worker servers"). A server is a new process, with its own
     imports and address-space layout. The standard library stops one only through ``ForkServer._stop`` (what
-    its own tests use); without it nothing is stopped and False is returned."""
+    its own tests use), which waits until every worker the server forked has ended; workers still held for a
+    later window (:class:`perfzoo.profiling.worker.HeldWorker`) would make it wait for ever, so with held
+    workers alive the server is told to stop and left to end with its last worker
+    (:func:`reap_worker_servers` collects it). Without ``_stop`` nothing is stopped and False is returned."""
     from multiprocessing import forkserver
 
-    stop = getattr(forkserver._forkserver, "_stop", None)
-    if stop is None or worker_server_pid() is None:
+    server = forkserver._forkserver
+    if getattr(server, "_stop", None) is None or worker_server_pid() is None:
         return False
-    stop()
+    if not mp.active_children():
+        server._stop()
+        return True
+    with server._lock:  # ForkServer._stop_unlocked without its wait
+        os.close(server._forkserver_alive_fd)
+        _LINGERING_SERVERS.append(server._forkserver_pid)
+        server._forkserver_alive_fd = server._forkserver_pid = None
+        if not mp.util.is_abstract_socket_namespace(server._forkserver_address):
+            os.unlink(server._forkserver_address)
+        server._forkserver_address = None
     return True
+
+
+_LINGERING_SERVERS: list[int] = []
+"""Worker servers told to stop while workers they forked were still held."""
+
+
+def reap_worker_servers() -> None:
+    """Collect the stopped worker servers that have ended (their last held worker ended)."""
+    for pid in list(_LINGERING_SERVERS):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            _LINGERING_SERVERS.remove(pid)
 
 
 @contextlib.contextmanager

@@ -1,11 +1,12 @@
 """CPU measurement inside one isolated worker (build a config, warm up, time iterations adaptively, then
-time its operators, :mod:`perfzoo.profiling.op_timing`), and
-the table of measurement functions per kind that a worker runs (cpu, cuda, cpu_layers)."""
+time its operators, :mod:`perfzoo.profiling.op_timing`; later, on request, time the same step again in a second
+window), and the table of measurement functions per kind that a worker runs (cpu, cuda, cpu_layers)."""
 
 from __future__ import annotations
 
 import gc
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -24,10 +25,24 @@ from perfzoo.profiling.layers import measure_layers_on_cpu
 from perfzoo.profiling.op_timing import step_op_times
 
 
+REWARM_ITERS = 1
+"""Steps run before a later window of a step the worker has already warmed up and timed (its caches were
+another process's meanwhile)."""
+
+
 def measure_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Measurement:
-    """Measure one config on the CPU; peak memory = the worker's peak resident set without file-backed pages,
-    above its baseline (:class:`perfzoo.profiling.core.ResidentPeak`; a phase per warm-up step and one for
-    the timed steps)."""
+    """Measure one config on the CPU (:func:`open_cpu_measurement`'s first window)."""
+    return open_cpu_measurement(spec, settings)[0]
+
+
+def open_cpu_measurement(spec: dict[str, Any], settings: dict[str, Any]
+                         ) -> tuple[Measurement, Callable[[], Measurement]]:
+    """Measure one config on the CPU, and a function that times the same step again in a later window.
+
+    Peak memory = the worker's peak resident set without file-backed pages, above its baseline
+    (:class:`perfzoo.profiling.core.ResidentPeak`; a phase per warm-up step and one for the timed steps). The
+    later window runs :data:`REWARM_ITERS` steps, then times iterations as the first did; its measurement has
+    no memory label (NaN: the first window's is the config's)."""
     import torch  # lazy: importing torch takes ~3 s; the profiling parent never runs a model
 
     torch.set_num_threads(int(settings["threads"]))
@@ -50,7 +65,14 @@ def measure_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Measuremen
                              "rss_growth_mb": resident.growth_mb()}
     if (op_times := step_op_times(model, x, y, spec["mode"], optimizer, context, settings)) is not None:
         extra["op_times"] = op_times
-    return Measurement(times, resident.label_mb, settings["warmup_iters"], reason, extra)
+
+    def again() -> Measurement:
+        for _ in range(REWARM_ITERS):
+            step()
+        later, why = time_cpu_iterations(step, settings)
+        return Measurement(later, math.nan, REWARM_ITERS, why, {"threads": torch.get_num_threads()})
+
+    return Measurement(times, resident.label_mb, settings["warmup_iters"], reason, extra), again
 
 
 MEASURE: dict[str, Callable[[dict[str, Any], dict[str, Any]], Measurement]] = {
@@ -59,3 +81,7 @@ MEASURE: dict[str, Callable[[dict[str, Any], dict[str, Any]], Measurement]] = {
     "cpu_layers": measure_layers_on_cpu,
 }
 """Measurement function per device kind (what an isolated worker runs)."""
+MEASURE_AGAIN: dict[str, Callable[[dict[str, Any], dict[str, Any]],
+                                  tuple[Measurement, Callable[[], Measurement]]]] = {"cpu": open_cpu_measurement}
+"""Kinds whose worker can time its step again in a later window (:class:`perfzoo.profiling.worker.HeldWorker`):
+the first window's measurement and the function that times the next."""

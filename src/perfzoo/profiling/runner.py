@@ -17,18 +17,19 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import psutil
 from tqdm import tqdm
 
 from perfzoo.profiling import nvml, power_limits
 from perfzoo.hardware import MeasurementSetting
-from perfzoo.profiling.core import restart_worker_server, worker_server_pid
+from perfzoo.profiling.core import reap_worker_servers, restart_worker_server, worker_server_pid
 from perfzoo.profiling.cuda import DEFAULT_MIN_WINDOW_S, DEFAULT_SAMPLE_HZ, probe_counter_period_s
 from perfzoo.profiling.interference import INTERFERENCE_TRACE_COLUMNS, Assessment, Policy, assess
 from perfzoo.profiling.layers import LAYER_TIMING_COLUMNS, failed_layer_row
 from perfzoo.profiling.microbench import check_device
 from perfzoo.profiling.op_timing import OP_TIME_COLUMNS, OP_TIMING_COLUMNS
 from perfzoo.profiling.reference import memory_reference
-from perfzoo.profiling.worker import Outcome, run_isolated
+from perfzoo.profiling.worker import HeldWorker, Outcome, run_isolated, start_held
 from perfzoo.models.zoo import stable_id
 
 TRACE_COLUMNS = [
@@ -36,6 +37,9 @@ TRACE_COLUMNS = [
     "peak_mem_mb", "n_warmup", "stop_reason", "threads",
 ]
 """Columns every trace file has (what the dataset stage requires)."""
+WINDOW = "window"
+"""Which timed window of its measurement an iteration belongs to (0, 1; :func:`windows_of`): written after
+:data:`TRACE_COLUMNS`; a trace without it has one window per measurement."""
 PEAK_RSS_TOTAL, RSS_FILE_GROWTH = "peak_rss_total_mb", "rss_file_growth_mb"
 RESIDENT_SET_TRACE_COLUMNS = [PEAK_RSS_TOTAL, RSS_FILE_GROWTH]
 """Per-config parts of the CPU's memory measurement, beside its label ``peak_mem_mb`` (NaN on other kinds):
@@ -191,19 +195,26 @@ def outcome_rows(task: Task, outcome: dict[str, Any]) -> Iterator[dict[str, Any]
                            RSS_FILE_GROWTH: extra["rss_growth_mb"]["file"]})
     if swept:
         per_config["power_limit_w"] = task.power_limit_w  # the key; the limit read back is in the sensors
-    for i, t in enumerate(m["times_ms"]):
-        yield {**base, **per_config, "iter": i, "time_ms": t}
+    later = outcome.get("later_windows") or []
+    failed = [f"second window {w['status']}: {w['message']}" for w in later if w["status"] != "ok"]
+    if failed:  # the label is the first window's alone; the rows say why
+        base["message"] = "; ".join(failed)
+    windows = [m, *(w["measurement"] for w in later if w["status"] == "ok")]
+    for window, measured in enumerate(windows):
+        own = {} if window == 0 else {"n_warmup": measured["n_warmup"], "stop_reason": measured["stop_reason"]}
+        for i, t in enumerate(measured["times_ms"]):
+            yield {**base, **per_config, **own, WINDOW: window, "iter": i, "time_ms": t}
 
 
 def traces_frame(tasks: list[Task], done: dict[str, dict[str, Any]]) -> pd.DataFrame:
     rows = [row for task in tasks for row in outcome_rows(task, done[task.key])]
-    df = pd.DataFrame(rows, columns=[*TRACE_COLUMNS, *RESIDENT_SET_TRACE_COLUMNS, *ENERGY_TRACE_COLUMNS,
+    df = pd.DataFrame(rows, columns=[*TRACE_COLUMNS, WINDOW, *RESIDENT_SET_TRACE_COLUMNS, *ENERGY_TRACE_COLUMNS,
                                      *INTERFERENCE_TRACE_COLUMNS])
     df["power_limit_swept"] = df["power_limit_swept"].astype(object).fillna(False).astype(bool)
     df["power_source"] = df["power_source"].astype(object)
     for text in ("energy_message", "probe_message", "interference"):
         df[text] = df[text].astype(object).fillna("")
-    return df.astype({"batch": "int64", "repeat": "int64", "iter": "int64", "time_ms": "float64",
+    return df.astype({"batch": "int64", "repeat": "int64", "iter": "int64", "time_ms": "float64", WINDOW: "float64",
                       "peak_mem_mb": "float64", "n_warmup": "float64", "threads": "float64",
                       **{c: "float64" for c in RESIDENT_SET_TRACE_COLUMNS},
                       **{c: "float64" for c in _FLOAT_ENERGY_COLUMNS},
@@ -255,27 +266,69 @@ class Measurer:
         """The journal entry of ``task``: re-measured after ``wait_s`` while disturbed, up to ``retries``
         times (none after :data:`BUSY_STREAK` configs in a row stayed disturbed); the last attempt is kept,
         with its interference reasons when it is still disturbed."""
+        return self._first_window(task, hold=False)[0]
+
+    def first_window(self, task: Task) -> tuple[dict[str, Any], HeldWorker | None]:
+        """:meth:`entry` of ``task``'s first window, and the kept attempt's worker, held for
+        :meth:`later_window` (None when the config failed)."""
+        return self._first_window(task, hold=True)
+
+    def _first_window(self, task: Task, hold: bool) -> tuple[dict[str, Any], HeldWorker | None]:
         policy = Policy.from_settings(self.settings)
         task_settings = {**self.settings, "time_ops": task.repeat == 0}  # per-op times: first measurement
         if task.power_limit_w is not None:
             task_settings["power_limit_w"] = task.power_limit_w
         retries = policy.retries if self.still_disturbed < BUSY_STREAK else 0
         attempts: list[dict[str, Any]] = []
+        held: HeldWorker | None = None
         for attempt in range(retries + 1):
             if attempt:
+                if held is not None:  # a disturbed attempt's worker
+                    held.close()
                 time.sleep(policy.wait_s)
             extra = self.before_task(task) if self.before_task is not None else {}
             started = time.time()
-            outcome = run_isolated(self.kind, task.config, task_settings)
+            if hold:
+                outcome, held = start_held(self.kind, task.config, task_settings)
+            else:
+                outcome = run_isolated(self.kind, task.config, task_settings)
             verdict = assess(outcome.measurement, self.baseline, policy, extra.pop("gpu_reasons", ()))
             attempts.append({"started": started, "finished": time.time(), **verdict.as_dict()})
             if outcome.status != "ok" or not verdict.interference:
                 break
         if outcome.status == "ok":
             self.still_disturbed = self.still_disturbed + 1 if verdict.interference else 0
-        return {"key": task.key, **_outcome_dict(outcome), **extra, "assessment": verdict.as_dict(),
-                "attempts": attempts, "memory_reference_mb": self.memory_reference_mb,
-                "worker_server_pid": worker_server_pid()}
+        entry = {"key": task.key, **_outcome_dict(outcome), **extra, "assessment": verdict.as_dict(),
+                 "attempts": attempts, "memory_reference_mb": self.memory_reference_mb,
+                 "worker_server_pid": worker_server_pid()}
+        return entry, held
+
+    def later_window(self, entry: dict[str, Any], held: HeldWorker) -> dict[str, Any]:
+        """``entry`` with its second window, timed by ``held`` (re-timed after ``wait_s`` while disturbed, as a
+        first window is); a second window still disturbed adds its reasons to the entry's, one that failed
+        leaves the first window alone, with the reason in ``later_windows``. The worker is ended."""
+        policy = Policy.from_settings(self.settings)
+        retries = policy.retries if self.still_disturbed < BUSY_STREAK else 0
+        attempts: list[dict[str, Any]] = []
+        try:
+            for attempt in range(retries + 1):
+                if attempt:
+                    time.sleep(policy.wait_s)
+                started = time.time()
+                outcome = held.again()
+                verdict = assess(outcome.measurement, self.baseline, policy)
+                attempts.append({"started": started, "finished": time.time(), **verdict.as_dict()})
+                if outcome.status != "ok" or not verdict.interference:
+                    break
+        finally:
+            held.close()
+        assessment = dict(entry["assessment"])
+        if outcome.status == "ok" and verdict.interference:
+            self.still_disturbed += 1
+            assessment["interference"] = "; ".join(
+                filter(None, [assessment["interference"], f"second window: {verdict.interference}"]))
+        window = {**_outcome_dict(outcome), "assessment": verdict.as_dict(), "attempts": attempts}
+        return {**entry, "assessment": assessment, "later_windows": [window]}
 
 
 @dataclass
@@ -415,6 +468,24 @@ def _interference_summary(tasks: list[Task], done: dict[str, dict[str, Any]]) ->
             "remeasured": sum(1 for e in entries if len(e.get("attempts") or []) > 1)}
 
 
+HOLD_MEMORY_RESERVE = 0.25
+"""Share of the machine's memory kept available while workers are held for their second windows: below it,
+the oldest held worker takes its second window at once."""
+MAX_HELD = 64
+"""Most workers held at once (processes, each with its model built)."""
+
+
+def windows_of(settings: dict[str, Any], kind: str) -> int:
+    """Windows per measurement: ``profiling.windows`` (default 1) on a kind whose worker can time a step again
+    (:data:`perfzoo.profiling.measure.MEASURE_AGAIN`: the cpu), else 1."""
+    return int(settings.get("windows", 1)) if kind == "cpu" else 1
+
+
+def _memory_short() -> bool:
+    memory = psutil.virtual_memory()
+    return memory.available < HOLD_MEMORY_RESERVE * memory.total
+
+
 def _run_tasks(
     tasks: list[Task], done: dict[str, dict[str, Any]], journal: Journal, measurer: Measurer, desc: str,
     progress: bool,
@@ -424,16 +495,48 @@ def _run_tasks(
     The second measurements of the repeated subset (``repeat`` 1, after every first one) come from a new worker
     server when first measurements were made from the current one in this call (:func:`restart_worker_server`):
     a repeat forked from the same server shares its memory layout, so the noise floor would leave out how much
-    a label moves between servers, i.e. between shards and runs."""
+    a label moves between servers, i.e. between shards and runs.
+
+    With two windows (:func:`windows_of`), every task's first window is measured in turn and its worker held;
+    then each held worker times its step again, in the same order, so that a task's two windows lie the first
+    pass's length apart (about a minute in a default shard) and its label, the median of the two windows'
+    medians, averages the machine's speed at two moments. An entry is journalled once both windows are in, so
+    a resumed run measures the held tasks afresh; fewer workers are held while memory is short
+    (:data:`HOLD_MEMORY_RESERVE`, :data:`MAX_HELD`)."""
     todo = [t for t in tasks if t.key not in done]
-    for i, task in enumerate(tqdm(todo, desc=desc, disable=not progress, file=sys.stderr, mininterval=1)):
-        if i and todo[i - 1].repeat == 0 < task.repeat:
-            restart_worker_server()
-        entry = measurer.entry(task)
+    two_windows = windows_of(measurer.settings, measurer.kind) == 2
+    held: list[tuple[Task, dict[str, Any], HeldWorker]] = []
+
+    def record(task: Task, entry: dict[str, Any]) -> None:
         journal.append(entry)
         done[task.key] = entry
-        if measurer.settings.get("cooldown_s"):
-            time.sleep(measurer.settings["cooldown_s"])
+
+    def second_window_of_oldest() -> None:
+        task, entry, worker = held.pop(0)
+        record(task, measurer.later_window(entry, worker))
+
+    try:
+        for i, task in enumerate(tqdm(todo, desc=desc, disable=not progress, file=sys.stderr, mininterval=1)):
+            if i and todo[i - 1].repeat == 0 < task.repeat:
+                restart_worker_server()
+            if not two_windows:
+                record(task, measurer.entry(task))
+            else:
+                entry, worker = measurer.first_window(task)
+                if worker is None:
+                    record(task, entry)
+                else:
+                    held.append((task, entry, worker))
+                while held and (len(held) > MAX_HELD or _memory_short()):
+                    second_window_of_oldest()
+            if measurer.settings.get("cooldown_s"):
+                time.sleep(measurer.settings["cooldown_s"])
+        while held:
+            second_window_of_oldest()
+    finally:
+        for _, _, worker in held:  # interrupted: nothing half-measured is journalled
+            worker.close()
+        reap_worker_servers()
     return todo
 
 
