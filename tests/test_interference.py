@@ -169,7 +169,7 @@ def assert_slow_halves_remeasured(configs: pd.DataFrame, traces: pd.DataFrame, m
     assert all("x the fastest iteration" in v for v in verdicts["slows_always"])
     assert rows.loc["slows_always", "interference"] == verdicts["slows_always"][-1]
     assert rows.loc["slows_once", "interference"] == "" and rows.loc["slows_once", "attempts"] == 2
-    assert meta["interference"] == {"flagged": 1, "remeasured": 2}
+    assert meta["interference"] == {"flagged": 1, "remeasured": 2, "second_windows_retimed": 0}
 
 
 def test_window_with_a_slow_half_is_remeasured_and_kept_flagged_while_it_stays_so(tmp_path) -> None:

@@ -190,6 +190,8 @@ def test_two_windows_time_each_config_again_after_the_shards_other_configs(confi
     medians = ok.groupby(["config_id", "repeat", "window"])["time_ms"].median().unstack()
     np.testing.assert_allclose(runs.loc[medians.index, "latency_ms"], medians.mean(axis=1))
     assert (runs["n_windows"] == 2).all()
+    assert ((runs["latency_ci_lo"] <= runs["latency_ms"]) & (runs["latency_ms"] <= runs["latency_ci_hi"])).all()
+    assert result.meta["interference"]["second_windows_retimed"] >= 0  # counted beside remeasured
     assert (runs["n_iters"] == ok.groupby(["config_id", "repeat"]).size().loc[runs.index]).all()
 
 
@@ -204,6 +206,8 @@ def test_a_trace_without_windows_keeps_the_median_of_its_iterations() -> None:
                         for w, ts in enumerate([times, [10.0, 12.0, 11.0]]) for i, t in enumerate(ts)])
     runs = aggregate_runs(two)
     assert runs.loc[0, "latency_ms"] == 7.0 and runs.loc[0, "n_windows"] == 2 and runs.loc[0, "n_iters"] == 8
+    # the CI: the median of the windows' bounds (1-9 and 10-12 here), so it brackets the label
+    assert runs.loc[0, "latency_ci_lo"] == 5.5 and runs.loc[0, "latency_ci_hi"] == 10.5
 
 
 def test_a_held_worker_times_the_same_step_again_and_survives_a_new_worker_server() -> None:

@@ -66,8 +66,9 @@ def aggregate_runs(traces: pd.DataFrame) -> pd.DataFrame:
     and the run's energy-window columns (NaN where the trace has none, e.g. on cpu).
 
     A measurement timed in several windows (the traces' ``window`` column, ``profiling.windows``) has the
-    median of its windows' medians as its latency (two windows: their mean); its CI, CV and ``n_iters`` are
-    those of all its iterations together, and ``n_windows`` counts the windows (1 without the column)."""
+    median of its windows' medians as its latency (two windows: their mean) and the median of their CI bounds
+    as its CI (which brackets it); its CV and ``n_iters`` are those of all its iterations together, and
+    ``n_windows`` counts the windows (1 without the column)."""
     traces = traces.copy()
     if "power_limit_w" not in traces.columns:
         traces["power_limit_w"] = math.nan
@@ -85,9 +86,8 @@ def aggregate_runs(traces: pd.DataFrame) -> pd.DataFrame:
             g = g.sort_values([c for c in (WINDOW, "iter") if c in g.columns])
             first = g.iloc[0]
             times = g["time_ms"].to_numpy()
-            _, lo, hi = median_ci(times)
             windows = window_medians(g)
-            med = float(np.median(windows))
+            med, lo, hi = (float(np.median(bound)) for bound in zip(*windows, strict=True))
             row.update(latency_ms=med, n_windows=len(windows), latency_ci_lo=lo, latency_ci_hi=hi,
                        cv=coefficient_of_variation(times), n_iters=len(times), stop_reason=first["stop_reason"], peak_mem_mb=first["peak_mem_mb"],
                        throughput=first["batch"] / med * 1000)
@@ -98,12 +98,12 @@ def aggregate_runs(traces: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def window_medians(iterations: pd.DataFrame) -> list[float]:
-    """The median time of each window of one measurement's iterations (one, of them all, without a ``window``
-    column or where it is missing)."""
+def window_medians(iterations: pd.DataFrame) -> list[tuple[float, float, float]]:
+    """(median, CI low, CI high) of each window of one measurement's iterations (:func:`median_ci`; one window
+    of them all without a ``window`` column or where it is missing)."""
     if WINDOW not in iterations.columns or iterations[WINDOW].isna().any():
-        return [float(iterations["time_ms"].median())]
-    return [float(w.median()) for _, w in iterations.groupby(WINDOW)["time_ms"]]
+        return [median_ci(iterations["time_ms"].to_numpy())]
+    return [median_ci(w.to_numpy()) for _, w in iterations.groupby(WINDOW)["time_ms"]]
 
 
 MEMORY_REFERENCE = "memory_reference_mb"

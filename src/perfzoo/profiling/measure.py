@@ -26,8 +26,7 @@ from perfzoo.profiling.op_timing import step_op_times
 
 
 REWARM_ITERS = 1
-"""Steps run before a later window of a step the worker has already warmed up and timed (its caches were
-another process's meanwhile)."""
+"""Steps run before a later window of a step the worker has already warmed up and timed."""
 
 
 def measure_on_cpu(spec: dict[str, Any], settings: dict[str, Any]) -> Measurement:
@@ -41,8 +40,9 @@ def open_cpu_measurement(spec: dict[str, Any], settings: dict[str, Any]
 
     Peak memory = the worker's peak resident set without file-backed pages, above its baseline
     (:class:`perfzoo.profiling.core.ResidentPeak`; a phase per warm-up step and one for the timed steps). The
-    later window runs :data:`REWARM_ITERS` steps, then times iterations as the first did; its measurement has
-    no memory label (NaN: the first window's is the config's)."""
+    later window runs :data:`REWARM_ITERS` step(s) again (the worker waited while others ran: its caches are
+    cold), then times iterations as the first did; its measurement has no memory label (NaN: the first
+    window's is the config's)."""
     import torch  # lazy: importing torch takes ~3 s; the profiling parent never runs a model
 
     torch.set_num_threads(int(settings["threads"]))

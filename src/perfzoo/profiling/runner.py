@@ -275,7 +275,8 @@ class Measurer:
 
     def _first_window(self, task: Task, hold: bool) -> tuple[dict[str, Any], HeldWorker | None]:
         policy = Policy.from_settings(self.settings)
-        task_settings = {**self.settings, "time_ops": task.repeat == 0}  # per-op times: first measurement
+        task_settings = {**(per_window(self.settings) if hold else self.settings),
+                         "time_ops": task.repeat == 0}  # per-op times: first measurement
         if task.power_limit_w is not None:
             task_settings["power_limit_w"] = task.power_limit_w
         retries = policy.retries if self.still_disturbed < BUSY_STREAK else 0
@@ -462,15 +463,18 @@ def _op_status(entry: dict[str, Any]) -> tuple[str, str]:
 
 
 def _interference_summary(tasks: list[Task], done: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Measurements of the shard kept with an interference flag, and those measured more than once."""
+    """Measurements of the shard kept with an interference flag, those measured more than once, and second
+    windows timed more than once (while disturbed)."""
     entries = [done[t.key] for t in tasks]
     return {"flagged": sum(1 for e in entries if (e.get("assessment") or {}).get("interference")),
-            "remeasured": sum(1 for e in entries if len(e.get("attempts") or []) > 1)}
+            "remeasured": sum(1 for e in entries if len(e.get("attempts") or []) > 1),
+            "second_windows_retimed": sum(1 for e in entries for w in e.get("later_windows") or []
+                                          if len(w.get("attempts") or []) > 1)}
 
 
-HOLD_MEMORY_RESERVE = 0.25
-"""Share of the machine's memory kept available while workers are held for their second windows: below it,
-the oldest held worker takes its second window at once."""
+HOLD_MEMORY_SHARE = 0.25
+"""Most of the machine's memory the held workers may keep (their own memory, USS, summed): beyond it, the
+oldest held worker takes its second window at once."""
 MAX_HELD = 64
 """Most workers held at once (processes, each with its model built)."""
 
@@ -481,9 +485,18 @@ def windows_of(settings: dict[str, Any], kind: str) -> int:
     return int(settings.get("windows", 1)) if kind == "cpu" else 1
 
 
-def _memory_short() -> bool:
-    memory = psutil.virtual_memory()
-    return memory.available < HOLD_MEMORY_RESERVE * memory.total
+def per_window(settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings of each of a measurement's two windows: ``min_iters`` split between them (at least 3 each),
+    so that a slow config's label still rests on ``min_iters`` iterations or more, not twice as many; every
+    other stop rule applies to each window as to one."""
+    return {**settings, "min_iters": max(3, math.ceil(int(settings["min_iters"]) / 2))}
+
+
+def _holding_too_much(held: list[tuple[Task, dict[str, Any], HeldWorker]]) -> bool:
+    """Whether the held workers exceed :data:`MAX_HELD` or keep more than :data:`HOLD_MEMORY_SHARE` of the
+    machine's memory (a worker whose memory could not be read counts as nothing)."""
+    private_mb = sum(worker.private_mb for _, _, worker in held if math.isfinite(worker.private_mb))
+    return len(held) > MAX_HELD or private_mb > HOLD_MEMORY_SHARE * psutil.virtual_memory().total / 2**20
 
 
 def _run_tasks(
@@ -501,8 +514,8 @@ def _run_tasks(
     then each held worker times its step again, in the same order, so that a task's two windows lie the first
     pass's length apart (about a minute in a default shard) and its label, the median of the two windows'
     medians, averages the machine's speed at two moments. An entry is journalled once both windows are in, so
-    a resumed run measures the held tasks afresh; fewer workers are held while memory is short
-    (:data:`HOLD_MEMORY_RESERVE`, :data:`MAX_HELD`)."""
+    a resumed run measures the held tasks afresh; fewer workers are held where they would keep much memory
+    (:data:`HOLD_MEMORY_SHARE`, :data:`MAX_HELD`)."""
     todo = [t for t in tasks if t.key not in done]
     two_windows = windows_of(measurer.settings, measurer.kind) == 2
     held: list[tuple[Task, dict[str, Any], HeldWorker]] = []
@@ -527,7 +540,7 @@ def _run_tasks(
                     record(task, entry)
                 else:
                     held.append((task, entry, worker))
-                while held and (len(held) > MAX_HELD or _memory_short()):
+                while len(held) > 1 and _holding_too_much(held):
                     second_window_of_oldest()
             if measurer.settings.get("cooldown_s"):
                 time.sleep(measurer.settings["cooldown_s"])

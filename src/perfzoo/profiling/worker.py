@@ -6,6 +6,7 @@ second window later (the profile rule's ``windows: 2``, :mod:`perfzoo.profiling.
 
 from __future__ import annotations
 
+import math
 import signal
 import time
 from dataclasses import asdict, dataclass
@@ -141,6 +142,8 @@ class HeldWorker:
     proc: Any
     parent: Connection
     settings: dict[str, Any]
+    private_mb: float = math.nan
+    """The worker's own memory (USS) once its first window was measured: what holding it costs."""
 
     def again(self) -> Outcome:
         """The outcome of one more window (``timeout_s`` and ``max_rss_mb`` enforced anew); a worker whose
@@ -170,7 +173,11 @@ def start_held(kind: str, spec: dict[str, Any], settings: dict[str, Any]) -> tup
     if outcome.status != "ok":
         _end(proc, parent)
         return outcome, None
-    return outcome, HeldWorker(proc, parent, settings)
+    try:
+        private_mb = psutil.Process(proc.pid).memory_full_info().uss / 2**20
+    except psutil.Error:
+        private_mb = math.nan
+    return outcome, HeldWorker(proc, parent, settings, private_mb)
 
 
 def _rss_bytes(pid: int) -> int:
