@@ -259,6 +259,10 @@ def test_cpu_window_share_is_own_time_per_second_and_missing_without_a_window() 
     empty = cpu_window(before, before)
     assert all(math.isnan(empty[k]) for k in ("other_cpu_load", "steal_frac", "own_cpu_share"))
     assert "own_cpu_share" not in cpu_window(before, before, own_share=False)
+    # a window of a few ms is not judged by the counters (their ticks would decide it)
+    short = cpu_window(before, CpuSnapshot(t_s=10.005, busy_s=100.004, steal_s=0.0, own_s=50.004, cpus=2))
+    assert all(math.isnan(short[k]) for k in ("other_cpu_load", "steal_frac", "own_cpu_share"))
+    assert short["window_s"] == pytest.approx(0.005)
 
 
 def test_a_worker_sharing_its_cpu_with_busy_processes_is_flagged_by_its_share(config, tmp_path) -> None:

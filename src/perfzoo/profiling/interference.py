@@ -164,14 +164,21 @@ def cpu_snapshot() -> CpuSnapshot:
                        own.user + own.system, len(mine))
 
 
+MIN_COUNTED_WINDOW_S = 0.2
+"""Shortest window the CPU counters judge: /proc counts CPU time in clock ticks (10 ms), and a worker that waits a
+millisecond for the scheduler in a window of a few ms (the second window of a sub-millisecond step) shows a CPU
+share of 0.8 without any other process; shorter windows leave load, steal and share NaN (not judged)."""
+
+
 def cpu_window(before: CpuSnapshot, after: CpuSnapshot, own_share: bool = True) -> dict[str, float]:
     """Other processes' load (CPUs), the steal fraction and, with ``own_share``, the worker's own CPU time per
-    second (``own_cpu_share``) between two snapshots; a window without length leaves them NaN."""
+    second (``own_cpu_share``) between two snapshots; a window shorter than :data:`MIN_COUNTED_WINDOW_S` leaves
+    them NaN."""
     wall = after.t_s - before.t_s
     own = after.own_s - before.own_s
     window = {"other_cpu_load": math.nan, "steal_frac": math.nan, "own_cpu_share": math.nan, "cpus": after.cpus,
               "window_s": wall}
-    if wall > 0 and after.cpus:
+    if wall >= MIN_COUNTED_WINDOW_S and after.cpus:
         window.update(other_cpu_load=max((after.busy_s - before.busy_s) - own, 0.0) / wall,
                       steal_frac=(after.steal_s - before.steal_s) / (wall * after.cpus), own_cpu_share=own / wall)
     if not own_share:
