@@ -7,7 +7,9 @@ For each policy the configs are profiled by the real shard runner (``profile_sha
 code) with the config's measurement settings (repeats every ``repeat_every`` configs, as in a run). A
 busy process pinned to one CPU (to each of the first ``--busy-cores`` CPUs) is started ``--busy-after-s``
 seconds into the shard and killed by its own PID ``--busy-for-s`` seconds later. A measurement is
-*disturbed* when its first attempt overlaps that window.
+*disturbed* when the first attempt of any of its windows overlaps that window (``profiling.windows: 2``: the
+first window, or the second one timed after the shard's other first windows); *re-measured* when any of its
+windows was measured (first window) or timed (second window) more than once.
 
 * ``detection``: the config's ``profiling.interference`` policy (flags, re-measures after ``wait_s``);
 * ``detection without spread``: the same without the spread check (``spread_tolerance`` null), i.e. judged
@@ -88,18 +90,28 @@ class BusyCores:
             self.window["end"] = time.time()
 
 
-def disturbed_keys(journal: Path, window: dict[str, float]) -> set[tuple[str, int]]:
-    """(config_id, repeat) of the measurements whose first attempt overlapped the busy window."""
-    if "start" not in window:
-        return set()
-    keys = set()
+def window_attempts(journal: Path) -> dict[tuple[str, int], list[list[dict[str, Any]]]]:
+    """Per (config_id, repeat): the attempts of each of its windows (the first, then any later ones)."""
+    attempts = {}
     for line in journal.read_text().splitlines()[1:]:
         entry = json.loads(line)
-        first = entry["attempts"][0]
-        if first["started"] < window["end"] and first["finished"] > window["start"]:
-            config_id, repeat = entry["key"].split("/")[:2]
-            keys.add((config_id, int(repeat)))
-    return keys
+        config_id, repeat = entry["key"].split("/")[:2]
+        attempts[(config_id, int(repeat))] = [entry["attempts"], *(w.get("attempts") or []
+                                                                   for w in entry.get("later_windows") or [])]
+    return attempts
+
+
+def disturbed_keys(journal: Path, window: dict[str, float]) -> set[tuple[str, int]]:
+    """(config_id, repeat) of the measurements one of whose windows' first attempt overlapped the busy window."""
+    if "start" not in window:
+        return set()
+    return {key for key, windows in window_attempts(journal).items()
+            if any(w and w[0]["started"] < window["end"] and w[0]["finished"] > window["start"] for w in windows)}
+
+
+def retimed_keys(journal: Path) -> set[tuple[str, int]]:
+    """(config_id, repeat) of the measurements one of whose windows was taken more than once."""
+    return {key for key, windows in window_attempts(journal).items() if any(len(w) > 1 for w in windows)}
 
 
 def profile_under_load(
@@ -120,14 +132,17 @@ def profile_under_load(
             busy.stop()
     wall = time.perf_counter() - started
     disturbed = disturbed_keys(journal, busy.window) if busy is not None else set()
-    return traces.assign(device="cpu", trace_file=str(journal)), disturbed, wall
+    traces = traces.assign(device="cpu", trace_file=str(journal), retimed=False)
+    for config_id, repeat in retimed_keys(journal):
+        traces.loc[(traces["config_id"] == config_id) & (traces["repeat"] == repeat), "retimed"] = True
+    return traces, disturbed, wall
 
 
 def summarise(policy: str, traces: pd.DataFrame, disturbed: set[tuple[str, int]], wall: float) -> dict[str, Any]:
     runs = aggregate_runs(traces)
     per_run = traces.drop_duplicates(["config_id", "repeat"]).set_index(["config_id", "repeat"])
     flagged = {k for k in per_run.index if per_run.loc[k, "interference"]}
-    remeasured = {k for k in per_run.index if per_run.loc[k, "attempts"] > 1}
+    remeasured = {k for k in per_run.index if per_run.loc[k, "attempts"] > 1 or per_run.loc[k, "retimed"]}
     clean = drop_flagged_runs(runs, traces)
     noise_all, noise_clean = noise_floor(runs), noise_floor(clean)
     latency = lambda n: n.loc[n["target"] == "latency_ms"].iloc[0] if len(n) else None  # noqa: E731
