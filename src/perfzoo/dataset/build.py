@@ -89,7 +89,8 @@ def aggregate_runs(traces: pd.DataFrame) -> pd.DataFrame:
             windows = window_medians(g)
             med, lo, hi = (float(np.median(bound)) for bound in zip(*windows, strict=True))
             row.update(latency_ms=med, n_windows=len(windows), latency_ci_lo=lo, latency_ci_hi=hi,
-                       cv=coefficient_of_variation(times), n_iters=len(times), stop_reason=first["stop_reason"], peak_mem_mb=first["peak_mem_mb"],
+                       cv=coefficient_of_variation(times), n_iters=len(times), stop_reason=first["stop_reason"],
+                       peak_mem_mb=first["peak_mem_mb"],
                        throughput=first["batch"] / med * 1000)
             row.update({c: first[c] for c in RUN_ENERGY_COLUMNS if c in g.columns})
             if MEMORY_REFERENCE in g.columns:

@@ -26,6 +26,7 @@ from perfzoo.profiling.core import reap_worker_servers, restart_worker_server, w
 from perfzoo.profiling.cuda import DEFAULT_MIN_WINDOW_S, DEFAULT_SAMPLE_HZ, probe_counter_period_s
 from perfzoo.profiling.interference import INTERFERENCE_TRACE_COLUMNS, Assessment, Policy, assess
 from perfzoo.profiling.layers import LAYER_TIMING_COLUMNS, failed_layer_row
+from perfzoo.profiling.measure import MEASURE_AGAIN
 from perfzoo.profiling.microbench import check_device
 from perfzoo.profiling.op_timing import OP_TIME_COLUMNS, OP_TIMING_COLUMNS
 from perfzoo.profiling.reference import memory_reference
@@ -482,7 +483,7 @@ MAX_HELD = 64
 def windows_of(settings: dict[str, Any], kind: str) -> int:
     """Windows per measurement: ``profiling.windows`` (default 1) on a kind whose worker can time a step again
     (:data:`perfzoo.profiling.measure.MEASURE_AGAIN`: the cpu), else 1."""
-    return int(settings.get("windows", 1)) if kind == "cpu" else 1
+    return int(settings.get("windows", 1)) if kind in MEASURE_AGAIN else 1
 
 
 def per_window(settings: dict[str, Any]) -> dict[str, Any]:
