@@ -53,6 +53,21 @@ def test_a_head_narrower_than_the_class_count_is_an_error_naming_the_setting() -
     assert run_isolated("cpu", spec, {**SETTINGS, "num_classes": 2}).status == "ok"
 
 
+def test_the_step_checks_its_targets_before_the_loss_sees_them() -> None:
+    """On CUDA a target beyond the logits is a device-side assert with no cause named: the step raises first,
+    whatever the loss would do (here the loss is never reached: no PyTorch message in the error)."""
+    import torch
+
+    from perfzoo.profiling.core import make_step
+
+    step = make_step(torch.nn.Linear(4, 2), torch.randn(3, 4), torch.tensor([0, 1, 5]), "training", "sgd")
+    with pytest.raises(InputError) as raised:
+        step()
+    assert "logits have 2 classes" in str(raised.value) and "go up to 5" in str(raised.value)
+    assert "out of bounds" not in str(raised.value)
+    make_step(torch.nn.Linear(4, 6), torch.randn(3, 4), torch.tensor([0, 1, 5]), "training", "sgd")()
+
+
 def test_build_failure_is_an_error_status() -> None:
     outcome = run_isolated("cpu", faulty_spec("build_broken"), SETTINGS)
     assert outcome.status == "error"

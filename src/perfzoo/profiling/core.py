@@ -247,6 +247,28 @@ def make_optimizer(model: Any, optimizer: str) -> Any:
     return torch.optim.Adam(model.parameters(), lr=1e-4)
 
 
+def class_targets_message(classes: int, top_target: int) -> str:
+    """Why a training step cannot score its targets: the logits have fewer classes than the targets need."""
+    return (f"the model's logits have {classes} classes and the training targets go up to {top_target} "
+            f"(zoo.num_classes of the config): give the model a head of zoo.num_classes outputs "
+            f"or set zoo.num_classes to at most {classes}")
+
+
+def check_target_classes(classes: int, top_target: int) -> None:
+    """InputError unless every target is a class of the logits (plain ints: no tensor operation, no sync). On
+    CUDA an out-of-range target is a device-side assert that ends the worker's CUDA context without naming the
+    cause, so the step checks before its loss sees one."""
+    if top_target >= classes:
+        raise InputError(class_targets_message(classes, top_target))
+
+
+def with_target_classes(logits: Any, top_target: int | None) -> Any:
+    """``logits``, after :func:`check_target_classes` (skipped where the targets hold no values: None)."""
+    if top_target is not None:
+        check_target_classes(logits.shape[-1], top_target)
+    return logits
+
+
 def step_loss(loss_fn: Any, logits: Any, y: Any) -> Any:
     """Cross-entropy of class logits ``(batch, classes)``; per-token logits ``(batch, tokens, vocab)`` (a
     language model) are scored token by token against the sample's class repeated over its tokens, which
@@ -254,17 +276,13 @@ def step_loss(loss_fn: Any, logits: Any, y: Any) -> Any:
 
     The targets are drawn below the config's ``zoo.num_classes``; a model whose logits have fewer classes (a
     user's model file with its own head) fails on the CPU with an error saying so, not PyTorch's bare
-    "Target 76 is out of bounds"."""
+    "Target 76 is out of bounds" (:func:`make_step` checks before the loss, on every device)."""
     try:
         if logits.dim() == 3:
             return loss_fn(logits.flatten(0, 1), y.repeat_interleave(logits.shape[1]))
         return loss_fn(logits, y)
     except IndexError as exc:
-        raise InputError(
-            f"the model's logits have {logits.shape[-1]} classes and the training targets go up to "
-            f"{int(y.max())} (zoo.num_classes of the config): give the model a head of zoo.num_classes outputs "
-            f"or set zoo.num_classes to at most {logits.shape[-1]} ({one_line(exc)})"
-        ) from None
+        raise InputError(f"{class_targets_message(logits.shape[-1], int(y.max()))} ({one_line(exc)})") from None
 
 
 def make_step(model: Any, x: Any, y: Any, mode: str, optimizer: Any,
@@ -294,11 +312,14 @@ def make_step(model: Any, x: Any, y: Any, mode: str, optimizer: Any,
     loss_fn = torch.nn.CrossEntropyLoss()
     opt = make_optimizer(model, optimizer) if isinstance(optimizer, str) else optimizer
     in_phase = phase or _unmarked_phase
+    # once, before any step and outside any per-operator timer; the meta device's targets hold no values
+    top_target = None if y.device.type == "meta" else int(y.max())
 
     def train() -> None:
         opt.zero_grad(set_to_none=True)
         with in_phase("forward"), context():
-            loss = step_loss(loss_fn, model(x), y)
+            # no name holds the logits: they are freed with the loss's graph, as in any plain training loop
+            loss = step_loss(loss_fn, with_target_classes(model(x), top_target), y)
         with in_phase("backward"):
             loss.backward()
         with in_phase("optimizer"):
