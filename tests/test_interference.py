@@ -180,6 +180,38 @@ def test_window_with_a_slow_half_is_remeasured_and_kept_flagged_while_it_stays_s
     assert_slow_halves_remeasured(configs, result.traces, result.meta, journal)
 
 
+class ScriptedWindows:
+    """A held worker whose windows time as scripted (the iterations of each call of ``again``)."""
+
+    def __init__(self, *windows: list[float]) -> None:
+        self.windows, self.closed = list(windows), False
+
+    def again(self) -> Outcome:
+        return Outcome("ok", "", {"times_ms": self.windows.pop(0), "extra": {}})
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_second_window_is_retimed_while_disturbed_and_its_reasons_join_the_entrys() -> None:
+    measurer = runner.Measurer("cpu", PACED_SETTINGS)
+    entry = {"key": "k", "status": "ok", "assessment": {"interference": ""}}
+    slow_half, steady = [10.0] * 3 + [40.0] * 5, [10.0] * 8
+    # disturbed, then clean: re-timed once, the clean window kept, nothing flagged
+    held = ScriptedWindows(slow_half, steady)
+    kept = measurer.later_window(entry, held)
+    window = kept["later_windows"][0]
+    assert [bool(a["interference"]) for a in window["attempts"]] == [True, False]
+    assert window["measurement"]["times_ms"] == steady and kept["assessment"]["interference"] == ""
+    assert held.closed and measurer.still_disturbed == 0
+    # disturbed in every attempt (retries: 1): the last attempt is kept and the entry says so
+    held = ScriptedWindows(slow_half, slow_half)
+    kept = measurer.later_window(entry, held)
+    assert len(kept["later_windows"][0]["attempts"]) == 2 and held.closed
+    assert kept["assessment"]["interference"].startswith("second window: median ")
+    assert measurer.still_disturbed == 1 and entry["assessment"]["interference"] == ""  # the first window's own
+
+
 def test_cuda_window_with_a_slow_half_is_remeasured_alike(tmp_path, monkeypatch) -> None:
     # the CUDA measurement code in-process, against the NVML and CUDA fakes (CUDA 'events' are wall clock)
     from test_cuda_profiling import CUDA_DEVICE, FakeCuda

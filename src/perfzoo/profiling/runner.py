@@ -10,7 +10,7 @@ import socket
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -275,33 +275,32 @@ class Measurer:
         return self._first_window(task, hold=True)
 
     def _first_window(self, task: Task, hold: bool) -> tuple[dict[str, Any], HeldWorker | None]:
-        policy = Policy.from_settings(self.settings)
         task_settings = {**(per_window(self.settings) if hold else self.settings),
                          "time_ops": task.repeat == 0}  # per-op times: first measurement
         if task.power_limit_w is not None:
             task_settings["power_limit_w"] = task.power_limit_w
-        retries = policy.retries if self.still_disturbed < BUSY_STREAK else 0
-        attempts: list[dict[str, Any]] = []
         held: HeldWorker | None = None
-        for attempt in range(retries + 1):
-            if attempt:
-                if held is not None:  # a disturbed attempt's worker
-                    held.close()
-                time.sleep(policy.wait_s)
+        extra: dict[str, Any] = {}
+
+        def take() -> tuple[Outcome, Sequence[str], float]:
+            nonlocal held, extra
             extra = self.before_task(task) if self.before_task is not None else {}
             started = time.time()
             if hold:
                 outcome, held = start_held(self.kind, task.config, task_settings)
             else:
                 outcome = run_isolated(self.kind, task.config, task_settings)
-            verdict = assess(outcome.measurement, self.baseline, policy, extra.pop("gpu_reasons", ()))
-            attempts.append({"started": started, "finished": time.time(), **verdict.as_dict()})
-            if outcome.status != "ok" or not verdict.interference:
-                break
-        if outcome.status == "ok":
-            self.still_disturbed = self.still_disturbed + 1 if verdict.interference else 0
-        entry = {"key": task.key, **_outcome_dict(outcome), **extra, "assessment": verdict.as_dict(),
-                 "attempts": attempts, "memory_reference_mb": self.memory_reference_mb,
+            return outcome, extra.pop("gpu_reasons", ()), started
+
+        def drop() -> None:  # a disturbed attempt's worker
+            if held is not None:
+                held.close()
+
+        kept = self._until_undisturbed(take, drop)
+        if kept.outcome.status == "ok":
+            self.still_disturbed = self.still_disturbed + 1 if kept.verdict.interference else 0
+        entry = {"key": task.key, **_outcome_dict(kept.outcome), **extra, "assessment": kept.verdict.as_dict(),
+                 "attempts": kept.attempts, "memory_reference_mb": self.memory_reference_mb,
                  "worker_server_pid": worker_server_pid()}
         return entry, held
 
@@ -309,28 +308,51 @@ class Measurer:
         """``entry`` with its second window, timed by ``held`` (re-timed after ``wait_s`` while disturbed, as a
         first window is); a second window still disturbed adds its reasons to the entry's, one that failed
         leaves the first window alone, with the reason in ``later_windows``. The worker is ended."""
-        policy = Policy.from_settings(self.settings)
-        retries = policy.retries if self.still_disturbed < BUSY_STREAK else 0
-        attempts: list[dict[str, Any]] = []
+
+        def take() -> tuple[Outcome, Sequence[str], float]:
+            started = time.time()
+            return held.again(), (), started
+
         try:
-            for attempt in range(retries + 1):
-                if attempt:
-                    time.sleep(policy.wait_s)
-                started = time.time()
-                outcome = held.again()
-                verdict = assess(outcome.measurement, self.baseline, policy)
-                attempts.append({"started": started, "finished": time.time(), **verdict.as_dict()})
-                if outcome.status != "ok" or not verdict.interference:
-                    break
+            kept = self._until_undisturbed(take)
         finally:
             held.close()
         assessment = dict(entry["assessment"])
-        if outcome.status == "ok" and verdict.interference:
+        if kept.outcome.status == "ok" and kept.verdict.interference:
             self.still_disturbed += 1
             assessment["interference"] = "; ".join(
-                filter(None, [assessment["interference"], f"second window: {verdict.interference}"]))
-        window = {**_outcome_dict(outcome), "assessment": verdict.as_dict(), "attempts": attempts}
+                filter(None, [assessment["interference"], f"second window: {kept.verdict.interference}"]))
+        window = {**_outcome_dict(kept.outcome), "assessment": kept.verdict.as_dict(), "attempts": kept.attempts}
         return {**entry, "assessment": assessment, "later_windows": [window]}
+
+    def _until_undisturbed(self, take: Callable[[], tuple[Outcome, Sequence[str], float]],
+                           drop: Callable[[], None] = lambda: None) -> Attempts:
+        """Attempts by ``take`` (outcome, the GPU's reasons, start time) until one is not disturbed or did not
+        run: up to the policy's ``retries`` more (none after :data:`BUSY_STREAK` configs in a row stayed
+        disturbed), each after ``drop`` (ends the disturbed attempt's worker) and ``wait_s``."""
+        policy = Policy.from_settings(self.settings)
+        retries = policy.retries if self.still_disturbed < BUSY_STREAK else 0
+        attempts: list[dict[str, Any]] = []
+        for attempt in range(retries + 1):
+            if attempt:
+                drop()
+                time.sleep(policy.wait_s)
+            outcome, gpu_reasons, started = take()
+            verdict = assess(outcome.measurement, self.baseline, policy, gpu_reasons)
+            attempts.append({"started": started, "finished": time.time(), **verdict.as_dict()})
+            if outcome.status != "ok" or not verdict.interference:
+                break
+        return Attempts(outcome, verdict, attempts)
+
+
+@dataclass(frozen=True)
+class Attempts:
+    """A measurement taken again while disturbed: the kept (last) attempt's outcome and verdict, and the record
+    of every attempt (journalled as ``attempts``)."""
+
+    outcome: Outcome
+    verdict: Assessment
+    attempts: list[dict[str, Any]]
 
 
 @dataclass
