@@ -36,10 +36,11 @@ it); its profiling time is the wall time of its own measurements.
   before and after the window over the baseline's (the GEMM part alone: the part that follows the machine's
   compute speed; the copy part does not, ``bench/RESULTS.md``);
 * ``detection_spread_gemm``: ``detection_spread``'s kept attempt normalised the same way;
-* ``held``: the first window as ``current`` measures it, in a worker that is then kept, model built, while
-  the next ``--held-lag`` configs are measured, and times the same step again in a second window (one warm-up
-  step first); the latency is the median of the two windows' medians (their mean), the time both windows'
-  workers' (:class:`perfzoo.profiling.worker.HeldWorker`). ``held_first`` is its first window alone (no time of
+* ``held``: the first window as ``current`` measures it but with ``min_iters`` split between the two windows
+  (:func:`perfzoo.profiling.runner.per_window`, as the profile rule splits it), in a worker that is then kept,
+  model built, while the next ``--held-lag`` configs are measured, and times the same step again in a second
+  window (one warm-up step first); the latency is the median of the two windows' medians (their mean), the
+  time both windows' workers' (:class:`perfzoo.profiling.worker.HeldWorker`). ``held_first`` is its first window alone (no time of
   its own). At the end of each repeat's pass the workers still held take their second windows in turn.
 * ``window_1s``, ``window_2s``: as ``current`` with a window of fixed length (iterations until 1 s / 2 s have
   passed, at least ``min_iters``; no CI or iteration-count stop), where ``current`` stops a window of a fast
@@ -87,7 +88,7 @@ from perfzoo.profiling.interference import (  # noqa: E402
     probe_times_ms,
     spread_ratio,
 )
-from perfzoo.profiling.runner import worker_settings  # noqa: E402
+from perfzoo.profiling.runner import per_window, worker_settings  # noqa: E402
 from perfzoo.profiling.worker import HeldWorker, run_isolated, start_held  # noqa: E402
 from perfzoo.stats import mape  # noqa: E402
 from perfzoo.models.zoo import expand_zoo, manifest_frame  # noqa: E402
@@ -189,7 +190,7 @@ class Held:
 def start_held_row(config: dict[str, Any], repeat: int, settings: dict[str, Any]) -> Held | dict[str, Any]:
     """The first window of ``held``, its worker kept; a failed one's row at once."""
     start = time.perf_counter()
-    outcome, worker = start_held("cpu", config, settings)
+    outcome, worker = start_held("cpu", config, per_window(settings))
     wall = time.perf_counter() - start
     if worker is None:
         return {"protocol": "held", "config_id": config["config_id"], "repeat": repeat,
