@@ -40,8 +40,9 @@ it); its profiling time is the wall time of its own measurements.
   (:func:`perfzoo.profiling.runner.per_window`, as the profile rule splits it), in a worker that is then kept,
   model built, while the next ``--held-lag`` configs are measured, and times the same step again in a second
   window (one warm-up step first); the latency is the median of the two windows' medians (their mean), the
-  time both windows' workers' (:class:`perfzoo.profiling.worker.HeldWorker`). ``held_first`` is its first window alone (no time of
-  its own). At the end of each repeat's pass the workers still held take their second windows in turn.
+  time both windows' workers' (:class:`perfzoo.profiling.worker.HeldWorker`). ``held_first`` is its first
+  window alone (no time of its own). At the end of each repeat's pass the workers still held take their
+  second windows in turn.
 * ``window_1s``, ``window_2s``: as ``current`` with a window of fixed length (iterations until 1 s / 2 s have
   passed, at least ``min_iters``; no CI or iteration-count stop), where ``current`` stops a window of a fast
   config after 5-30 iterations (a median of ~0.35 s in a default run): a speed that changes over seconds is
