@@ -107,3 +107,26 @@ def test_a_device_faster_than_every_profiled_one_is_named_with_the_factor_it_lie
     [device_warning] = [w for w in warnings if w.startswith("device ")]
     assert device_warning == ("device H200 SXM pt211-cu130 has no profiled rows: its numbers extrapolate from "
                               "hardware features alone; " + "; ".join(beyond))
+
+
+def test_flops_params_and_batch_outside_the_profiled_range_are_named_and_measured_in_decades() -> None:
+    from perfzoo.prediction.bounds import range_check, range_warnings
+    from perfzoo.prediction.spec import ModelSpec
+
+    data = pd.DataFrame({"mode": ["inference", "inference", "training"], "flops": [1e6, 1e8, 1e12],
+                         "params": [1e5, 1e6, 1e6], "batch": [2, 8, 8], "family": ["mlp"] * 3,
+                         "device": ["cpu"] * 3})
+    feats = {"flops": 1e10, "params": 1e4}  # 100x the most inference FLOPs; 10x below the fewest parameters
+    check = range_check(feats, 1, "inference", data)
+    assert check.reasons == ["flops 1e+10 outside the profiled [1e+06, 1e+08]",
+                             "params 1e+04 outside the profiled [1e+05, 1e+06]",
+                             "batch 1 outside the profiled [2, 8]"]
+    assert check.decades == pytest.approx(2.0) and check.out_of_range
+    assert range_check({"flops": 1e7, "params": 1e5}, 4, "inference", data).reasons == []
+    spec = ModelSpec("mlp", "mlp", "mlp", (4,))
+    texts = range_warnings(spec, "Sequential", feats, 1, "inference", data, ["cpu"])
+    assert texts == ["flops 1e+10 is outside the profiled range [1e+06, 1e+08] of inference rows: the prediction "
+                     "extrapolates", "params 1e+04 is outside the profiled range [1e+05, 1e+06]: the prediction "
+                     "extrapolates", "batch 1 is below the smallest profiled batch (2)"]
+    assert range_warnings(spec, "Sequential", feats, 64, "inference", data, ["cpu"])[2] == (
+        "batch 64 is beyond the largest profiled batch (8): the prediction extrapolates")

@@ -88,14 +88,29 @@ def _num(value: Any) -> float:
         return math.nan
 
 
-def range_check(feats: Mapping[str, Any], batch: int, mode: str, data: pd.DataFrame) -> RangeCheck:
-    """Whether and how far the model lies outside the profiled range (FLOPs of the same mode, parameters,
-    batch)."""
-    check = RangeCheck()
-    same_mode = data[data["mode"] == mode] if "mode" in data.columns else data
-    if same_mode.empty:
-        return RangeCheck([f"mode {mode!r} was never profiled"], math.inf)
+@dataclass(frozen=True)
+class Outside:
+    """A number of the model (``column``: FLOPs, parameters or batch) outside its profiled ``[lo, hi]``."""
+
+    column: str
+    value: float
+    lo: float
+    hi: float
+
+    @property
+    def decades(self) -> float:
+        """How far outside, in decades of the nearer end."""
+        ratio = self.value / self.hi if self.value > self.hi else (self.lo / self.value if self.value > 0 else math.inf)
+        return math.log10(ratio) if ratio > 0 else math.inf
+
+
+def outside_profiled(feats: Mapping[str, Any], batch: int, same_mode: pd.DataFrame, data: pd.DataFrame
+                     ) -> list[Outside]:
+    """The model's FLOPs (against ``same_mode``, the profiled rows of its mode), parameters and batch (against
+    every profiled row) that lie outside the profiled range, in :data:`RANGE_COLUMNS` order; a number unknown,
+    or not profiled, is not compared."""
     values = {"flops": feats.get("flops"), "params": feats.get("params"), "batch": batch}
+    outside = []
     for col in RANGE_COLUMNS:
         ref = pd.to_numeric((same_mode if col == "flops" else data).get(col), errors="coerce")
         ref = ref.dropna() if ref is not None else pd.Series(dtype=float)
@@ -104,9 +119,20 @@ def range_check(feats: Mapping[str, Any], batch: int, mode: str, data: pd.DataFr
             continue
         lo, hi = float(ref.min()), float(ref.max())
         if not lo <= v <= hi:
-            check.reasons.append(f"{col} {v:.3g} outside the profiled [{lo:.3g}, {hi:.3g}]")
-            ratio = v / hi if v > hi else (lo / v if v > 0 else math.inf)
-            check.decades = max(check.decades, math.log10(ratio) if ratio > 0 else math.inf)
+            outside.append(Outside(col, v, lo, hi))
+    return outside
+
+
+def range_check(feats: Mapping[str, Any], batch: int, mode: str, data: pd.DataFrame) -> RangeCheck:
+    """Whether and how far the model lies outside the profiled range (FLOPs of the same mode, parameters,
+    batch, operator calls of each kind)."""
+    check = RangeCheck()
+    same_mode = data[data["mode"] == mode] if "mode" in data.columns else data
+    if same_mode.empty:
+        return RangeCheck([f"mode {mode!r} was never profiled"], math.inf)
+    for out in outside_profiled(feats, batch, same_mode, data):
+        check.reasons.append(f"{out.column} {out.value:.3g} outside the profiled [{out.lo:.3g}, {out.hi:.3g}]")
+        check.decades = max(check.decades, out.decades)
     for reason, decades in operator_call_excess(feats, same_mode):
         check.reasons.append(reason)
         check.decades = max(check.decades, decades)
@@ -263,28 +289,15 @@ def range_warnings(
     if same_mode.empty:
         warnings.append(f"mode {mode!r} was never profiled: every number extrapolates")
         same_mode = data
-    for col, ref in (("flops", same_mode), ("params", data)):
-        values = (
-            pd.to_numeric(ref[col], errors="coerce").dropna()
-            if col in ref.columns
-            else pd.Series(dtype=float)
-        )
-        v = feats.get(col)
-        if len(values) and v is not None and math.isfinite(float(v)):
-            lo, hi = float(values.min()), float(values.max())
-            if float(v) > hi or float(v) < lo:
-                warnings.append(
-                    f"{col} {float(v):.3g} is outside the profiled range [{lo:.3g}, {hi:.3g}]"
-                    f"{' of ' + mode + ' rows' if col == 'flops' else ''}: the prediction extrapolates"
-                )
-    batches = pd.to_numeric(data["batch"], errors="coerce").dropna()
-    if len(batches) and batch > batches.max():
-        warnings.append(
-            f"batch {batch} is beyond the largest profiled batch ({int(batches.max())}): "
-            "the prediction extrapolates"
-        )
-    elif len(batches) and batch < batches.min():
-        warnings.append(f"batch {batch} is below the smallest profiled batch ({int(batches.min())})")
+    for out in outside_profiled(feats, batch, same_mode, data):
+        if out.column != "batch":
+            warnings.append(f"{out.column} {out.value:.3g} is outside the profiled range [{out.lo:.3g}, {out.hi:.3g}]"
+                            f"{' of ' + mode + ' rows' if out.column == 'flops' else ''}: the prediction extrapolates")
+        elif out.value > out.hi:
+            warnings.append(f"batch {batch} is beyond the largest profiled batch ({int(out.hi)}): "
+                            "the prediction extrapolates")
+        else:
+            warnings.append(f"batch {batch} is below the smallest profiled batch ({int(out.lo)})")
     candidates = [spec.name.split(":")[-1], class_name]
     if not family_profiled(candidates, data):
         fams = ", ".join(sorted(map(str, data["family"].dropna().unique()))) if "family" in data else ""
