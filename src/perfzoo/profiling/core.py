@@ -78,15 +78,22 @@ _LINGERING_SERVERS: list[int] = []
 """Worker servers told to stop while workers they forked were still held."""
 
 
-def reap_worker_servers() -> None:
-    """Collect the stopped worker servers that have ended (their last held worker ended)."""
-    for pid in list(_LINGERING_SERVERS):
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            done = pid
-        if done:
-            _LINGERING_SERVERS.remove(pid)
+def reap_worker_servers(wait_s: float = 0.0) -> None:
+    """Collect the stopped worker servers that have ended (their last held worker ended), waiting up to
+    ``wait_s`` for the others (a server ends shortly after its last worker; one not collected stays a zombie
+    until this process ends)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        for pid in list(_LINGERING_SERVERS):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                _LINGERING_SERVERS.remove(pid)
+        if not _LINGERING_SERVERS or time.monotonic() >= deadline:
+            return
+        time.sleep(0.05)
 
 
 @contextlib.contextmanager

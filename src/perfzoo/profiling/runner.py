@@ -68,6 +68,8 @@ _FLOAT_ENERGY_COLUMNS = [c for c in ENERGY_TRACE_COLUMNS
 BUSY_STREAK = 3
 """Configs in a row still disturbed after every retry: the machine is busy for good, so later configs are
 flagged without waiting, until one is measured clean."""
+LINGERING_SERVER_WAIT_S = 5.0
+"""How long a shard waits, after its last held worker, for the worker servers stopped while workers were held."""
 NOT_ASSESSED = Assessment(math.nan, "not assessed (measured before interference detection)", math.nan,
                           math.nan, "")
 
@@ -572,7 +574,7 @@ def _run_tasks(
     finally:
         for _, _, worker in held:  # interrupted: nothing half-measured is journalled
             worker.close()
-        reap_worker_servers()
+        reap_worker_servers(wait_s=LINGERING_SERVER_WAIT_S)
     return todo
 
 
