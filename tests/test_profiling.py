@@ -197,6 +197,8 @@ def test_two_windows_time_each_config_again_after_the_shards_other_configs(confi
     # the repeats still come from another worker server than the first measurements
     servers = {e["key"].split("/")[1]: e["worker_server_pid"] for e in measured}
     assert servers["0"] != servers["1"]
+    from perfzoo.profiling.core import _LINGERING_SERVERS
+    assert not _LINGERING_SERVERS  # the first server, stopped while its workers were held, was collected
 
     # the label is the mean of the two windows' medians; the dataset says how many windows it has
     from perfzoo.dataset.build import aggregate_runs
