@@ -33,7 +33,7 @@ from perfzoo.hardware.specs import lookup_gpu
 from perfzoo.io import InputError
 from perfzoo.provenance import read_provenance
 from perfzoo.dataset.splits import make_split, split_notes
-from perfzoo.dataset.timm import TimmFile, describe_file
+from perfzoo.dataset.timm import TimmFile, describe_file, timm_family
 
 FIXTURE = Path(__file__).parent / "fixtures" / "external_measurements.csv"
 HEADER = "model,device,batch,mode,precision,n_gpus,metric,value,unit"
@@ -306,6 +306,20 @@ def test_timm_benchmark_files_are_read_with_device_precision_software_and_timm_f
         "training", "amp", "rtx3090", "pt112-cu113")
     with pytest.raises(InputError, match="does not say the device and precision"):
         import_external(FIXTURE, options=ImportOptions(fmt="timm"))
+
+
+def test_a_timm_name_this_timm_does_not_know_is_imported_with_its_label(tmp_path) -> None:
+    """timm's training file (torch 1.12) names models a newer timm dropped: the import does not stop at them;
+    their rows keep their labels, with the family read from the name (timm has no module for them)."""
+    path = tmp_path / "benchmark-train-amp-nchw-pt112-cu113-rtx3090.csv"
+    path.write_text("model,train_samples_per_sec,train_step_time,train_batch_size,train_img_size,param_count\n"
+                    "convnext_nano_hnf,1000.0,256.0,256,224,15.59\n"
+                    "resnet18,2000.0,128.0,256,224,11.69\n")
+    assert timm_family("convnext_nano_hnf") == "" and timm_family("resnet18.a1_in1k") == "resnet"
+    data, _ = import_external(path, options=ImportOptions(fmt="timm", featurise_models=False))
+    rows = data.set_index("name")
+    assert rows.loc["timm:convnext_nano_hnf", "family"] == "convnext" and rows.loc["timm:resnet18", "family"] == "resnet"
+    assert rows.loc["timm:convnext_nano_hnf", "latency_ms"] == 256.0
 
 
 def test_batch_scaled_features_equal_a_direct_featurisation(monkeypatch: pytest.MonkeyPatch) -> None:

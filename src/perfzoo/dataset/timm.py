@@ -69,10 +69,10 @@ def timm_family(name: str) -> str:
     """The timm module that defines the model (its architecture family), or '' for an unknown name."""
     import timm.models  # lazy: seconds to import; only names of never-featurised models need it
 
-    try:
-        return timm.models.model_entrypoint(name.split(".", 1)[0]).__module__.rsplit(".", 1)[-1]
-    except RuntimeError:  # timm: "Unknown model"
+    base = name.split(".", 1)[0]
+    if not timm.models.is_model(base):  # e.g. a name an older timm had (the training file's convnext_nano_hnf)
         return ""
+    return timm.models.model_entrypoint(base).__module__.rsplit(".", 1)[-1]
 
 
 def _mode_of(header: list[str], path: Path) -> str:
