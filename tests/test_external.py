@@ -318,7 +318,8 @@ def test_a_timm_name_this_timm_does_not_know_is_imported_with_its_label(tmp_path
     assert timm_family("convnext_nano_hnf") == "" and timm_family("resnet18.a1_in1k") == "resnet"
     data, _ = import_external(path, options=ImportOptions(fmt="timm", featurise_models=False))
     rows = data.set_index("name")
-    assert rows.loc["timm:convnext_nano_hnf", "family"] == "convnext" and rows.loc["timm:resnet18", "family"] == "resnet"
+    assert rows.loc["timm:convnext_nano_hnf", "family"] == "convnext"
+    assert rows.loc["timm:resnet18", "family"] == "resnet"
     assert rows.loc["timm:convnext_nano_hnf", "latency_ms"] == 256.0
 
 
