@@ -100,8 +100,9 @@ class Outside:
     @property
     def decades(self) -> float:
         """How far outside, in decades of the nearer end."""
-        ratio = self.value / self.hi if self.value > self.hi else (self.lo / self.value if self.value > 0 else math.inf)
-        return math.log10(ratio) if ratio > 0 else math.inf
+        if self.value > self.hi:
+            return math.log10(self.value / self.hi)
+        return math.log10(self.lo / self.value) if self.value > 0 else math.inf
 
 
 def outside_profiled(feats: Mapping[str, Any], batch: int, same_mode: pd.DataFrame, data: pd.DataFrame
