@@ -343,3 +343,34 @@ def test_forward_failure_and_bad_arguments_raise_input_error() -> None:
         featurise(tiny_cnn, (3, 8, 8), 1, "serving", model_id="m")
     with pytest.raises(InputError, match="model m: bad input spec"):
         featurise(tiny_cnn, (3, 8, 8), 1, "inference", input_dtype="float99", model_id="m")
+
+
+class _Token(nn.Module):
+    """Returns a view of its parameter: made under no_grad, it needs a gradient and has no gradient function."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.token = nn.Parameter(torch.zeros(1, 1, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.token.expand(x.shape[0], -1, -1)
+
+
+class _WithToken(nn.Module):
+    """A class token prepended to the sequence, as CaiT, PiT and SigLIP's attention pool have one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok, self.fc = _Token(), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.cat([self.tok(x), x], dim=1).mean(1))
+
+
+def test_an_inference_step_with_a_parameter_view_is_counted_with_the_parameters_requires_grad_off() -> None:
+    # FlopCounterMode's module tracker fails on such a view ("Expected gradient function to be set"); the inference
+    # step is counted again with requires_grad off, and the model keeps its trainable parameters afterwards
+    features, layers = featurise(_WithToken, (4, 8), 2, "inference", "float32", "tok")
+    assert features["flops"] == features["flops_fw"] == 2 * 2 * 8 * 3  # the head's matrix product, batch 2
+    assert features["trainable_params"] == 8 + 8 * 3 + 3 and not layers.empty
+    assert featurise(_WithToken, (4, 8), 2, "training", "float32", "tok")[0]["flops"] == 3 * 96

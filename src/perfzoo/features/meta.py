@@ -440,6 +440,50 @@ def _sum_loss(output: Any) -> torch.Tensor:
     return sum(t.sum() for t in tensors)
 
 
+GRAD_FN_MISSING = "Expected gradient function to be set"
+"""FlopCounterMode's module tracker on a tensor that needs a gradient and has no gradient function."""
+
+
+def _counted_step(model: nn.Module, x: torch.Tensor, mode: str
+                  ) -> tuple[FlopCounterMode, _Recorder, tuple[int, int, Any]]:
+    """The step of ``mode`` under FlopCounterMode with the layer hooks: (counter, layer recorder, what
+    :func:`_run_step` returns).
+
+    The counter's module tracker hooks the gradient of every module input and output that needs one, and fails
+    on a view of a parameter made under ``no_grad`` (it needs a gradient and has no gradient function: CaiT's
+    and PiT's class tokens, the SigLIP attention pool's latent; 45 timm models). An inference step that fails so
+    is counted again with the parameters' ``requires_grad`` off (restored after); only then, because PyTorch
+    takes other paths for some modules without it (``nn.TransformerEncoderLayer``'s fused path), and the
+    operator trace and the memory simulation, which have no module tracker, keep the step as it is profiled."""
+    for frozen in (False, True):
+        counter = _flop_counter()
+        recorder = _Recorder({id(m): name for name, m in model.named_modules()}, counter.get_total_flops)
+        handles = recorder.attach(model)
+        try:
+            with cpu_kernels(), _parameters_frozen(model) if frozen else contextlib.nullcontext():
+                return counter, recorder, _run_step(model, x, mode, recorder, counter)
+        except AssertionError as exc:
+            if frozen or mode != "inference" or GRAD_FN_MISSING not in str(exc):
+                raise
+        finally:
+            for handle in handles:
+                handle.remove()
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+@contextlib.contextmanager
+def _parameters_frozen(model: nn.Module) -> Iterator[None]:
+    """The model's parameters without ``requires_grad`` inside (restored after)."""
+    frozen = [p for p in model.parameters() if p.requires_grad]
+    for parameter in frozen:
+        parameter.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for parameter in frozen:
+            parameter.requires_grad_(True)
+
+
 def _run_step(model: nn.Module, x: torch.Tensor, mode: str, recorder: _Recorder, counter: FlopCounterMode
               ) -> tuple[int, int, Any]:
     """Run the step of ``mode``; return (total FLOPs, forward FLOPs, model output)."""
@@ -772,19 +816,12 @@ def _separate_passes(build: Callable[[], nn.Module], x: torch.Tensor, mode: str,
             model = _build_on_meta(build)
         except Exception as exc:  # noqa: BLE001 - any builder error becomes a one-line InputError
             raise InputError(f"model {model_id}: build failed: {one_line(exc)}") from None
-        counter = _flop_counter()
-        recorder = _Recorder({id(m): name for name, m in model.named_modules()}, counter.get_total_flops)
-        handles = recorder.attach(model)
         try:
-            with cpu_kernels():
-                flops, flops_fw, output = _run_step(model, x, mode, recorder, counter)
+            counter, recorder, (flops, flops_fw, output) = _counted_step(model, x, mode)
         except Exception as exc:  # noqa: BLE001 - any model error becomes a one-line InputError
             raise InputError(
                 f"model {model_id}: {mode} step failed on meta device: {one_line(exc)}"
             ) from None
-        finally:
-            for handle in handles:
-                handle.remove()
         op_features, op_table = traced_op_features(lambda: model, x, mode, counter.flop_registry, model_id,
                                                    optimizer, cache_bytes)
     loss_values = _loss_values(output, int(x.shape[0])) if mode == "training" else None
