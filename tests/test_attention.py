@@ -99,3 +99,51 @@ def test_the_patch_is_undone_and_real_tensors_pass_through() -> None:
         assert F.scaled_dot_product_attention is not original
         torch.testing.assert_close(F.scaled_dot_product_attention(q, q, q), original(q, q, q))
     assert F.scaled_dot_product_attention is original
+
+
+def _choice_on_full_cpu_tensors(query, key, value, mask, dropout: float, causal: bool) -> bool:  # type: ignore[no-untyped-def]
+    """The CPU's backend choice on unwritten CPU tensors of exactly the meta tensors' shapes and strides."""
+    def like(t):  # type: ignore[no-untyped-def]
+        if t is None:
+            return None
+        cpu = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+        return cpu.requires_grad_(t.requires_grad and t.is_floating_point())
+
+    choice = torch._fused_sdp_choice(like(query), like(key), like(value), like(mask), dropout, causal)
+    return choice == torch.nn.attention.SDPBackend.FLASH_ATTENTION.value
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("kv_batch", [4, 1])
+@pytest.mark.parametrize("mask", ["none", "batch", "broadcast", "2d", "bool"])
+@pytest.mark.parametrize("dropout, causal", [(0.0, False), (0.1, False), (0.0, True)])
+def test_the_backend_choice_from_stand_ins_of_one_batch_element_is_the_full_batchs(
+        dtype: torch.dtype, grad: bool, kv_batch: int, mask: str, dropout: float, causal: bool) -> None:
+    from perfzoo.features.attention import cpu_picks_flash
+
+    batch, heads, tokens, dim = 4, 2, 5, 8
+    with torch.device("meta"):  # the query a view of a fused QKV projection, as timm's attention makes it
+        qkv = torch.empty(batch, tokens, 3, heads, dim, dtype=dtype, requires_grad=grad)
+        query = qkv.permute(2, 0, 3, 1, 4)[0]
+        key = value = torch.empty(kv_batch, heads, tokens, dim, dtype=dtype)
+        masks = {"none": None, "batch": torch.empty(batch, 1, tokens, tokens, dtype=dtype),
+                 "broadcast": torch.empty(1, 1, tokens, tokens, dtype=dtype),
+                 "2d": torch.empty(tokens, tokens, dtype=dtype), "bool": torch.empty(batch, 1, tokens, tokens,
+                                                                                    dtype=torch.bool)}
+    arguments = {"query": query, "key": key, "value": value, "attn_mask": masks[mask], "dropout_p": dropout,
+                 "is_causal": causal, "scale": None, "enable_gqa": False}
+    assert cpu_picks_flash(arguments) == _choice_on_full_cpu_tensors(query, key, value, masks[mask], dropout,
+                                                                      causal)
+
+
+def test_the_backend_choice_of_a_large_batch_allocates_no_full_size_stand_in() -> None:
+    # a ViT at 518 px and batch 2,048: a stand-in of the whole batch would span 26 GB of CPU memory
+    from perfzoo.features.attention import cpu_picks_flash
+
+    with torch.device("meta"):
+        qkv = torch.empty(2048, 1370, 3, 12, 64)
+        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    arguments = {"query": query, "key": key, "value": value, "attn_mask": None, "dropout_p": 0.0,
+                 "is_causal": False, "scale": None, "enable_gqa": False}
+    assert cpu_picks_flash(arguments)

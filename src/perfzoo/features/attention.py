@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 import torch.nn.functional as F
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
@@ -50,12 +51,27 @@ ATTENTION_FLOP_FORMULAS = {FLASH_FOR_CPU: _flash_flops, FLASH_FOR_CPU_BACKWARD: 
 """FLOP formulas of the CPU's fused attention operators, for ``FlopCounterMode(custom_mapping=...)``."""
 
 
-def _stand_in(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    """An unwritten CPU tensor like ``tensor`` (shape, dtype, strides, requires_grad) for the backend choice."""
+def _stand_in(tensor: torch.Tensor | None, batch_of_one: bool = False) -> torch.Tensor | None:
+    """An unwritten CPU tensor like ``tensor`` (shape, dtype, strides, requires_grad) for the backend choice;
+    with ``batch_of_one``, of size 1 in its first dimension."""
     if tensor is None:
         return None
-    stand_in = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu")
+    shape = (1, *tensor.shape[1:]) if batch_of_one else tensor.shape
+    stand_in = torch.empty_strided(shape, tensor.stride(), dtype=tensor.dtype, device="cpu")
     return stand_in.requires_grad_(tensor.requires_grad and tensor.is_floating_point())
+
+
+def _stand_ins(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """CPU stand-ins of the attention's tensors, of one batch element where the query, key and value share their
+    batch (and the mask, where it has the query's dimensions and batch). The backend choice reads whether the
+    batches agree, not how large they are, and a stand-in allocates the span of its strides: a query viewed
+    out of a ViT's fused QKV projection at 518 px and batch 2,048 spans 26 GB."""
+    batch = query.shape[0]
+    shared = key.shape[0] == value.shape[0] == batch
+    mask_shared = shared and mask is not None and mask.dim() == query.dim() and mask.shape[0] == batch
+    return (_stand_in(query, shared), _stand_in(key, shared), _stand_in(value, shared),
+            _stand_in(mask, mask_shared))
 
 
 def _sdpa_arguments(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -72,9 +88,12 @@ def cpu_picks_flash(arguments: dict[str, Any]) -> bool:
         return False
     if not tensors[0].dim() == tensors[1].dim() == tensors[2].dim() in (3, 4):
         return False  # the fused kernel takes 4-D inputs, or 3-D ones as one batch of heads
-    query, key, value, mask = (_stand_in(t) for t in tensors)
-    choice = torch._fused_sdp_choice(query, key, value, mask, arguments["dropout_p"], arguments["is_causal"],
-                                     scale=arguments["scale"])
+    with _disable_current_modes():  # the stand-ins are this module's, not the step's: no recording sees them
+        query, key, value, mask = _stand_ins(*tensors)
+        choice = torch._fused_sdp_choice(query, key, value, mask, arguments["dropout_p"], arguments["is_causal"],
+                                         scale=arguments["scale"])
+    # the CPU's own call of the choice, as the step's recordings (operator trace, memory) see it: on its tensors
+    torch._fused_sdp_choice(*tensors, arguments["dropout_p"], arguments["is_causal"], scale=arguments["scale"])
     return choice == torch.nn.attention.SDPBackend.FLASH_ATTENTION.value
 
 
