@@ -147,3 +147,23 @@ def test_the_backend_choice_of_a_large_batch_allocates_no_full_size_stand_in() -
     arguments = {"query": query, "key": key, "value": value, "attn_mask": None, "dropout_p": 0.0,
                  "is_causal": False, "scale": None, "enable_gqa": False}
     assert cpu_picks_flash(arguments)
+
+
+def test_the_backend_choice_is_seen_by_the_steps_recordings_as_the_cpus_own_call_without_stand_ins() -> None:
+    class AllOps(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[tuple[str, str]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            devices = {a.device.type for a in args if isinstance(a, torch.Tensor)}
+            self.calls.append((func.overloadpacket.__name__, ",".join(sorted(devices))))
+            return func(*args, **(kwargs or {}))
+
+    with torch.device("meta"):
+        query = key = value = torch.empty(2, 2, 5, 8)
+        with cpu_attention(), AllOps() as recorded:
+            F.scaled_dot_product_attention(query, key, value)
+    names = [name for name, _ in recorded.calls]
+    assert ("_fused_sdp_choice", "meta") in recorded.calls and "empty_strided" not in names
+    assert all(device in ("meta", "") for _, device in recorded.calls)  # no CPU tensor in the step
