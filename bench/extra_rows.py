@@ -93,11 +93,12 @@ def main() -> None:
     args = parser.parse_args()
     check_splits_remade(args.run)
     merged = write_merged(args.run, args.extra, args.out, args.variants)
-    added = set(dataset(args.extra)["row_id"]) & set(merged["row_id"]) - set(dataset(args.run)["row_id"])
+    original = dataset(args.run)
+    added = set(dataset(args.extra)["row_id"]) & set(merged["row_id"]) - set(original["row_id"])
     table, families = [], []
     for regressor in REGRESSORS:
         for split in SPLITS:
-            before = test_rows(args.run, dataset(args.run), split, regressor)
+            before = test_rows(args.run, original, split, regressor)
             after = test_rows(args.out, merged, split, regressor)
             table.append({"regressor": regressor, "split": split, "run": before["ape"].mean(),
                           "merged": after["ape"].mean(),

@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 import torch.nn.functional as F
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
 FLASH_FOR_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu

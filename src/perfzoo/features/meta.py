@@ -455,20 +455,26 @@ def _counted_step(model: nn.Module, x: torch.Tensor, mode: str
     is counted again with the parameters' ``requires_grad`` off (restored after); only then, because PyTorch
     takes other paths for some modules without it (``nn.TransformerEncoderLayer``'s fused path), and the
     operator trace and the memory simulation, which have no module tracker, keep the step as it is profiled."""
-    for frozen in (False, True):
-        counter = _flop_counter()
-        recorder = _Recorder({id(m): name for name, m in model.named_modules()}, counter.get_total_flops)
-        handles = recorder.attach(model)
-        try:
-            with cpu_kernels(), _parameters_frozen(model) if frozen else contextlib.nullcontext():
-                return counter, recorder, _run_step(model, x, mode, recorder, counter)
-        except AssertionError as exc:
-            if frozen or mode != "inference" or GRAD_FN_MISSING not in str(exc):
-                raise
-        finally:
-            for handle in handles:
-                handle.remove()
-    raise AssertionError("unreachable")  # the loop returns or raises
+    try:
+        return _counted_once(model, x, mode, frozen=False)
+    except AssertionError as exc:
+        if mode != "inference" or GRAD_FN_MISSING not in str(exc):
+            raise
+    return _counted_once(model, x, mode, frozen=True)
+
+
+def _counted_once(model: nn.Module, x: torch.Tensor, mode: str, frozen: bool
+                  ) -> tuple[FlopCounterMode, _Recorder, tuple[int, int, Any]]:
+    """One try of :func:`_counted_step`, with the parameters' ``requires_grad`` off when ``frozen``."""
+    counter = _flop_counter()
+    recorder = _Recorder({id(m): name for name, m in model.named_modules()}, counter.get_total_flops)
+    handles = recorder.attach(model)
+    try:
+        with cpu_kernels(), _parameters_frozen(model) if frozen else contextlib.nullcontext():
+            return counter, recorder, _run_step(model, x, mode, recorder, counter)
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 @contextlib.contextmanager
