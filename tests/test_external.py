@@ -23,6 +23,7 @@ from perfzoo.dataset.external import (
     family_from_name,
     import_external,
     import_summary,
+    resolve_builder,
 )
 from perfzoo.features.meta import featurise
 from perfzoo.features import pool
@@ -332,6 +333,29 @@ def test_a_timm_name_this_timm_does_not_know_is_imported_with_its_label(tmp_path
     assert rows.loc["timm:convnext_nano_hnf", "family"] == "convnext"
     assert rows.loc["timm:resnet18", "family"] == "resnet"
     assert rows.loc["timm:convnext_nano_hnf", "latency_ms"] == 256.0
+
+
+def test_a_name_timm_renamed_is_featurised_as_the_model_timm_builds_for_it_now(tmp_path) -> None:
+    """timm's table of renamed models maps the training file's ``gluon_resnet18_v1b`` to ``resnet18.gluon_in1k``:
+    its row gets resnet18's features (same resolution and batch), the provenance and summary say under which
+    name, and a name timm removed without a successor stays unfeaturised with its reason."""
+    path = tmp_path / "benchmark-train-amp-nchw-pt112-cu113-rtx3090.csv"
+    path.write_text("model,train_samples_per_sec,train_step_time,train_batch_size,train_img_size,param_count\n"
+                    "gluon_resnet18_v1b,1000.0,8.0,8,64,11.69\n"
+                    "resnet18,1000.0,8.0,8,64,11.69\n"
+                    "convnext_nano_hnf,1000.0,8.0,8,64,15.59\n")
+    assert resolve_builder("timm:gluon_resnet18_v1b") == ("timm", "resnet18.gluon_in1k")
+    assert resolve_builder("timm:convnext_nano_hnf") is None
+    data, prov = import_external(path, options=ImportOptions(fmt="timm", workers=1))
+    rows = data.set_index("name")
+    renamed, current = rows.loc["timm:gluon_resnet18_v1b"], rows.loc["timm:resnet18"]
+    assert renamed["feature_missing_reason"] == "" and renamed["family"] == "resnet"
+    assert renamed[list(MODEL_FEATURES)].equals(current[list(MODEL_FEATURES)])
+    assert renamed["flops"] > 0
+    assert prov["featurised_as"] == {"timm:gluon_resnet18_v1b": "timm:resnet18.gluon_in1k"}
+    assert "is not a timm or torchvision model name" in rows.loc["timm:convnext_nano_hnf", "feature_missing_reason"]
+    summary = import_summary(data, "x.parquet", featurised_as=prov["featurised_as"])
+    assert "  featurised as: timm:gluon_resnet18_v1b -> timm:resnet18.gluon_in1k" in summary
 
 
 def test_batch_scaled_features_equal_a_direct_featurisation(monkeypatch: pytest.MonkeyPatch) -> None:

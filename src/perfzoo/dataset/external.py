@@ -70,7 +70,7 @@ from perfzoo.io import InputError, read_yaml
 from perfzoo.hardware.precision import check_supported, normalise_precision, peak_for
 from perfzoo.provenance import provenance, sha256_file, write_table
 from perfzoo.dataset.timm import NotMeasured, describe_file, read_timm_rows
-from perfzoo.models.builders import library_model_names
+from perfzoo.models.builders import library_model_names, timm_renamed_models
 from perfzoo.models.zoo import stable_id
 
 TRACE_KIND = "external"
@@ -353,16 +353,29 @@ def _library_names(library: str) -> frozenset[str]:
 
 
 def resolve_builder(model: str) -> tuple[str, str] | None:
-    """(builder, name) for a timm/torchvision model name, else None."""
+    """(builder, name) for a timm/torchvision model name, else None; a name timm has renamed resolves to the
+    name timm builds for it now (:func:`~perfzoo.models.builders.timm_renamed_models`)."""
     if ":" in model:
         library, _, name = model.partition(":")
-        if library in ("timm", "torchvision") and name.split(".", 1)[0] in _library_names(library):
+        libraries = (library,) if library in ("timm", "torchvision") else ()
+    else:
+        libraries, name = ("torchvision", "timm"), model
+    for library in libraries:
+        if name.split(".", 1)[0] in _library_names(library):
             return library, name
-        return None
-    for library in ("torchvision", "timm"):
-        if model.split(".", 1)[0] in _library_names(library):
-            return library, model
+    if "timm" in libraries and name in timm_renamed_models():
+        return "timm", timm_renamed_models()[name]
     return None
+
+
+def renamed_models(data: pd.DataFrame) -> dict[str, str]:
+    """The table's model names that are featurised under another name (timm's renamed models), to that name."""
+    renamed = {}
+    for model in sorted(set(data["model"].astype(str))):
+        resolved = resolve_builder(model)
+        if resolved is not None and resolved[1] != (model.partition(":")[2] or model):
+            renamed[model] = f"{resolved[0]}:{resolved[1]}"
+    return renamed
 
 
 @dataclass
@@ -485,6 +498,7 @@ def import_external(csv_path: str | Path, featurise_models: bool = True, progres
     else:
         data = data.assign(**{c: math.nan for c in MODEL_FEATURES}, featurised_by="",
                            feature_missing_reason="model features not computed (featurise_models=False)")
+    renamed = renamed_models(data) if options.featurise_models else {}
     data["is_training"] = (data["mode"] == "training").astype(float)
     data = add_roofline_features(data)
     data.insert(0, "row_id", data[KEY].astype(str).agg("|".join, axis=1))
@@ -506,6 +520,7 @@ def import_external(csv_path: str | Path, featurise_models: bool = True, progres
                       "model_configs": int(data["model_id"].nunique())}
     if missing is not None:
         prov["unfeaturisable"] = missing.to_dict("records")
+    prov["featurised_as"] = renamed
     # only a timm file has such rows, and it holds one device: the resolved name of its rows
     prov["not_measured"] = [{"name": f"timm:{m.model}", "device": str(data["device"].iloc[0]),
                              "resolution": m.resolution, "batch": m.batch, "reason": m.reason} for m in not_measured]
@@ -540,15 +555,21 @@ def build_parser(prog: str = "perfzoo-import") -> argparse.ArgumentParser:
     return parser
 
 
-def import_summary(data: pd.DataFrame, output: str, not_measured: Sequence[dict[str, Any]] = ()) -> list[str]:
-    """Summary lines: rows and models counted separately, then every unfeaturisable model with why, then
-    every model the table records as not measured, with the table's reason."""
+def import_summary(data: pd.DataFrame, output: str, not_measured: Sequence[dict[str, Any]] = (),
+                   featurised_as: dict[str, str] | None = None) -> list[str]:
+    """Summary lines: rows and models counted separately, every model featurised under another name (timm's
+    renamed models), every unfeaturisable model with why, then every model the table records as not
+    measured, with the table's reason."""
     ok = data["feature_missing_reason"].fillna("") == ""
     missing = unfeaturisable_models(data)
     lines = [f"{len(data)} rows ({int(ok.sum())} featurised, {int((~ok).sum())} without features, left out of "
              f"fitting) of {data['name'].nunique()} models ({data.loc[ok, 'name'].nunique()} featurised, "
              f"{missing['name'].nunique()} not) in {data['model_id'].nunique()} model configs on "
              f"{data['device'].nunique()} devices -> {output}"]
+    if featurised_as:
+        lines.append(f"{len(featurised_as)} model(s) featurised under the name timm gives them now "
+                     "(timm's table of renamed models):")
+        lines += [f"  featurised as: {old} -> {new}" for old, new in featurised_as.items()]
     lines += [f"  not featurised: {r.name} ({r.precision}, {r.resolution}px, {r.mode}; {r.rows} rows): {r.reason}"
               for r in missing.itertuples(index=False)]
     if not_measured:
@@ -572,7 +593,7 @@ def external_main(argv: Sequence[str] | None = None, prog: str = "perfzoo-import
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     write_table(args.output, data, prov)
-    for line in import_summary(data, args.output, prov.get("not_measured", ())):
+    for line in import_summary(data, args.output, prov.get("not_measured", ()), prov.get("featurised_as")):
         print(f"{prog}: {line}", file=sys.stderr)
     return 0
 

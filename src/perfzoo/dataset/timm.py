@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perfzoo.io import InputError
+from perfzoo.models.builders import timm_renamed_models
 
 MODES = {"infer": "inference", "train": "training"}
 REQUIRED = {
@@ -69,8 +70,8 @@ def timm_family(name: str) -> str:
     """The timm module that defines the model (its architecture family), or '' for an unknown name."""
     import timm.models  # lazy: seconds to import; only names of never-featurised models need it
 
-    base = name.split(".", 1)[0]
-    if not timm.models.is_model(base):  # e.g. a name an older timm had (the training file's convnext_nano_hnf)
+    base = timm_renamed_models().get(name, name).split(".", 1)[0]  # a former name: the architecture's now
+    if not timm.models.is_model(base):  # e.g. a name timm removed (the training file's convnext_nano_hnf)
         return ""
     return timm.models.model_entrypoint(base).__module__.rsplit(".", 1)[-1]
 

@@ -65,6 +65,25 @@ def library_model_names(builder: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+@functools.cache
+def timm_renamed_models() -> dict[str, str]:
+    """timm's table of former model names and the ``<architecture>.<tag>`` it builds for each now (e.g.
+    ``tf_efficientnet_b0_ap`` -> ``tf_efficientnet_b0.ap_in1k``); names timm removed without a successor are
+    left out. Cached per timm version like :func:`library_model_names`."""
+    version = importlib.metadata.version("timm")
+    cache = _name_cache() / f"timm-{version}-renamed.json"
+    try:
+        return dict(json.loads(cache.read_text()))
+    except (OSError, ValueError):  # not cached yet, or unreadable: read timm's table
+        pass
+    import timm.models  # lazy: seconds to import; the Snakefile imports this module to check the config
+
+    renamed = {old: new for old, new in sorted(timm.models.get_deprecated_models().items()) if new}
+    with contextlib.suppress(OSError):  # a read-only cache folder only costs speed
+        write_text(cache, json.dumps(renamed))
+    return renamed
+
+
 def check_model_name(builder: str, name: str, where: str) -> None:
     """Raise InputError naming ``where`` if ``name`` is unknown to ``builder``."""
     if builder not in BUILDER_NAMES:
