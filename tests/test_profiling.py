@@ -228,6 +228,27 @@ def test_a_trace_without_windows_keeps_the_median_of_its_iterations() -> None:
     assert runs.loc[0, "latency_ci_lo"] == 5.5 and runs.loc[0, "latency_ci_hi"] == 10.5
 
 
+def test_collecting_stopped_worker_servers_returns_while_one_still_runs() -> None:
+    """A server that has not ended within ``wait_s`` stays listed (collected later): a worker that holds it does
+    not stall the caller until it ends; once it ends, a call collects it."""
+    import subprocess
+
+    from perfzoo.profiling.core import _LINGERING_SERVERS, reap_worker_servers
+
+    server = subprocess.Popen(["sleep", "30"])  # stands in for a server whose last worker still runs
+    _LINGERING_SERVERS.append(server.pid)
+    try:
+        reap_worker_servers(wait_s=0.2)
+        assert server.pid in _LINGERING_SERVERS and server.poll() is None  # returned while it still ran
+        server.kill()
+        reap_worker_servers(wait_s=30.0)
+        assert server.pid not in _LINGERING_SERVERS
+    finally:
+        server.kill()
+        if server.pid in _LINGERING_SERVERS:
+            _LINGERING_SERVERS.remove(server.pid)
+
+
 def test_a_held_worker_times_the_same_step_again_and_survives_a_new_worker_server() -> None:
     from perfzoo.profiling.core import _LINGERING_SERVERS, reap_worker_servers, restart_worker_server
     from perfzoo.profiling.worker import start_held
