@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import fcntl
 import os
 import shutil
 import subprocess
@@ -77,14 +78,33 @@ def finished_config() -> dict[str, Any]:
     return config
 
 
-@pytest.fixture(scope="session")
-def finished_workflow(tmp_path_factory) -> Path:
-    """A workflow folder (code, config, results, .snakemake metadata) after a complete real run."""
-    folder = copy_workflow(tmp_path_factory.mktemp("finished") / "perfzoo", finished_config())
+def _run_to_the_end(folder: Path) -> Path:
+    """Run the whole workflow in ``folder`` (a :func:`copy_workflow`) with Snakemake; the folder."""
     env = {**os.environ, "PYTHONPATH": str(folder / "src")}
     proc = subprocess.run(
         [sys.executable, "-m", "snakemake", "--cores", "2"],
         cwd=folder, env=env, capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return folder
+
+
+@pytest.fixture(scope="session")
+def finished_workflow(tmp_path_factory, worker_id) -> Path:
+    """A workflow folder (code, config, results, .snakemake metadata) after a complete real run.
+
+    Under pytest-xdist the run is made once for all workers (by the first to ask, under a file lock; the others
+    wait for it rather than run it beside it on the same cores) and each worker gets its own copy: a copied
+    folder has nothing left to do (tests/test_relocatable.py), and the tests change their folder."""
+    if worker_id == "master":
+        return _run_to_the_end(copy_workflow(tmp_path_factory.mktemp("finished") / "perfzoo", finished_config()))
+    shared = tmp_path_factory.getbasetemp().parent / "finished-workflow"
+    with open(f"{shared}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (shared / "done").exists():
+            shutil.rmtree(shared, ignore_errors=True)  # what a failed run of another worker left
+            _run_to_the_end(copy_workflow(shared / "perfzoo", finished_config()))
+            (shared / "done").touch()
+    folder = tmp_path_factory.mktemp("finished") / "perfzoo"
+    shutil.copytree(shared / "perfzoo", folder, symlinks=True)  # keeps mtimes, as `cp -a` does
     return folder
