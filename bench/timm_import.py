@@ -1,6 +1,7 @@
 """Import timm's benchmark files (GPU inference at AMP, then GPU training) and time the featurisation.
 
 Usage: python bench/timm_import.py [--data DIR] [--out FILE.parquet] [--workers N] [--limit N] [--cache F]
+                                  [--only inference|training]
 
 The models of all inference files are featurised together first — one job per (model, resolution, mode)
 covering every batch size any file lists — then each file is imported with ``perfzoo.dataset.external`` (format
@@ -65,8 +66,9 @@ def featurise_files(paths: list[Path], workers: int | None, cache: str | None) -
 def import_files(paths: list[Path], workers: int | None) -> pd.DataFrame:
     frames = []
     for path in paths:
-        data, _ = import_external(path, options=ImportOptions(fmt="timm", workers=workers))
-        print(f"{path.name}: {len(data)} rows, {data['name'].nunique()} models", flush=True)
+        data, prov = import_external(path, options=ImportOptions(fmt="timm", workers=workers))
+        print(f"{path.name}: {len(data)} rows, {data['name'].nunique()} models, "
+              f"{len(prov['featurised_as'])} featurised under the name timm gives them now", flush=True)
         frames.append(data)
     return pd.concat(frames, ignore_index=True).sort_values("row_id").reset_index(drop=True)
 
@@ -97,11 +99,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--limit", type=int, default=0, help="first N models of each file only (0: all)")
     parser.add_argument("--cache", default=None, help="JSON lines feature cache (resumes an interrupted run)")
+    parser.add_argument("--only", choices=("inference", "training"), default=None,
+                        help="import only the inference files or only the training file (default: both)")
     args = parser.parse_args()
     if args.cache:
         print(f"feature cache: {load_cache(args.cache)} entries loaded", flush=True)
     frames, used = [], []
-    for names in (INFERENCE_FILES, TRAINING_FILES):
+    groups = {"inference": INFERENCE_FILES, "training": TRAINING_FILES}
+    for names in (groups[args.only],) if args.only else groups.values():
         paths = limited([args.data / n for n in names], args.limit)
         featurise_files(paths, args.workers, args.cache)
         frames.append(import_files(paths, args.workers))
