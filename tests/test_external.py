@@ -346,6 +346,7 @@ def test_a_name_timm_renamed_is_featurised_as_the_model_timm_builds_for_it_now(t
                     "convnext_nano_hnf,1000.0,8.0,8,64,15.59\n")
     assert resolve_builder("timm:gluon_resnet18_v1b") == ("timm", "resnet18.gluon_in1k")
     assert resolve_builder("timm:convnext_nano_hnf") is None
+    assert resolve_builder("timm:vit_base_patch16_224_sam") == ("timm", "vit_base_patch16_224")  # a tag timm dropped
     data, prov = import_external(path, options=ImportOptions(fmt="timm", workers=1))
     rows = data.set_index("name")
     renamed, current = rows.loc["timm:gluon_resnet18_v1b"], rows.loc["timm:resnet18"]

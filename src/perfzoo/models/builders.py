@@ -69,7 +69,9 @@ def library_model_names(builder: str) -> tuple[str, ...]:
 def timm_renamed_models() -> dict[str, str]:
     """timm's table of former model names and the ``<architecture>.<tag>`` it builds for each now (e.g.
     ``tf_efficientnet_b0_ap`` -> ``tf_efficientnet_b0.ap_in1k``); names timm removed without a successor are
-    left out. Cached per timm version like :func:`library_model_names`."""
+    left out. A tag timm no longer has (``vit_base_patch16_224_sam`` -> ``vit_base_patch16_224.sam``) is dropped:
+    it names pretrained weights, and the architecture is what is featurised (random weights, the table's
+    resolution and class count). Cached per timm version like :func:`library_model_names`."""
     version = importlib.metadata.version("timm")
     cache = _name_cache() / f"timm-{version}-renamed.json"
     try:
@@ -78,7 +80,9 @@ def timm_renamed_models() -> dict[str, str]:
         pass
     import timm.models  # lazy: seconds to import; the Snakefile imports this module to check the config
 
-    renamed = {old: new for old, new in sorted(timm.models.get_deprecated_models().items()) if new}
+    tagged = set(timm.list_pretrained())
+    renamed = {old: new if "." not in new or new in tagged else new.split(".", 1)[0]
+               for old, new in sorted(timm.models.get_deprecated_models().items()) if new}
     with contextlib.suppress(OSError):  # a read-only cache folder only costs speed
         write_text(cache, json.dumps(renamed))
     return renamed
