@@ -438,6 +438,9 @@ def test_unknown_name_lists_close_names(run_dir: Path) -> None:
         predict("mlp:mlp_smal", input_shape=64)
     with pytest.raises(InputError, match=r"unknown torchvision model 'resnt50' \(did you mean: .*resnet50"):
         predict("torchvision:resnt50")
+    with pytest.raises(InputError, match=r"^model: timm model 'gluon_resnet50_v1b' was renamed: use 'resnet50' "
+                                         r"\(timm's name with its weights: 'resnet50.gluon_in1k'\)$"):
+        predict("timm:gluon_resnet50_v1b")
 
 
 def test_raising_factory_is_located(run_dir: Path, tmp_path: Path) -> None:

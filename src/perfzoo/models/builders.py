@@ -103,8 +103,13 @@ def check_model_name(builder: str, name: str, where: str) -> None:
     else:
         check_factory_reference(name, where)
         return
-    if name not in names:
-        raise InputError(f"{where}: unknown {builder} model {name!r}{suggest(name, names)}")
+    if name in names:
+        return
+    if builder == "timm" and name in timm_renamed_models():  # models are built with random weights: the architecture
+        current = timm_renamed_models()[name]
+        raise InputError(f"{where}: timm model {name!r} was renamed: use {current.split('.', 1)[0]!r} "
+                         f"(timm's name with its weights: {current!r})")
+    raise InputError(f"{where}: unknown {builder} model {name!r}{suggest(name, names)}")
 
 
 def accepted_kwargs(builder: str, name: str) -> tuple[str, ...] | None:
