@@ -438,9 +438,22 @@ def test_unknown_name_lists_close_names(run_dir: Path) -> None:
         predict("mlp:mlp_smal", input_shape=64)
     with pytest.raises(InputError, match=r"unknown torchvision model 'resnt50' \(did you mean: .*resnet50"):
         predict("torchvision:resnt50")
-    with pytest.raises(InputError, match=r"^model: timm model 'gluon_resnet50_v1b' was renamed: use 'resnet50' "
-                                         r"\(timm's name with its weights: 'resnet50.gluon_in1k'\)$"):
+    with pytest.raises(InputError, match=r"^model: timm model 'gluon_resnet50_v1b' was renamed: it is "
+                                         r"'resnet50.gluon_in1k' now$"):
         predict("timm:gluon_resnet50_v1b")
+    with pytest.raises(InputError, match=r"^model: timm model 'resnet50' has no tag 'gluon' \(did you mean: "
+                                         r"resnet50.gluon_in1k"):
+        predict("timm:resnet50.gluon")
+
+
+def test_a_timm_name_with_a_weights_tag_names_its_architecture() -> None:
+    """``timm:resnet50.gluon_in1k`` (as timm's renamed models and its model cards write it) is the architecture, built
+    with random weights like any other; bare or with the library prefix."""
+    from perfzoo.prediction.spec import resolve_model
+
+    for text in ("timm:resnet50.gluon_in1k", "resnet50.gluon_in1k"):
+        spec = resolve_model(text, (3, 64, 64))
+        assert (spec.builder, spec.name) == ("timm", "resnet50.gluon_in1k")
 
 
 def test_raising_factory_is_located(run_dir: Path, tmp_path: Path) -> None:

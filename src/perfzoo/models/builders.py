@@ -16,7 +16,7 @@ import inspect
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,24 @@ def library_model_names(builder: str) -> tuple[str, ...]:
 
 
 @functools.cache
+def timm_tagged_models() -> frozenset[str]:
+    """timm's ``<architecture>.<tag>`` names (a tag names pretrained weights, e.g. ``resnet50.a1_in1k``); cached per
+    timm version like :func:`library_model_names`."""
+    version = importlib.metadata.version("timm")
+    cache = _name_cache() / f"timm-{version}-tagged.json"
+    try:
+        return frozenset(json.loads(cache.read_text()))
+    except (OSError, ValueError):  # not cached yet, or unreadable: list timm's tags
+        pass
+    import timm  # lazy: seconds to import; the Snakefile imports this module to check the config
+
+    names = sorted(timm.list_pretrained())
+    with contextlib.suppress(OSError):  # a read-only cache folder only costs speed
+        write_text(cache, json.dumps(names))
+    return frozenset(names)
+
+
+@functools.cache
 def timm_renamed_models() -> dict[str, str]:
     """timm's table of former model names and the ``<architecture>.<tag>`` it builds for each now (e.g.
     ``tf_efficientnet_b0_ap`` -> ``tf_efficientnet_b0.ap_in1k``); names timm removed without a successor are
@@ -80,7 +98,7 @@ def timm_renamed_models() -> dict[str, str]:
         pass
     import timm.models  # lazy: seconds to import; the Snakefile imports this module to check the config
 
-    tagged = set(timm.list_pretrained())
+    tagged = timm_tagged_models()
     renamed = {old: new if "." not in new or new in tagged else new.split(".", 1)[0]
                for old, new in sorted(timm.models.get_deprecated_models().items()) if new}
     with contextlib.suppress(OSError):  # a read-only cache folder only costs speed
@@ -105,11 +123,23 @@ def check_model_name(builder: str, name: str, where: str) -> None:
         return
     if name in names:
         return
-    if builder == "timm" and name in timm_renamed_models():  # models are built with random weights: the architecture
-        current = timm_renamed_models()[name]
-        raise InputError(f"{where}: timm model {name!r} was renamed: use {current.split('.', 1)[0]!r} "
-                         f"(timm's name with its weights: {current!r})")
+    if builder == "timm" and _is_tagged_timm_name(name, names, where):
+        return
     raise InputError(f"{where}: unknown {builder} model {name!r}{suggest(name, names)}")
+
+
+def _is_tagged_timm_name(name: str, architectures: Sequence[str], where: str) -> bool:
+    """Whether ``name`` is a timm architecture with one of its tags (``resnet50.a1_in1k``: built with random weights
+    all the same); InputError for a name timm renamed (naming the current one) or a known architecture's unknown tag."""
+    if name in timm_renamed_models():
+        raise InputError(f"{where}: timm model {name!r} was renamed: it is {timm_renamed_models()[name]!r} now")
+    architecture, dot, tag = name.partition(".")
+    if not dot or architecture not in architectures:
+        return False
+    if name not in timm_tagged_models():
+        tags = sorted(n for n in timm_tagged_models() if n.startswith(f"{architecture}."))
+        raise InputError(f"{where}: timm model {architecture!r} has no tag {tag!r}{suggest(name, tags)}")
+    return True
 
 
 def accepted_kwargs(builder: str, name: str) -> tuple[str, ...] | None:

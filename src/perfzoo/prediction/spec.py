@@ -12,7 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from perfzoo.models.builders import TOKEN_BUILDERS, check_factory_reference, check_model_name, library_model_names
+from perfzoo.models.builders import (
+    TOKEN_BUILDERS,
+    check_factory_reference,
+    check_model_name,
+    library_model_names,
+    timm_tagged_models,
+)
 from perfzoo.io import InputError, suggest
 
 SPEC_KEYS = ("name", "batch", "input", "mode", "precision", "devices", "objective", "latency_target_ms",
@@ -121,7 +127,8 @@ def resolve_model(model: Any, input_shape: Any = None) -> ModelSpec:
     elif text.endswith(".py"):
         raise InputError(f"model {text!r}: name the factory function too, as in '{text}:build'")
     else:
-        builder = next((b for b in ("torchvision", "timm") if text in library_model_names(b)), "")
+        builder = next((b for b in ("torchvision", "timm") if text in library_model_names(b)), "") or (
+            "timm" if text in timm_tagged_models() else "")
         if not builder:
             names = sorted({*library_model_names("torchvision"), *library_model_names("timm")})
             raise InputError(
