@@ -43,44 +43,46 @@ def _name_cache() -> Path:
 
 
 
+def _cached_per_version(library: str, suffix: str, compute: Callable[[], Any]) -> Any:
+    """``compute()`` (JSON-able), kept in the name cache per ``library`` version: read from there when it is."""
+    cache = _name_cache() / f"{library}-{importlib.metadata.version(library)}{suffix}.json"
+    try:
+        return json.loads(cache.read_text())
+    except (OSError, ValueError):  # not cached yet, or unreadable: ask the library
+        pass
+    value = compute()
+    with contextlib.suppress(OSError):  # a read-only cache folder only costs speed
+        write_text(cache, json.dumps(value))  # atomic: parallel jobs may fill the cache at once
+    return value
+
+
 @functools.cache
 def library_model_names(builder: str) -> tuple[str, ...]:
     """Model names a library offers; cached per library version so config checks stay fast."""
-    version = importlib.metadata.version(builder)
-    cache = _name_cache() / f"{builder}-{version}.json"
-    try:
-        return tuple(json.loads(cache.read_text()))
-    except (OSError, ValueError):  # not cached yet, or unreadable: list the library's models
-        pass
-    if builder == "timm":
-        import timm  # lazy: seconds to import; the Snakefile imports this module to check the config
 
-        names = sorted(timm.list_models())
-    else:
+    def listed() -> list[str]:
+        if builder == "timm":
+            import timm  # lazy: seconds to import; the Snakefile imports this module to check the config
+
+            return sorted(timm.list_models())
         import torchvision.models  # lazy: seconds to import; the Snakefile imports this module to check the config
 
-        names = sorted(torchvision.models.list_models())
-    with contextlib.suppress(OSError):  # a read-only cache folder only costs speed
-        write_text(cache, json.dumps(names))  # atomic: parallel jobs may fill the cache at once
-    return tuple(names)
+        return sorted(torchvision.models.list_models())
+
+    return tuple(_cached_per_version(builder, "", listed))
 
 
 @functools.cache
 def timm_tagged_models() -> frozenset[str]:
     """timm's ``<architecture>.<tag>`` names (a tag names pretrained weights, e.g. ``resnet50.a1_in1k``); cached per
     timm version like :func:`library_model_names`."""
-    version = importlib.metadata.version("timm")
-    cache = _name_cache() / f"timm-{version}-tagged.json"
-    try:
-        return frozenset(json.loads(cache.read_text()))
-    except (OSError, ValueError):  # not cached yet, or unreadable: list timm's tags
-        pass
-    import timm  # lazy: seconds to import; the Snakefile imports this module to check the config
 
-    names = sorted(timm.list_pretrained())
-    with contextlib.suppress(OSError):  # a read-only cache folder only costs speed
-        write_text(cache, json.dumps(names))
-    return frozenset(names)
+    def listed() -> list[str]:
+        import timm  # lazy: seconds to import; the Snakefile imports this module to check the config
+
+        return sorted(timm.list_pretrained())
+
+    return frozenset(_cached_per_version("timm", "-tagged", listed))
 
 
 @functools.cache
@@ -90,20 +92,15 @@ def timm_renamed_models() -> dict[str, str]:
     left out. A tag timm no longer has (``vit_base_patch16_224_sam`` -> ``vit_base_patch16_224.sam``) is dropped:
     it names pretrained weights, and the architecture is what is featurised (random weights, the table's
     resolution and class count). Cached per timm version like :func:`library_model_names`."""
-    version = importlib.metadata.version("timm")
-    cache = _name_cache() / f"timm-{version}-renamed.json"
-    try:
-        return dict(json.loads(cache.read_text()))
-    except (OSError, ValueError):  # not cached yet, or unreadable: read timm's table
-        pass
-    import timm.models  # lazy: seconds to import; the Snakefile imports this module to check the config
 
-    tagged = timm_tagged_models()
-    renamed = {old: new if "." not in new or new in tagged else new.split(".", 1)[0]
-               for old, new in sorted(timm.models.get_deprecated_models().items()) if new}
-    with contextlib.suppress(OSError):  # a read-only cache folder only costs speed
-        write_text(cache, json.dumps(renamed))
-    return renamed
+    def table() -> dict[str, str]:
+        import timm.models  # lazy: seconds to import; the Snakefile imports this module to check the config
+
+        tagged = timm_tagged_models()
+        return {old: new if "." not in new or new in tagged else new.split(".", 1)[0]
+                for old, new in sorted(timm.models.get_deprecated_models().items()) if new}
+
+    return dict(_cached_per_version("timm", "-renamed", table))
 
 
 def check_model_name(builder: str, name: str, where: str) -> None:
