@@ -355,7 +355,7 @@ def test_a_name_timm_renamed_is_featurised_as_the_model_timm_builds_for_it_now(t
     assert renamed["flops"] > 0
     assert prov["featurised_as"] == {"timm:gluon_resnet18_v1b": "timm:resnet18.gluon_in1k"}
     assert "is not a timm or torchvision model name" in rows.loc["timm:convnext_nano_hnf", "feature_missing_reason"]
-    summary = import_summary(data, "x.parquet", featurised_as=prov["featurised_as"])
+    summary = import_summary(data, "x.parquet", prov)
     assert "  featurised as: timm:gluon_resnet18_v1b -> timm:resnet18.gluon_in1k" in summary
 
 
@@ -460,7 +460,7 @@ def test_h200_file_measured_here_imports_and_its_unmeasured_model_is_named_with_
     [missing] = prov["not_measured"]
     assert missing["name"] == "timm:efficientnet_cc_b1_8e" and missing["device"] == "H200 SXM pt211-cu130"
     assert "stopped at its time limit" in missing["reason"]
-    summary = import_summary(data, "out.parquet", prov["not_measured"])
+    summary = import_summary(data, "out.parquet", prov)
     assert summary[-2] == "1 model(s) not measured in the table (no time; left out):"
     assert summary[-1].startswith("  not measured: timm:efficientnet_cc_b1_8e (240px, batch 1024): no time:")
 

@@ -15,7 +15,7 @@ def main() -> None:
     rows, prov = import_external(snakemake.input.table, options=ImportOptions(
         fmt=fmt, device_map=mapping, workers=snakemake.threads, **options))
     write_table(snakemake.output[0], rows, prov)
-    for line in import_summary(rows, snakemake.output[0], prov.get("not_measured", ()), prov.get("featurised_as")):
+    for line in import_summary(rows, snakemake.output[0], prov):
         print(f"import_external: {line}", file=sys.stderr)
 
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import math
 import re
 import sys
@@ -348,7 +349,9 @@ def hardware_columns(device: str, n_gpus: int = 1, precision: str = "fp32") -> d
             "hw_n_gpus": float(n_gpus), **{f"hw_spec_{k}": num(k) for k in HW_EXTRAS}}
 
 
+@functools.cache
 def _library_names(library: str) -> frozenset[str]:
+    """The library's model names as a set, made once per process (every row's name is looked up in it)."""
     return frozenset(library_model_names(library))
 
 
@@ -555,11 +558,13 @@ def build_parser(prog: str = "perfzoo-import") -> argparse.ArgumentParser:
     return parser
 
 
-def import_summary(data: pd.DataFrame, output: str, not_measured: Sequence[dict[str, Any]] = (),
-                   featurised_as: dict[str, str] | None = None) -> list[str]:
+def import_summary(data: pd.DataFrame, output: str, prov: dict[str, Any] | None = None) -> list[str]:
     """Summary lines: rows and models counted separately, every model featurised under another name (timm's
-    renamed models), every unfeaturisable model with why, then every model the table records as not
-    measured, with the table's reason."""
+    renamed models, ``prov["featurised_as"]``), every unfeaturisable model with why, then every model the table
+    records as not measured, with the table's reason (``prov["not_measured"]``); ``prov`` is the import's
+    provenance record."""
+    prov = prov or {}
+    featurised_as, not_measured = prov.get("featurised_as", {}), prov.get("not_measured", [])
     ok = data["feature_missing_reason"].fillna("") == ""
     missing = unfeaturisable_models(data)
     lines = [f"{len(data)} rows ({int(ok.sum())} featurised, {int((~ok).sum())} without features, left out of "
@@ -593,7 +598,7 @@ def external_main(argv: Sequence[str] | None = None, prog: str = "perfzoo-import
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     write_table(args.output, data, prov)
-    for line in import_summary(data, args.output, prov.get("not_measured", ()), prov.get("featurised_as")):
+    for line in import_summary(data, args.output, prov):
         print(f"{prog}: {line}", file=sys.stderr)
     return 0
 

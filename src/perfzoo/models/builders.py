@@ -120,14 +120,15 @@ def check_model_name(builder: str, name: str, where: str) -> None:
         return
     if name in names:
         return
-    if builder == "timm" and _is_tagged_timm_name(name, names, where):
+    if builder == "timm" and _accepts_timm_name(name, names, where):
         return
     raise InputError(f"{where}: unknown {builder} model {name!r}{suggest(name, names)}")
 
 
-def _is_tagged_timm_name(name: str, architectures: Sequence[str], where: str) -> bool:
-    """Whether ``name`` is a timm architecture with one of its tags (``resnet50.a1_in1k``: built with random weights
-    all the same); InputError for a name timm renamed (naming the current one) or a known architecture's unknown tag."""
+def _accepts_timm_name(name: str, architectures: Sequence[str], where: str) -> bool:
+    """Whether a timm name that is not an architecture is one with a weights tag (``resnet50.a1_in1k``: built with
+    random weights all the same); InputError for a name timm renamed (naming the current one) or a known
+    architecture's unknown tag."""
     if name in timm_renamed_models():
         raise InputError(f"{where}: timm model {name!r} was renamed: it is {timm_renamed_models()[name]!r} now")
     architecture, dot, tag = name.partition(".")
