@@ -4,7 +4,7 @@ The result is a CSV in the columns of timm's ``results/benchmark-infer-amp-*.csv
 here joins the timm development data (``bench/device_transfer.py``, ``config/timm-benchmark.yaml``) as one
 more device: a GPU none of those files covers, e.g. a data-centre part.
 
-Two steps:
+Three steps:
 
 * ``select SOURCE OUT``: the models to measure, from one of timm's files (its model, image size and batch),
   in a seeded random order so that a run cut short by its time budget still measures a random sample.
@@ -19,6 +19,8 @@ Two steps:
   error and no times. Each row is appended and flushed as it is measured, so a run stopped by a time limit
   keeps what it measured. (The limit came after the H200 run of ``tests/fixtures/gpu-h200``, where one model
   held the GPU past both runs' limits.)
+* ``fixture COUNTS OUT MEASURED ...``: one timm benchmark CSV from several ``measure`` runs, with timm's own
+  FLOP and activation counts copied from the timm file COUNTS (what ``tests/fixtures/gpu-h100/timm/`` is).
 
 Differences from timm's protocol, kept on purpose: fewer steps (``--steps 10`` after 3 warm-ups against
 40 after 10: the budget of a lent GPU); the batch is not lowered on an error (the error is recorded instead).
@@ -178,6 +180,29 @@ def measure(models: Path, out: Path, device: str, budget_s: float, warmup: int, 
     return 0
 
 
+def fixture(measured: list[Path], counts: Path, out: Path) -> None:
+    """One timm benchmark CSV from the ``measure`` outputs of several runs (in order, a model's first row
+    kept), with timm's own ``infer_gmacs``/``infer_macts`` copied from ``counts`` (a timm file that ran the
+    same model at the same image size: ``bench/device_transfer.py`` reads them as workload features; they
+    are timm's counts, not measured here). A model ``counts`` lacks keeps empty counts, named."""
+    import pandas as pd
+
+    rows = pd.concat([pd.read_csv(path) for path in measured], ignore_index=True)
+    rows = rows.drop_duplicates(["model", "infer_img_size"], keep="first")
+    timm_counts = pd.read_csv(counts)[["model", "infer_img_size", "infer_gmacs", "infer_macts"]]
+    merged = rows.merge(timm_counts.drop_duplicates(["model", "infer_img_size"]), how="left",
+                        on=["model", "infer_img_size"], validate="one_to_one")
+    for name in merged.loc[merged["infer_gmacs"].isna(), "model"]:
+        print(f"{name}: not in {counts.name}, no timm counts")
+    order = COLUMNS[:COLUMNS.index("param_count") + 1] + ["infer_gmacs", "infer_macts"]
+    order += [c for c in COLUMNS if c not in order]
+    merged["steps"] = merged["steps"].astype("Int64")
+    tmp = out.with_suffix(".tmp")
+    merged[order].to_csv(tmp, index=False)
+    tmp.replace(out)
+    print(f"{len(merged)} rows ({merged['error'].notna().sum()} without a time) from {len(measured)} runs: {out}")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -194,7 +219,14 @@ def main(argv: list[str]) -> int:
     m.add_argument("--warmup", type=int, default=3)
     m.add_argument("--steps", type=int, default=10)
     m.add_argument("--model-limit-s", type=int, default=60, help="stop a model after this long (its row says so)")
+    f = sub.add_parser("fixture")
+    f.add_argument("counts", type=Path, help="the timm file whose infer_gmacs/infer_macts are copied")
+    f.add_argument("out", type=Path)
+    f.add_argument("measured", type=Path, nargs="+", help="measure's CSVs, in the order they ran")
     args = parser.parse_args(argv)
+    if args.command == "fixture":
+        fixture(args.measured, args.counts, args.out)
+        return 0
     if args.command == "select":
         select(args.source, args.out, args.max_step_ms, args.seed)
         return 0

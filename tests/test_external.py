@@ -444,25 +444,34 @@ def test_timm_model_whose_module_mentions_img_size_but_whose_class_takes_none_is
 
 # --------------------------------------------------------------------------- a GPU measured with timm's protocol
 
-H200 = Path(__file__).parent / "fixtures" / "gpu-h200" / "benchmark-infer-amp-nchw-pt211-cu130-h200.csv"
+FIXTURES = Path(__file__).parent / "fixtures"
+H200 = FIXTURES / "gpu-h200" / "benchmark-infer-amp-nchw-pt211-cu130-h200.csv"
+H100 = FIXTURES / "gpu-h100" / "timm" / "benchmark-infer-amp-nchw-pt211-cu130-h100.csv"
 
 
-def test_h200_file_measured_here_imports_and_its_unmeasured_model_is_named_with_the_reason_never_a_number() -> None:
-    data, prov = import_external(H200, options=ImportOptions(fmt="timm", featurise_models=False))
-    raw = pd.read_csv(H200)
+@pytest.mark.parametrize(("path", "device_map", "gpu", "measured_n", "missing", "why", "batch"), [
+    (H200, {}, "H200 SXM", 39, "efficientnet_cc_b1_8e", "stopped at its time limit", "240px, batch 1024"),
+    # "h100" in a file name is the SXM or the PCIe part: the device map says which
+    (H100, {"h100": "H100 SXM"}, "H100 SXM", 97, "tf_efficientnet_cc_b0_4e", "per-model limit", "224px, batch 1024"),
+])
+def test_gpu_file_measured_here_imports_and_its_unmeasured_model_is_named_with_the_reason_never_a_number(
+        path: Path, device_map: dict[str, str], gpu: str, measured_n: int, missing: str, why: str, batch: str) -> None:
+    options = ImportOptions(fmt="timm", featurise_models=False, device_map=device_map)
+    data, prov = import_external(path, options=options)
+    raw = pd.read_csv(path)
     measured = raw[raw["infer_step_time"].notna()]
-    assert len(data) == len(measured) == 39 and set(data["device"]) == {"H200 SXM pt211-cu130"}
-    assert set(data["gpu"]) == {"H200 SXM"} and data["latency_ms"].notna().all()
-    assert data["hw_peak_gflops"].iloc[0] == lookup_gpu("H200 SXM")["peak_fp16_tflops"] * 1000
+    assert len(data) == len(measured) == measured_n and set(data["device"]) == {f"{gpu} pt211-cu130"}
+    assert set(data["gpu"]) == {gpu} and data["latency_ms"].notna().all()
+    assert data["hw_peak_gflops"].iloc[0] == lookup_gpu(gpu)["peak_fp16_tflops"] * 1000
     row = data[data["name"] == "timm:resnet50"].iloc[0]
     assert row["latency_ms"] == measured.set_index("model").loc["resnet50", "infer_step_time"]
-    assert "timm:efficientnet_cc_b1_8e" not in set(data["name"])
-    [missing] = prov["not_measured"]
-    assert missing["name"] == "timm:efficientnet_cc_b1_8e" and missing["device"] == "H200 SXM pt211-cu130"
-    assert "stopped at its time limit" in missing["reason"]
+    assert f"timm:{missing}" not in set(data["name"])
+    [not_measured] = prov["not_measured"]
+    assert not_measured["name"] == f"timm:{missing}" and not_measured["device"] == f"{gpu} pt211-cu130"
+    assert why in not_measured["reason"]
     summary = import_summary(data, "out.parquet", prov)
     assert summary[-2] == "1 model(s) not measured in the table (no time; left out):"
-    assert summary[-1].startswith("  not measured: timm:efficientnet_cc_b1_8e (240px, batch 1024): no time:")
+    assert summary[-1].startswith(f"  not measured: timm:{missing} ({batch}): no time:")
 
 
 def test_timm_file_with_only_unmeasured_models_is_an_error_naming_the_file(tmp_path: Path) -> None:
@@ -487,3 +496,16 @@ def test_unmeasured_imported_models_are_counted_in_the_status_table_and_the_repo
         {"device": "H200 SXM pt211-cu130", "status": NOT_MEASURED_STATUS, "configs": 1}]
     assert report_notes(statuses, []) == ["1 config(s) on H200 SXM pt211-cu130 ended with status "
                                           "not measured (imported table)"]
+
+
+def test_report_notes_name_the_models_featurised_under_timms_current_name_the_first_ten_and_a_count() -> None:
+    from perfzoo.report.html import RENAMED_NAMED, report_notes
+
+    ok = pd.DataFrame({"device": ["cpu"], "status": ["ok"], "configs": [12]})
+    assert report_notes(ok, [], featurised_as={}) == []
+    renamed = {f"timm:old_{i:02d}": f"timm:new_{i:02d}" for i in range(RENAMED_NAMED + 3)}
+    [note] = report_notes(ok, [], featurised_as=renamed)
+    assert note.startswith(f"{RENAMED_NAMED + 3} imported model(s) featurised under the name timm gives them now: "
+                           "timm:old_00 -> timm:new_00, timm:old_01 -> timm:new_01")
+    assert f"timm:old_{RENAMED_NAMED - 1:02d} -> " in note and f"timm:old_{RENAMED_NAMED:02d}" not in note
+    assert note.endswith(", and 3 more (each import's log names them)")
