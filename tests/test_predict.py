@@ -441,6 +441,9 @@ def test_unknown_name_lists_close_names(run_dir: Path) -> None:
     with pytest.raises(InputError, match=r"^model: timm model 'gluon_resnet50_v1b' was renamed: it is "
                                          r"'resnet50.gluon_in1k' now$"):
         predict("timm:gluon_resnet50_v1b")
+    with pytest.raises(InputError, match=r"^model: timm model 'gluon_resnet50_v1b' was renamed: it is "
+                                         r"'resnet50.gluon_in1k' now$"):
+        predict("gluon_resnet50_v1b")  # a bare name as well
     with pytest.raises(InputError, match=r"^model: timm model 'resnet50' has no tag 'gluon' \(did you mean: "
                                          r"resnet50.gluon_in1k"):
         predict("timm:resnet50.gluon")

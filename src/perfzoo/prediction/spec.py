@@ -17,6 +17,7 @@ from perfzoo.models.builders import (
     check_factory_reference,
     check_model_name,
     library_model_names,
+    timm_renamed_models,
     timm_tagged_models,
 )
 from perfzoo.io import InputError, suggest
@@ -129,6 +130,8 @@ def resolve_model(model: Any, input_shape: Any = None) -> ModelSpec:
     else:
         builder = next((b for b in ("torchvision", "timm") if text in library_model_names(b)), "") or (
             "timm" if text in timm_tagged_models() else "")
+        if not builder and text in timm_renamed_models():
+            check_model_name("timm", text, "model")  # names the current name
         if not builder:
             names = sorted({*library_model_names("torchvision"), *library_model_names("timm")})
             raise InputError(
