@@ -53,6 +53,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # fixtures can), with test_vit3's numbers
     with (tables / FILES["rtx4090"]).open("a") as table:
         table.write("retired_vit3,160,95175.2,10.737,1024,0.93,0.09,1.0\n")
+    # one under a name timm renamed since (featurised as the architecture it names now), with the RTX 3090
+    # file's numbers for that architecture
+    with (tables / FILES["rtx3090"]).open("a") as table:
+        table.write("tf_efficientnet_b0_ap,224,6210.04,164.879,1024,5.29,0.4,6.75\n")
     (workdir / "config.yaml").write_text(yaml.safe_dump(config(tables)))
     (workdir / "gpus.yaml").write_text('"4090": RTX 4090\n')
     proc = snakemake(workdir)
@@ -87,6 +91,10 @@ def test_import_only_config_runs_to_the_report(run: Path) -> None:
     assert (run / "results/report/figures/latency_vs_batch.png").stat().st_size > 0
     log = (run / "logs/external/rtx4090.log").read_text()
     assert "not featurised: timm:retired_vit3" in log and "of 10 models (9 featurised, 1 not)" in log
+    renamed = "timm:tf_efficientnet_b0_ap -&gt; timm:tf_efficientnet_b0.ap_in1k"  # as the page escapes it
+    assert f"1 imported model(s) featurised under the name timm gives them now: {renamed}" in index
+    assert "featurised as: timm:tf_efficientnet_b0_ap -> timm:tf_efficientnet_b0.ap_in1k" in (
+        run / "logs/external/rtx3090.log").read_text()
 
 
 def test_relative_tables_are_read_from_external_dir(tmp_path: Path) -> None:

@@ -20,9 +20,12 @@ def main() -> None:
     if external:
         data = pd.concat([data, *external], ignore_index=True)
         data = data.sort_values("row_id").reset_index(drop=True)
-    statuses = with_imported_statuses(
-        statuses, [m for p in inputs.external for m in read_provenance(p).get("not_measured", [])])
+    imports = [read_provenance(p) for p in inputs.external]
+    statuses = with_imported_statuses(statuses, [m for record in imports for m in record.get("not_measured", [])])
     prov = provenance([*local, *inputs.external])
+    renamed = {old: new for record in imports for old, new in record.get("featurised_as", {}).items()}
+    if renamed:  # the report names them
+        prov["featurised_as"] = renamed
     write_table(snakemake.output.dataset, data, prov)
     write_table(snakemake.output.noise, noise, prov)
     write_table(snakemake.output.statuses, statuses, prov)

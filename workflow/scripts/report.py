@@ -4,6 +4,7 @@ from pathlib import Path
 import pandas as pd
 
 from perfzoo.io import read_parquet
+from perfzoo.provenance import read_provenance
 from perfzoo.report.html import (
     build_report,
     importance_table,
@@ -25,7 +26,8 @@ def main() -> None:
                            t["ablation"], importance_table(list(i.models)), prediction_records_table(list(i.records)),
                            coefficients, mig_recommendation_table(list(i.records)))
     build_report(Path.cwd(), t["dataset"], t["predictions"], tables,
-                 report_notes(t["statuses"], list(i.fits), list(i.splits)),
+                 report_notes(t["statuses"], list(i.fits), list(i.splits),
+                              read_provenance(i.dataset).get("featurised_as")),
                  report_provenance(i, snakemake.params.config_subset), list(i.records))
 
 

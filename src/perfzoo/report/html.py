@@ -85,10 +85,22 @@ def report_provenance(inputs: Any, config_subset: dict[str, Any]) -> dict[str, A
             "figures": {o.name: merged(o.sources) for o in entries if o.kind == "figure"}}
 
 
-def report_notes(statuses: pd.DataFrame, prediction_files: list[str], split_files: list[str] = ()) -> list[str]:
-    """Visible notes: failed configs, splits that cannot be formed, excluded labels, skipped folds."""
+#: how many of the imported models featurised under another name a report note names (the import log has all)
+RENAMED_NAMED = 10
+
+
+def report_notes(statuses: pd.DataFrame, prediction_files: list[str], split_files: list[str] = (),
+                 featurised_as: dict[str, str] | None = None) -> list[str]:
+    """Visible notes: failed configs, imported models featurised under the name timm gives them now (the
+    dataset's ``featurised_as`` provenance), splits that cannot be formed, excluded labels, skipped folds."""
     notes = [f"{int(r.configs)} config(s) on {r.device} ended with status {r.status}"
              for r in statuses.itertuples() if r.status != "ok"]
+    if featurised_as:
+        pairs = sorted(featurised_as.items())
+        named = ", ".join(f"{old} -> {new}" for old, new in pairs[:RENAMED_NAMED])
+        left = len(pairs) - RENAMED_NAMED
+        more = f", and {left} more (each import's log names them)" if left > 0 else ""
+        notes.append(f"{len(pairs)} imported model(s) featurised under the name timm gives them now: {named}{more}")
     for path in sorted(split_files):
         split = read_provenance(path).get("config", {})
         notes += [f"split {split.get('scheme')}: {note}" for note in split.get("notes", [])]
