@@ -32,9 +32,10 @@ The target is latency per sample (``infer_step_time / infer_batch_size``): the b
 between files, and per-sample MAPE equals per-step MAPE at the file's batch.
 
 Usage: ``PYTHONPATH=src python bench/device_transfer.py [DIR ...] [--draws 5] [--k 0 5 20] [--degree 1|2] [--upper]
-[--op-features FILE.parquet] [--held-out GPU ...] [--few-shot-max-rows N] [--out FILE.csv]``. Several folders
-are read together: ``../shared/data/timm-benchmark tests/fixtures/gpu-h200`` adds the H200 measured with
-``bench/timm_gpu.py``; a row with an ``error`` and no time is named and left out.
+[--op-features FILE.parquet] [--held-out GPU ...] [--few-shot-max-rows N] [--device-features F ...]
+[--out FILE.csv]``. Several folders are read together: ``../shared/data/timm-benchmark tests/fixtures/gpu-h200
+tests/fixtures/gpu-h100/timm`` adds the H200 and the H100 measured with ``bench/timm_gpu.py``; a row with an
+``error`` and no time is named and left out.
 """
 
 from __future__ import annotations
@@ -86,10 +87,15 @@ GPUS = {
     # the H200 measured with bench/timm_gpu.py: its spec-table row (NVIDIA's datasheet); 60 MB of L2 as torch
     # reported it on the lent H200 (tests/fixtures/gpu-h200/), 1.98 GHz boost as the H100 SXM
     "h200": _spec_gpu("H200 SXM", l2_mb=60, boost_ghz=1.98),
+    # the H100 measured with bench/timm_gpu.py (tests/fixtures/gpu-h100/timm/): its spec-table row; 50 MB of L2
+    # and 1.98 GHz boost from NVIDIA's H100 whitepaper (SXM5)
+    "h100": _spec_gpu("H100 SXM", l2_mb=50, boost_ghz=1.98),
 }
 
 WORKLOAD = ["flops", "activation_bytes", "weight_bytes"]
 HARDWARE = ["hw_peak_gflops", "hw_mem_bw_gbs"]
+#: what ``--device-features`` may name: the columns of :func:`load` that describe the device
+DEVICE_FEATURES = ["hw_peak_gflops", "hw_sm_count", "hw_l2_mb", "hw_tdp_w"]
 #: method name -> DeviceTransferRegressor parameters besides the shared ones
 METHODS = {"device_transfer": {}, "roofline_only": {"reference_weight": 0.0},
            "blend_half": {"reference_weight": 0.5}, "reference_only": {"reference_weight": 1.0}}
@@ -246,13 +252,15 @@ class Setup:
     degree: int = 1
     interaction: tuple[str, ...] = ()
     few_shot_max_rows: int | None = None  # the regressor's default when None
+    device_features: tuple[str, ...] = ("hw_peak_gflops",)  # over the bandwidth anchor (``--device-features``)
 
 
 def fit_method(train: pd.DataFrame, method: str, setup: Setup, **extra: object) -> DeviceTransferRegressor:
     if setup.few_shot_max_rows is not None:
         extra.setdefault("few_shot_max_rows", setup.few_shot_max_rows)
     reg = DeviceTransferRegressor(workload_features=WORKLOAD, group_col="gpu", interaction_degree=setup.degree,
-                                  interaction_features=list(setup.interaction), **METHODS[method], **extra)
+                                  interaction_features=list(setup.interaction), device_features=setup.device_features,
+                                  **METHODS[method], **extra)
     return reg.fit(train, train["latency_ms"])
 
 
@@ -263,9 +271,10 @@ def evaluate_fold(data: pd.DataFrame, gpu: str, k: int, seed: int, setup: Setup)
     test = data[held & ~data.index.isin(shots)]
     y = test["latency_ms"].to_numpy()
     row: dict[str, float] = {"gpu": gpu, "k": k, "seed": seed, "n_test": len(test)}
+    preds = {}
     for method in METHODS if k else ["device_transfer"]:
         reg = fit_method(train, method, setup)
-        pred = reg.predict(test)
+        pred = preds[method] = reg.predict(test)
         row[method] = finite_mape(y, pred)
         row[f"{method}_offset_removed"] = offset_removed_mape(test, y, pred)
         lo, hi = reg.predict_interval(test)
@@ -279,7 +288,13 @@ def evaluate_fold(data: pd.DataFrame, gpu: str, k: int, seed: int, setup: Setup)
                 "baseline_coverage": float(base["peak"].notna().mean() * 100)})
     if k:
         row["constant_factor_nearest_k"] = finite_mape(y, constant_factor(base_train, data.loc[shots], test, base))
-        row["constant_factor_best_k"] = finite_mape(y, best_reference_factor(base_train, data.loc[shots], test))
+        best_factor = best_reference_factor(base_train, data.loc[shots], test)
+        row["constant_factor_best_k"] = finite_mape(y, best_factor)
+        # the rows it predicts: those whose workload its device ran (all but a few on the timm files; on a device
+        # that ran a sample, e.g. the H200 as the H100's reference, only that sample), and device_transfer on them
+        covered = np.isfinite(best_factor)
+        row["constant_factor_best_k_coverage"] = float(covered.mean() * 100)
+        row["device_transfer_on_best_k_rows"] = finite_mape(y[covered], preds["device_transfer"][covered])
     return row
 
 
@@ -315,7 +330,7 @@ def software_floor(data: pd.DataFrame) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory", nargs="*", default=[Path("../shared/data/timm-benchmark")], type=Path,
-                        help="folders of timm benchmark CSVs (e.g. also tests/fixtures/gpu-h200)")
+                        help="folders of timm benchmark CSVs (e.g. also tests/fixtures/gpu-h200 and gpu-h100/timm)")
     parser.add_argument("--held-out", nargs="+", default=None, help="GPU names to hold out (default: every GPU)")
     parser.add_argument("--draws", type=int, default=5)
     parser.add_argument("--k", type=int, nargs="+", default=[0, 5, 20], help="configs of the held-out GPU in training")
@@ -325,13 +340,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="operator features from bench/timm_ops.py")
     parser.add_argument("--few-shot-max-rows", type=int, default=None,
                         help="a device with at most this many rows is a few-shot device (regressor default: 50)")
+    parser.add_argument("--device-features", nargs="+", default=["hw_peak_gflops"], choices=DEVICE_FEATURES,
+                        help="device_transfer's hardware features over the bandwidth anchor")
     parser.add_argument("--out", type=Path, default=Path("bench/device_transfer.csv"))
     args = parser.parse_args(argv)
     start = time.perf_counter()
     data, interaction = load(*args.directory), []
     if args.op_features:
         data, interaction = with_operator_features(data, args.op_features)
-    setup = Setup(args.degree, tuple(interaction), args.few_shot_max_rows)
+    setup = Setup(args.degree, tuple(interaction), args.few_shot_max_rows, tuple(args.device_features))
     print(f"{len(data)} rows, {data['model_id'].nunique()} workloads, devices: {sorted(data['device'].unique())}")
     rows = []
     for gpu in sorted(args.held_out or data["gpu"].unique()):
