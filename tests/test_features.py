@@ -374,3 +374,26 @@ def test_an_inference_step_with_a_parameter_view_is_counted_with_the_parameters_
     assert features["flops"] == features["flops_fw"] == 2 * 2 * 8 * 3  # the head's matrix product, batch 2
     assert features["trainable_params"] == 8 + 8 * 3 + 3 and not layers.empty
     assert featurise(_WithToken, (4, 8), 2, "training", "float32", "tok")[0]["flops"] == 3 * 96
+
+
+def test_an_inference_step_the_module_tracker_fails_on_recounts_frozen_and_equals_the_separate_passes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shared steps stand for the operator trace and the memory simulation; only the frozen FLOP count runs
+    again, and every feature and layer row is what the separate passes give."""
+    from perfzoo.features import meta
+
+    def featurised() -> tuple[dict, pd.DataFrame]:
+        return featurise(_WithToken, (4, 8), 2, "inference", "float32", "tok")
+
+    separate_calls = []
+    separate = meta._separate_passes
+    monkeypatch.setattr(meta, "_separate_passes", lambda *a, **k: separate_calls.append(1) or separate(*a, **k))
+    shared_features, shared_layers = featurised()
+    assert not separate_calls  # the shared steps stood in
+    monkeypatch.setattr(meta, "_two_steps", lambda *a, **k: None)
+    separate_features, separate_layers = featurised()
+    assert separate_calls == [1]
+    assert shared_features.keys() == separate_features.keys()
+    assert all(shared_features[k] == separate_features[k] or (shared_features[k] != shared_features[k]
+               and separate_features[k] != separate_features[k]) for k in shared_features)  # NaN == NaN
+    assert shared_layers.equals(separate_layers) and shared_features["flops"] == 2 * 2 * 8 * 3

@@ -15,9 +15,11 @@ second, each operator's kernel run once for all of them (through a
 metadata without rerunning its meta kernel). The training FLOPs are then those of the profiled
 cross-entropy loss's backward rather than of the summed outputs': they differ only in the loss's own
 operators, which have no FLOP formula. Where the shared steps cannot stand in exactly (a step that fails,
-an operator decomposed into outputs of other metadata than its kernel's, a higher-order operator, a model
-``FlopCounterMode``'s module tracker fails on, more than one output tensor) the separate passes run
-(:func:`_separate_passes`), and give the features or the error they always gave.
+an operator decomposed into outputs of other metadata than its kernel's, a higher-order operator, a training
+step ``FlopCounterMode``'s module tracker fails on, more than one output tensor) the separate passes run
+(:func:`_separate_passes`), and give the features or the error they always gave. For an inference step the
+module tracker fails on (CaiT, PiT, SigLIP's attention pool: :func:`_counted_step`), only the separate passes'
+first pass runs again, which counts with the parameters frozen (:func:`_frozen_count`).
 
 Definitions
 -----------
@@ -710,6 +712,7 @@ class _SharedSteps:
         self.flops_fw: int | None = None
         self.flops: int | None = None
         self.loss_values: tuple[int, int] | None = None
+        self.tracker_fails = ""  # why FlopCounterMode's module tracker would fail on step 1 (then it is recounted)
 
     @property
     def differs(self) -> str:
@@ -750,7 +753,7 @@ class _SharedSteps:
             if self.flops is not None:  # the FLOP count is over: nothing left to check
                 return
             if any(t.requires_grad and t.grad_fn is None for t in tensors_in(args if output is None else output)):
-                self.counter.differs = f"a tensor of {type(module).__name__} needs grad but has no grad_fn"
+                self.tracker_fails = f"a tensor of {type(module).__name__} needs grad but has no grad_fn"
 
         handles = [*self.layers.attach(self.model), self.model.register_forward_hook(forward_done),
                    register_optimizer_step_pre_hook(optimizer_starts),
@@ -807,10 +810,30 @@ def _two_steps(model: nn.Module, x: torch.Tensor, mode: str, optimizer: str, mod
         return None
     if shared.differs or shared.counter.failure or shared.flops is None or shared.flops_fw is None:
         return None
+    layers, flops, flops_fw = shared.layers, shared.flops, shared.flops_fw
+    if shared.tracker_fails:  # the separate passes count with the parameters frozen: that pass alone
+        counted = _frozen_count(model, x, mode)
+        if counted is None:
+            return None
+        layers, flops, flops_fw = counted
     op_features, table = shared.trace.features(mode, int(x.shape[0]), cache_bytes)
     memory = feature_row(lambda: simulated)
-    return _Recorded(model, shared.layers, shared.flops, shared.flops_fw, shared.loss_values, op_features, table,
-                     memory)
+    return _Recorded(model, layers, flops, flops_fw, shared.loss_values, op_features, table, memory)
+
+
+def _frozen_count(model: nn.Module, x: torch.Tensor, mode: str) -> tuple[_Recorder, int, int] | None:
+    """The layer rows and FLOPs of :func:`_separate_passes`'s first pass (:func:`_counted_step`) for an inference
+    step FlopCounterMode's module tracker fails on, which it counts with the parameters frozen; the operator trace
+    and the memory simulation of the shared steps stand as they are (the separate passes keep the step unfrozen
+    too). None in training or where the pass fails: the separate passes then give their error."""
+    if mode != "inference":
+        return None
+    with torch.device("meta"):
+        try:
+            _, recorder, (flops, flops_fw, _) = _counted_step(model, x, mode)
+        except Exception:  # noqa: BLE001 - the separate passes report it
+            return None
+    return recorder, flops, flops_fw
 
 
 def _separate_passes(build: Callable[[], nn.Module], x: torch.Tensor, mode: str, optimizer: str, model_id: str,
