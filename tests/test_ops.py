@@ -281,7 +281,7 @@ def test_kernel_cache_answers_an_in_place_operator_with_its_argument_unless_it_c
     assert cache.hits == 1
 
 
-def test_a_model_flop_counter_mode_cannot_count_is_left_to_the_separate_passes(monkeypatch):
+def test_a_model_flop_counter_mode_cannot_count_is_recounted_frozen_without_the_separate_passes(monkeypatch):
     class NoGradView(nn.Module):  # hands a module a view made under no_grad of a parameter
         def __init__(self) -> None:
             super().__init__()
@@ -293,7 +293,11 @@ def test_a_model_flop_counter_mode_cannot_count_is_left_to_the_separate_passes(m
     separate = []
     monkeypatch.setattr(meta, "_separate_passes", lambda *a: separate.append(1) or SEPARATE_PASSES(*a))
     features, _ = featurise(NoGradView, (4,), 2, "inference", model_id="odd")  # counted with requires_grad off
-    assert separate and features["flops"] == 2 * 2 * 4 * 4 and features["trainable_params"] == 4 + 16 + 4
+    assert features["flops"] == 2 * 2 * 4 * 4 and features["trainable_params"] == 4 + 16 + 4
+    assert not separate  # only that count ran again: the shared steps' trace and memory simulation stand
+    monkeypatch.setattr(meta, "_frozen_count", lambda *a: None)  # a recount that fails: the separate passes
+    again = featurise(NoGradView, (4,), 2, "inference", model_id="odd")[0]
+    assert separate == [1] and pd.Series(again).equals(pd.Series(features))  # NaN where NaN
 
 
 @pytest.mark.parametrize("weighting", ["none", "relative", "mape"])
