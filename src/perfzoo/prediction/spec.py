@@ -128,10 +128,10 @@ def resolve_model(model: Any, input_shape: Any = None) -> ModelSpec:
     elif text.endswith(".py"):
         raise InputError(f"model {text!r}: name the factory function too, as in '{text}:build'")
     else:
-        builder = next((b for b in ("torchvision", "timm") if text in library_model_names(b)), "") or (
-            "timm" if text in timm_tagged_models() else "")
-        if not builder and text in timm_renamed_models():
-            check_model_name("timm", text, "model")  # names the current name
+        builder = next((b for b in ("torchvision", "timm") if text in library_model_names(b)), "")
+        if not builder and (text in timm_tagged_models() or text in timm_renamed_models()):
+            check_model_name("timm", text, "model")  # a tagged name passes, a renamed one is named with its current
+            builder = "timm"
         if not builder:
             names = sorted({*library_model_names("torchvision"), *library_model_names("timm")})
             raise InputError(
