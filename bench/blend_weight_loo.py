@@ -64,8 +64,7 @@ def main(argv: list[str]) -> int:
             for seed in range(5):
                 shots = dt.shot_rows(data, held, k, np.random.default_rng(seed))
                 train, test = data[~held | data.index.isin(shots)], data[held & ~data.index.isin(shots)]
-                reg = DeviceTransferRegressor(workload_features=dt.WORKLOAD, group_col="gpu",
-                                              few_shot_max_rows=args.few_shot_max_rows).fit(train, train["latency_ms"])
+                reg = dt.fit_method(train, "device_transfer", dt.Setup(few_shot_max_rows=args.few_shot_max_rows))
                 roof, ref = reg._predict_components(test)
                 y = test["latency_ms"].to_numpy()
                 score = {w: mape(y, np.exp(_blends(roof, ref, [w])[:, 0])) for w in WEIGHTS}
