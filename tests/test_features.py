@@ -397,3 +397,44 @@ def test_an_inference_step_the_module_tracker_fails_on_recounts_frozen_and_equal
     assert all(shared_features[k] == separate_features[k] or (shared_features[k] != shared_features[k]
                and separate_features[k] != separate_features[k]) for k in shared_features)  # NaN == NaN
     assert shared_layers.equals(separate_layers) and shared_features["flops"] == 2 * 2 * 8 * 3
+
+
+class _InitialisedInPlace(nn.Module):
+    """Initialises its weight in place (timm's trunc_normal_, which unlike torch's runs on a meta tensor) and copies
+    a tensor into a buffer of another shape."""
+
+    def __init__(self, source_shape: tuple[int, ...]) -> None:
+        from timm.layers import trunc_normal_
+
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(4, 8))
+        trunc_normal_(self.weight, std=0.02)
+        self.register_buffer("table", torch.empty(4))
+        with torch.no_grad():
+            self.table.copy_(torch.empty(source_shape))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight.t() + self.table
+
+
+def test_a_meta_build_skips_weight_initialisation_but_not_an_in_place_op_with_a_tensor_argument() -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from perfzoo.features.meta import _build_on_meta
+
+    class Operators(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.seen.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with torch.device("meta"), Operators() as operators:
+        model = _build_on_meta(lambda: _InitialisedInPlace((4,)))
+    assert "copy_" in operators.seen  # a tensor argument: the op runs and checks it
+    assert not {"uniform_", "erfinv_", "mul_", "add_", "clamp_"} & set(operators.seen)
+    assert model.weight.is_meta and model.weight.shape == (4, 8) and model.weight.requires_grad
+    with pytest.raises(InputError, match=r"model bad: build failed: .*size"):
+        featurise(lambda: _InitialisedInPlace((3,)), (8,), 2, "inference", "float32", "bad")

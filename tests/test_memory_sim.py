@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +79,79 @@ def test_heap_churn_counts_what_both_steps_allocate_below_the_largest_heap_block
     heap_sized = [b for b in (hidden_bytes(batch), hidden_bytes(batch), out_bytes) if b < HEAP_MAX_BYTES]
     assert hidden_bytes(2**20) >= HEAP_MAX_BYTES > out_bytes
     assert result.heap_churn_bytes == SIM_STEPS * sum(heap_sized)
+
+
+class _CachesOnFirstCall(nn.Module):
+    """Keeps a tensor made in its first call and takes another path from then on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(IN, HIDDEN)
+        self.cache: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cache is None:
+            self.cache = self.linear.weight.t() * 2
+            return x @ self.cache
+        return self.linear(x) + 1
+
+
+class _CountsCalls(nn.Sequential):
+    """Rebinds a Python attribute in every call (no tensor kept)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls = getattr(self, "calls", 0) + 1
+        return super().forward(x)
+
+
+class _KeepsInAList(nn.Linear):
+    """Appends each output to a list it holds (the list stays the same object)."""
+
+    def __init__(self) -> None:
+        super().__init__(IN, HIDDEN)
+        self.kept: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.kept.append(super().forward(x))
+        return self.kept[-1]
+
+
+def _simulated(model: nn.Module, x: torch.Tensor, repeats: bool, monkeypatch: pytest.MonkeyPatch
+               ) -> tuple[object, int]:
+    """(simulation, model calls) with the repeat of a step that leaves nothing allowed or not."""
+    import perfzoo.features.memory as memory
+
+    calls: list[int] = []
+    model.register_forward_pre_hook(lambda *_: calls.append(1))
+    with monkeypatch.context() as patch:
+        if not repeats:
+            patch.setattr(memory, "_repeats_itself", lambda *_: lambda: False)
+        return simulate_peak_memory(model, x, "inference"), len(calls)
+
+
+@pytest.mark.parametrize("batch", [4, 4096])
+def test_an_inference_step_that_leaves_nothing_runs_once_and_counts_as_both(
+        batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    once, calls = _simulated(*two_linear(batch), repeats=True, monkeypatch=monkeypatch)
+    both, both_calls = _simulated(*two_linear(batch), repeats=False, monkeypatch=monkeypatch)
+    assert (calls, both_calls) == (1, SIM_STEPS)
+    assert once == both
+
+
+@pytest.mark.parametrize("build", [
+    lambda: _CachesOnFirstCall(),
+    lambda: _CountsCalls(nn.Linear(IN, HIDDEN), nn.ReLU()),
+    lambda: _KeepsInAList(),
+], ids=["keeps a tensor", "rebinds an attribute", "keeps a tensor in a list"])
+def test_an_inference_step_that_leaves_state_behind_is_replayed_again(
+        build: Callable[[], nn.Module], monkeypatch: pytest.MonkeyPatch) -> None:
+    def model_and_input() -> tuple[nn.Module, torch.Tensor]:
+        with torch.device("meta"):
+            return build(), torch.empty(64, IN)
+
+    again, calls = _simulated(*model_and_input(), repeats=True, monkeypatch=monkeypatch)
+    both, _ = _simulated(*model_and_input(), repeats=False, monkeypatch=monkeypatch)
+    assert calls == SIM_STEPS and again == both
 
 
 def test_training_churn_holds_both_steps_gradients_and_the_optimizer_state_created_once() -> None:

@@ -224,6 +224,47 @@ def test_shared_steps_record_what_the_separate_passes_record(monkeypatch, build,
         assert features[OP_ERROR_COLUMN] == "" and len(shared_ops[0]) > 0
 
 
+class CachesOnFirstCall(nn.Module):
+    """Keeps a tensor made in its first call and takes another path from then on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear, self.cache = nn.Linear(8, 16), None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cache is None:
+            self.cache = self.linear.weight.t() * 2
+            return (x @ self.cache).relu()
+        return self.linear(x) + 1
+
+
+@pytest.mark.parametrize(("build", "shape", "model_calls"), [(bn_silu_cnn, (3, 8, 8), 1),
+                                                               (CachesOnFirstCall, (8,), 2)])
+def test_an_inference_step_runs_once_unless_it_leaves_state_and_records_what_two_steps_record(
+        monkeypatch, build, shape, model_calls):
+    # a step that leaves the model as it found it is replayed once (FLOPs, layers and trace recorded in it); one
+    # that leaves a cache is replayed again and traced there: every feature, layer and operator row is what both
+    # steps replayed give
+    import perfzoo.features.memory as memory
+
+    calls = []
+
+    def counted() -> nn.Module:
+        model = build()
+        model.register_forward_pre_hook(lambda *_: calls.append(1))
+        return model
+
+    shared_ops: list = []
+    features, layers = featurise(counted, shape, 4, "inference", "float32", "m", op_tables=shared_ops)
+    assert len(calls) == model_calls
+    monkeypatch.setattr(memory, "_repeats_itself", lambda *_: lambda: False)
+    calls.clear()
+    both_ops: list = []
+    both = featurise(counted, shape, 4, "inference", "float32", "m", op_tables=both_ops)
+    assert len(calls) == 2 and same_features(features, both[0]) and layers.equals(both[1])
+    assert len(shared_ops) == len(both_ops) == 1 and shared_ops[0].equals(both_ops[0])
+
+
 def test_kernel_cache_reuses_fresh_outputs_and_never_a_view_of_an_input():
     cache, aten = MetaKernelCache(), torch.ops.aten
     a, b = torch.empty(4, 8, device="meta"), torch.empty(8, 3, device="meta")

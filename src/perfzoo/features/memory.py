@@ -14,7 +14,9 @@ it snapshots every module at every operator; this tracker keeps only the totals.
 
 Two steps are replayed: the optimizer state is created at the end of the first, so in the second (and
 every later step the profiler times) it is live during forward and backward while the gradients of the
-previous step are gone (``set_to_none``). The result is the peak of the live bytes over both steps, the
+previous step are gone (``set_to_none``). An inference step that leaves only the model and the input live and
+rebinds no module attribute is replayed once and counted twice, as the second would repeat it operator for
+operator (a step that keeps a cache is replayed again). The result is the peak of the live bytes over both steps, the
 split of that peak by category, and the bytes both steps allocate in blocks small enough for a C allocator's
 heap (:data:`HEAP_MAX_BYTES`): their freed blocks are what fragments a CPU process's heap.
 
@@ -225,13 +227,35 @@ def _categorised(tracker: _LiveBytes, model: nn.Module) -> Iterator[None]:
             handle.remove()
 
 
-def _replay(step: Callable[[], None], tracker: _LiveBytes, rider: StepRider | None) -> None:
-    """The :data:`SIM_STEPS` steps under the tracker's dispatch mode, each inside ``rider``'s context."""
+def _replay(step: Callable[[], None], tracker: _LiveBytes, rider: StepRider | None,
+            repeats_itself: Callable[[], bool] = lambda: False) -> None:
+    """The :data:`SIM_STEPS` steps under the tracker's dispatch mode, each inside ``rider``'s context; once the
+    first leaves ``repeats_itself()`` true, every later step is counted as a repeat of it instead of run."""
     for index in range(SIM_STEPS):
         tracker.step = index
         with rider(index, tracker.untracked) if rider else contextlib.nullcontext() as run:
             with _dispatch_mode(tracker, run or _run_plainly):
                 step()
+        if index == 0 and repeats_itself():
+            tracker.heap_churn *= SIM_STEPS  # the peak, the operators and the convolutions are the first's
+            return
+
+
+def _state(modules: list[nn.Module]) -> list[tuple[Any, ...]]:
+    """What the modules keep between calls: the names and identities of each module's attributes, parameters,
+    buffers and submodules."""
+    return [(tuple(vars(module)), *(tuple(map(id, attributes.values())) for attributes in (
+        vars(module), module._parameters, module._buffers, module._modules))) for module in modules]
+
+
+def _repeats_itself(tracker: _LiveBytes, model: nn.Module) -> Callable[[], bool]:
+    """Whether a step just replayed would be replayed again operator for operator: it found only the model and the
+    input live and left only them, and rebound no attribute of any module (no cache, counter or lazy layer). The
+    meta kernels are functions of their arguments' metadata, so the next step repeats the same operators on the
+    same live tensors (an inference step; a training step leaves gradients and optimizer state)."""
+    modules = list(model.modules())
+    live, state = set(tracker.live), _state(modules)
+    return lambda: set(tracker.live) == live and _state(modules) == state
 
 
 def _check_on_meta(model: nn.Module, x: torch.Tensor, model_id: str) -> None:
@@ -272,7 +296,7 @@ def simulate_peak_memory(model: nn.Module, x: torch.Tensor, mode: str, optimizer
     start_bytes = tracker.current
     try:
         with _categorised(tracker, model), cpu_attention():
-            _replay(step, tracker, rider)
+            _replay(step, tracker, rider, _repeats_itself(tracker, model) if mode == "inference" else lambda: False)
     except Exception as exc:  # noqa: BLE001 - any operator or model error becomes a one-line InputError
         raise InputError(f"model {model_id}: {mode} step failed in the memory simulation on the meta device: "
                          f"{one_line(exc)}") from None

@@ -12,7 +12,9 @@ simulation of :mod:`perfzoo.features.memory` (two steps). They are recorded in t
 steps instead (:class:`_SharedSteps`): the FLOPs and layer rows in the first, the operator trace in the
 second, each operator's kernel run once for all of them (through a
 :class:`~perfzoo.features.ops.MetaKernelCache`, which answers an operator seen before on the same argument
-metadata without rerunning its meta kernel). The training FLOPs are then those of the profiled
+metadata without rerunning its meta kernel); an inference step that the memory simulation counts twice from
+one replay records all three in that one. A model built on the meta device skips its weight initialisation
+(:class:`_MetaInitSkipped`: a meta tensor has no values to fill). The training FLOPs are then those of the profiled
 cross-entropy loss's backward rather than of the summed outputs': they differ only in the loss's own
 operators, which have no FLOP formula. Where the shared steps cannot stand in exactly (a step that fails,
 an operator decomposed into outputs of other metadata than its kernel's, a higher-order operator, a training
@@ -425,8 +427,38 @@ def _make_input(input_shape: tuple[int, ...], batch: int, input_dtype: str) -> t
     return torch.zeros(shape, dtype=dtype, device="meta")
 
 
+_VALUE_ONLY_IN_PLACE = frozenset(getattr(torch.Tensor, name) for name in (
+    "uniform_", "normal_", "zero_", "fill_", "erfinv_", "mul_", "add_", "sub_", "div_", "clamp_", "clamp_min_",
+    "clamp_max_", "exponential_", "log_normal_", "cauchy_", "geometric_", "bernoulli_", "random_"))
+"""Tensor methods that change only the values of the tensor they are called on (weight initialisation: timm's
+``trunc_normal_`` is ``uniform_``, ``erfinv_``, ``mul_``, ``add_`` and ``clamp_``)."""
+
+
+class _MetaInitSkipped(torch.overrides.TorchFunctionMode):
+    """Skips the weight initialisation of a model built on the meta device: a :data:`_VALUE_ONLY_IN_PLACE` call on
+    a floating-point meta tensor, with no other tensor among its arguments, returns the tensor as it is.
+
+    A meta tensor has no values, so the call could only check the arguments against the tensor's metadata, which
+    such a call (scalars only) cannot fail; yet it runs PyTorch's Python decompositions and meta kernels (a random
+    fill is several), about half of building a timm model on the meta device."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _VALUE_ONLY_IN_PLACE and _only_meta_float_self(args, kwargs):
+            return args[0]
+        return func(*args, **kwargs)
+
+
+def _only_meta_float_self(args: tuple, kwargs: dict) -> bool:
+    """Whether the first argument is a floating-point meta tensor and no other argument is a tensor."""
+    self, rest = (args[0], (args[1:], kwargs)) if args else (None, None)
+    return (isinstance(self, torch.Tensor) and self.is_meta and self.is_floating_point()
+            and not tensors_in(rest))
+
+
 def _build_on_meta(build: Callable[[], nn.Module]) -> nn.Module:
-    model = build()
+    with _MetaInitSkipped():
+        model = build()
     if not isinstance(model, nn.Module):
         raise TypeError(f"builder returned {type(model).__name__}, not an nn.Module")
     if any(t.device.type != "meta" for t in (*model.parameters(), *model.buffers())):
@@ -697,22 +729,30 @@ class _SharedSteps:
     * step 2 (the model's second call, with the optimizer state the first created, as the operator trace): one
       row per aten operator, phase by phase, and the class targets the trace creates.
 
+    An inference step records the operator trace in step 1 as well (its FLOPs are the trace's): the memory
+    simulation counts the second step as a repeat of the first where nothing the first left could change it
+    (:func:`perfzoo.features.memory.simulate_peak_memory`), and where it does run the second step, the trace
+    is recorded again there.
+
     The memory simulation sees each operator's own kernel output; an operator the trace or the counter
     decomposes also runs its decomposition for them, and :attr:`differs` says when that (or anything else)
     makes the recordings differ from those of the separate passes."""
 
     def __init__(self, model: nn.Module, mode: str, batch: int, model_id: str) -> None:
         self.model, self.mode, self.batch, self.model_id = model, mode, batch, model_id
-        registry = _flop_counter().flop_registry
-        self.kernels = PROCESS_KERNELS
-        self.counter = OpRecorder(model_id, registry, record_rows=False)
-        self.trace = OpRecorder(model_id, registry)
-        self.counter.kernel = self.trace.kernel = self.kernels
+        self.registry, self.kernels = _flop_counter().flop_registry, PROCESS_KERNELS
+        self.trace = self._recorder(record_rows=True)
+        self.counter = self.trace if mode == "inference" else self._recorder(record_rows=False)
         self.layers = _Recorder({id(m): name for name, m in model.named_modules()}, self._counted)
         self.flops_fw: int | None = None
         self.flops: int | None = None
         self.loss_values: tuple[int, int] | None = None
         self.tracker_fails = ""  # why FlopCounterMode's module tracker would fail on step 1 (then it is recounted)
+
+    def _recorder(self, record_rows: bool) -> OpRecorder:
+        recorder = OpRecorder(self.model_id, self.registry, record_rows=record_rows)
+        recorder.kernel = self.kernels
+        return recorder
 
     @property
     def differs(self) -> str:
@@ -724,6 +764,8 @@ class _SharedSteps:
     @contextlib.contextmanager
     def __call__(self, index: int, untracked: Callable[[], contextlib.AbstractContextManager[None]]
                  ) -> Iterator[Runner]:
+        if index == 1 and self.trace is self.counter:  # an inference step after all: trace it again there
+            self.trace = self._recorder(record_rows=True)
         riding = self._count_flops() if index == 0 else self._trace_ops(untracked)
         with riding as run:
             yield run
