@@ -429,18 +429,19 @@ def _make_input(input_shape: tuple[int, ...], batch: int, input_dtype: str) -> t
 
 _VALUE_ONLY_IN_PLACE = frozenset(getattr(torch.Tensor, name) for name in (
     "uniform_", "normal_", "zero_", "fill_", "erfinv_", "mul_", "add_", "sub_", "div_", "clamp_", "clamp_min_",
-    "clamp_max_", "exponential_", "log_normal_", "cauchy_", "geometric_", "bernoulli_", "random_"))
-"""Tensor methods that change only the values of the tensor they are called on (weight initialisation: timm's
-``trunc_normal_`` is ``uniform_``, ``erfinv_``, ``mul_``, ``add_`` and ``clamp_``)."""
+    "clamp_max_"))
+"""Tensor methods that change only the values of the tensor they are called on, as weight initialisation calls them
+(timm's ``trunc_normal_`` is ``uniform_``, ``erfinv_``, ``mul_``, ``add_`` and ``clamp_``)."""
 
 
 class _MetaInitSkipped(torch.overrides.TorchFunctionMode):
     """Skips the weight initialisation of a model built on the meta device: a :data:`_VALUE_ONLY_IN_PLACE` call on
     a floating-point meta tensor, with no other tensor among its arguments, returns the tensor as it is.
 
-    A meta tensor has no values, so the call could only check the arguments against the tensor's metadata, which
-    such a call (scalars only) cannot fail; yet it runs PyTorch's Python decompositions and meta kernels (a random
-    fill is several), about half of building a timm model on the meta device."""
+    A meta tensor has no values, and with scalars only there is no shape to disagree with: the call could only
+    reject a nonsensical scalar (a negative standard deviation), which no feature depends on. Yet it runs PyTorch's
+    Python decompositions and meta kernels (a random fill is several): about half of building a timm model on the
+    meta device. Any call with a tensor argument (``copy_``) runs and checks its shapes."""
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -451,8 +452,8 @@ class _MetaInitSkipped(torch.overrides.TorchFunctionMode):
 
 def _only_meta_float_self(args: tuple, kwargs: dict) -> bool:
     """Whether the first argument is a floating-point meta tensor and no other argument is a tensor."""
-    self, rest = (args[0], (args[1:], kwargs)) if args else (None, None)
-    return (isinstance(self, torch.Tensor) and self.is_meta and self.is_floating_point()
+    first, rest = (args[0], (args[1:], kwargs)) if args else (None, None)
+    return (isinstance(first, torch.Tensor) and first.is_meta and first.is_floating_point()
             and not tensors_in(rest))
 
 
