@@ -190,7 +190,7 @@ def featurise_both_ways(monkeypatch, build, shape, mode, dtype, optimizer):
     shared_tables: list = []
     shared = featurise(build, shape, 4, mode, dtype, "m", optimizer=optimizer, op_tables=shared_tables)
     assert not separate, "the shared steps gave way to the separate passes"
-    monkeypatch.setattr(meta, "_two_steps", lambda *a: None)
+    monkeypatch.setattr(meta, "_two_steps", lambda *a, **k: None)
     separate_tables: list = []
     reference = featurise(build, shape, 4, mode, dtype, "m", optimizer=optimizer, op_tables=separate_tables)
     return (shared, shared_tables), (reference, separate_tables)
@@ -263,6 +263,16 @@ def test_an_inference_step_runs_once_unless_it_leaves_state_and_records_what_two
     both = featurise(counted, shape, 4, "inference", "float32", "m", op_tables=both_ops)
     assert len(calls) == 2 and same_features(features, both[0]) and layers.equals(both[1])
     assert len(shared_ops) == len(both_ops) == 1 and shared_ops[0].equals(both_ops[0])
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_features_without_the_operator_table_are_its_aggregates(mode):
+    # the import path keeps no per-operator table: its op_* features are summed from the rows, as from the table
+    tables: list = []
+    with_table = featurise(bn_silu_cnn, (3, 8, 8), 4, mode, "float32", "m", op_tables=tables)[0]
+    without = featurise(bn_silu_cnn, (3, 8, 8), 4, mode, "float32", "m")[0]
+    assert same_features(with_table, without)
+    assert {k: with_table[k] for k in OP_FEATURES} == op_aggregates(tables[0]) and with_table["op_conv_count"] > 0
 
 
 def test_kernel_cache_reuses_fresh_outputs_and_never_a_view_of_an_input():

@@ -690,7 +690,7 @@ def featurise(
             x = _make_input(tuple(int(d) for d in input_shape), batch, input_dtype)
         except (ValueError, TypeError, RuntimeError) as exc:
             raise InputError(f"model {model_id}: bad input spec: {one_line(exc)}") from None
-    step = _two_steps(model, x, mode, optimizer, model_id, cache_bytes)
+    step = _two_steps(model, x, mode, optimizer, model_id, cache_bytes, op_table=op_tables is not None)
     if step is None:  # the shared steps could not stand in for the separate passes: run those
         step = _separate_passes(build, x, mode, optimizer, model_id, cache_bytes)
         model = step.model
@@ -839,11 +839,12 @@ class _SharedSteps:
 
 
 def _two_steps(model: nn.Module, x: torch.Tensor, mode: str, optimizer: str, model_id: str,
-               cache_bytes: int = CACHE_BYTES) -> _Recorded | None:
+               cache_bytes: int = CACHE_BYTES, op_table: bool = True) -> _Recorded | None:
     """Everything the separate passes record, from the memory simulation's two replayed steps with
     :class:`_SharedSteps` riding along; None when the steps fail or the recordings could differ from the
     separate passes' (the caller then runs those), and for a model with an LSTM, whose operator trace and FLOP
-    count follow the CPU's fused layer and whose memory simulation does not (:mod:`perfzoo.features.recurrent`)."""
+    count follow the CPU's fused layer and whose memory simulation does not (:mod:`perfzoo.features.recurrent`).
+    ``op_table=False``: the operator trace's aggregates without its per-operator table (``op_table`` None)."""
     if has_lstm(model):
         return None
     shared = _SharedSteps(model, mode, int(x.shape[0]), model_id)
@@ -859,7 +860,7 @@ def _two_steps(model: nn.Module, x: torch.Tensor, mode: str, optimizer: str, mod
         if counted is None:
             return None
         layers, flops, flops_fw = counted
-    op_features, table = shared.trace.features(mode, int(x.shape[0]), cache_bytes)
+    op_features, table = shared.trace.features(mode, int(x.shape[0]), cache_bytes, table=op_table)
     memory = feature_row(lambda: simulated)
     return _Recorded(model, layers, flops, flops_fw, shared.loss_values, op_features, table, memory)
 

@@ -485,15 +485,19 @@ class OpRecorder(TorchDispatchMode):
             _ACCESSES: () if free else (self.storages.accesses(inputs), self.storages.accesses(outputs)),
         })  # fmt: skip
 
-    def features(self, mode: str, batch: int, cache_bytes: int = CACHE_BYTES
+    def features(self, mode: str, batch: int, cache_bytes: int = CACHE_BYTES, table: bool = True
                  ) -> tuple[dict[str, Any], pd.DataFrame | None]:
         """(``op_*`` aggregates and ``op_trace_error``, per-operator table) of the rows recorded, as
         :func:`traced_op_features` gives them (missing, with the reason, after a :attr:`failure`);
-        ``cache_bytes`` is the capacity behind ``bytes_cached``."""
+        ``cache_bytes`` is the capacity behind ``bytes_cached``; ``table=False`` gives the aggregates alone
+        (no table is built: the import path keeps none)."""
         if self.failure is not None:
             return _untraced(self.failure), None
-        table = _op_table(self.rows, self.model_id, mode, batch, cache_bytes)
-        return {**op_aggregates(table), OP_ERROR_COLUMN: ""}, table
+        cached = cached_bytes(self.rows, cache_bytes)
+        moved = [row["bytes_read"] + row["bytes_written"] - int(c) for row, c in zip(self.rows, cached, strict=True)]
+        aggregates = _aggregates([row["kind"] for row in self.rows], [row["flops"] for row in self.rows], moved)
+        return ({**aggregates, OP_ERROR_COLUMN: ""},
+                _op_table(self.rows, self.model_id, mode, batch, cached) if table else None)
 
     @contextmanager
     def in_phase(self, phase: str) -> Iterator[None]:
@@ -715,17 +719,18 @@ def trace_step(model: nn.Module, x: torch.Tensor, mode: str, flop_registry: dict
     except Exception as exc:  # noqa: BLE001 - a failure between operators names the last one that ran
         raise OpTraceError(f"model {model_id}: {mode} step failed on the meta device after "
                            f"{recorder.last_op or 'no operator'}: {one_line(exc)}") from None
-    return _op_table(recorder.rows, model_id, mode, int(x.shape[0]), cache_bytes)
+    return _op_table(recorder.rows, model_id, mode, int(x.shape[0]), cached_bytes(recorder.rows, cache_bytes))
 
 
 _RECORDED_COLUMNS = OP_COLUMNS[OP_COLUMNS.index("op"):OP_COLUMNS.index("bytes_written") + 1]
 """The columns :meth:`OpRecorder._record` writes per operator (the rest: the config's, and computed)."""
 
 
-def _op_table(rows: list[dict[str, Any]], model_id: str, mode: str, batch: int,
-              cache_bytes: int = CACHE_BYTES) -> pd.DataFrame:
+def _op_table(rows: list[dict[str, Any]], model_id: str, mode: str, batch: int, cached: np.ndarray
+              ) -> pd.DataFrame:
+    """The per-operator table (:data:`OP_COLUMNS`) of recorded rows and their :func:`cached_bytes`."""
     table = pd.DataFrame.from_records(rows, columns=_RECORDED_COLUMNS)
-    table["bytes_cached"] = cached_bytes(rows, cache_bytes)
+    table["bytes_cached"] = cached
     table.insert(0, "op_idx", np.arange(len(table), dtype=np.int64))
     table.insert(0, "batch", batch)
     table.insert(0, "mode", mode)
@@ -745,15 +750,25 @@ def op_table(tables: list[pd.DataFrame]) -> pd.DataFrame:
 def op_aggregates(table: pd.DataFrame) -> dict[str, float]:
     """Model-level ``op_<kind>_flops/bytes/count`` (:data:`OP_FEATURES`) of a per-operator table; the bytes
     are those moved to and from memory, ``bytes_read + bytes_written - bytes_cached``."""
-    costed = table[table["kind"] != FREE_KIND]
-    moved = costed["bytes_read"] + costed["bytes_written"] - costed["bytes_cached"]
-    by_kind = pd.DataFrame({"kind": costed["kind"], "flops": costed["flops"], "bytes": moved}).groupby("kind")
-    sums, counts = by_kind.sum(), by_kind.size()
-    uncounted = sorted(k for k, flops in sums["flops"].items() if flops and k not in FLOP_KINDS)
+    moved = table["bytes_read"] + table["bytes_written"] - table["bytes_cached"]
+    return _aggregates(table["kind"].tolist(), table["flops"].tolist(), moved.tolist())
+
+
+def _aggregates(kinds: list[str], flops: list[int], moved: list[int]) -> dict[str, float]:
+    """:func:`op_aggregates` of the operators' kinds, FLOPs and bytes moved (free operators left out)."""
+    totals: dict[str, dict[str, int]] = {}
+    for kind, op_flops, op_bytes in zip(kinds, flops, moved, strict=True):
+        if kind == FREE_KIND:
+            continue
+        total = totals.setdefault(kind, {"flops": 0, "bytes": 0, "count": 0})
+        total["flops"] += op_flops
+        total["bytes"] += op_bytes
+        total["count"] += 1
+    uncounted = sorted(k for k, total in totals.items() if total["flops"] and k not in FLOP_KINDS)
     if uncounted:
         raise ValueError(f"FLOPs counted for operator kinds without a flops feature: {uncounted}")
-    totals = {"flops": sums["flops"], "bytes": sums["bytes"], "count": counts}
-    return {name: float(totals[stat].get(kind, 0)) for name, (kind, stat) in OP_FEATURE_KINDS.items()}
+    return {name: float(totals[kind][stat]) if kind in totals else 0.0
+            for name, (kind, stat) in OP_FEATURE_KINDS.items()}
 
 
 def _untraced(error: OpTraceError) -> dict[str, Any]:
