@@ -5,8 +5,10 @@
 Every ``stride``-th job of timm's five AMP inference files (one job per model and resolution, every batch
 any file lists) is featurised by ``perfzoo.features.pool.featurise_jobs`` with ``workers`` warm workers in a
 fresh process per run, the two source trees alternating (old, new, old, new ...), so the machine's drift
-falls on both. Prints each run's wall time, configs per second and CPU seconds (the workers' included),
-then the medians and their ratio, and whether every run gave the same features.
+falls on both. Prints each run's featurisation wall time, configs per second and CPU seconds (the whole
+process's, reading the files included, and its workers'), then the medians and their ratio, and whether every run
+gave the same features. Each checkout reads timm's files from its own ``../shared/data/timm-benchmark``
+(``bench/timm_import.py``'s ``DATA``): link ``shared`` beside a worktree made elsewhere.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-
 
 RUN = r"""
 import json, resource, sys, time, hashlib
