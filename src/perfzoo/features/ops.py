@@ -494,8 +494,8 @@ class OpRecorder(TorchDispatchMode):
         if self.failure is not None:
             return _untraced(self.failure), None
         cached = cached_bytes(self.rows, cache_bytes)
-        moved = [row["bytes_read"] + row["bytes_written"] - int(c) for row, c in zip(self.rows, cached, strict=True)]
-        aggregates = _aggregates([row["kind"] for row in self.rows], [row["flops"] for row in self.rows], moved)
+        columns = ([row[column] for row in self.rows] for column in ("kind", "flops", "bytes_read", "bytes_written"))
+        aggregates = _aggregates(*columns, cached.tolist())
         return ({**aggregates, OP_ERROR_COLUMN: ""},
                 _op_table(self.rows, self.model_id, mode, batch, cached) if table else None)
 
@@ -750,19 +750,20 @@ def op_table(tables: list[pd.DataFrame]) -> pd.DataFrame:
 def op_aggregates(table: pd.DataFrame) -> dict[str, float]:
     """Model-level ``op_<kind>_flops/bytes/count`` (:data:`OP_FEATURES`) of a per-operator table; the bytes
     are those moved to and from memory, ``bytes_read + bytes_written - bytes_cached``."""
-    moved = table["bytes_read"] + table["bytes_written"] - table["bytes_cached"]
-    return _aggregates(table["kind"].tolist(), table["flops"].tolist(), moved.tolist())
+    return _aggregates(*(table[column].tolist() for column in ("kind", "flops", "bytes_read", "bytes_written",
+                                                                "bytes_cached")))
 
 
-def _aggregates(kinds: list[str], flops: list[int], moved: list[int]) -> dict[str, float]:
-    """:func:`op_aggregates` of the operators' kinds, FLOPs and bytes moved (free operators left out)."""
+def _aggregates(kinds: list[str], flops: list[int], read: list[int], written: list[int], cached: list[int]
+                ) -> dict[str, float]:
+    """:func:`op_aggregates` of the operators' columns, given as lists (free operators left out)."""
     totals: dict[str, dict[str, int]] = {}
-    for kind, op_flops, op_bytes in zip(kinds, flops, moved, strict=True):
+    for kind, op_flops, op_read, op_written, op_cached in zip(kinds, flops, read, written, cached, strict=True):
         if kind == FREE_KIND:
             continue
         total = totals.setdefault(kind, {"flops": 0, "bytes": 0, "count": 0})
         total["flops"] += op_flops
-        total["bytes"] += op_bytes
+        total["bytes"] += op_read + op_written - op_cached
         total["count"] += 1
     uncounted = sorted(k for k, total in totals.items() if total["flops"] and k not in FLOP_KINDS)
     if uncounted:
