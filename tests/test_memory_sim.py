@@ -81,8 +81,9 @@ def test_heap_churn_counts_what_both_steps_allocate_below_the_largest_heap_block
     assert result.heap_churn_bytes == SIM_STEPS * sum(heap_sized)
 
 
-class _CachesOnFirstCall(nn.Module):
-    """Keeps a tensor made in its first call and takes another path from then on."""
+class CachesOnFirstCall(nn.Module):
+    """Keeps a tensor made in its first call and takes another path from then on (also used by
+    ``tests/test_ops.py``)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -139,7 +140,7 @@ def test_an_inference_step_that_leaves_nothing_runs_once_and_counts_as_both(
 
 
 @pytest.mark.parametrize("build", [
-    lambda: _CachesOnFirstCall(),
+    lambda: CachesOnFirstCall(),
     lambda: _CountsCalls(nn.Linear(IN, HIDDEN), nn.ReLU()),
     lambda: _KeepsInAList(),
 ], ids=["keeps a tensor", "rebinds an attribute", "keeps a tensor in a list"])

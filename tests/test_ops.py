@@ -24,6 +24,7 @@ from perfzoo.features.ops import (
 from perfzoo.io import InputError
 from perfzoo.models.builders import build_model
 from perfzoo.regressors import ComposedRegressor, load_regressor, make_regressor
+from test_memory_sim import IN, CachesOnFirstCall
 
 REGISTRY = FlopCounterMode(display=False).flop_registry
 
@@ -224,22 +225,8 @@ def test_shared_steps_record_what_the_separate_passes_record(monkeypatch, build,
         assert features[OP_ERROR_COLUMN] == "" and len(shared_ops[0]) > 0
 
 
-class CachesOnFirstCall(nn.Module):
-    """Keeps a tensor made in its first call and takes another path from then on."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear, self.cache = nn.Linear(8, 16), None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.cache is None:
-            self.cache = self.linear.weight.t() * 2
-            return (x @ self.cache).relu()
-        return self.linear(x) + 1
-
-
 @pytest.mark.parametrize(("build", "shape", "model_calls"), [(bn_silu_cnn, (3, 8, 8), 1),
-                                                               (CachesOnFirstCall, (8,), 2)])
+                                                               (CachesOnFirstCall, (IN,), 2)])
 def test_an_inference_step_runs_once_unless_it_leaves_state_and_records_what_two_steps_record(
         monkeypatch, build, shape, model_calls):
     # a step that leaves the model as it found it is replayed once (FLOPs, layers and trace recorded in it); one
