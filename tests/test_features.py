@@ -164,6 +164,46 @@ def test_module_calls_count_calls_of_modules_not_the_operators_they_loop_over(mo
     assert feats["op_elementwise_count"] > 20 * feats["n_module_calls"]  # the GRU's gates, per time step
 
 
+class _HeldOutside(nn.Module):
+    """A CNN whose forward also calls a module it holds outside its module tree (in a plain list)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cnn = tiny_cnn()
+        self.outside = [nn.Linear(5, 5)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.outside[0](self.cnn(x))
+
+
+def _with_own_hook() -> nn.Module:
+    """:class:`_HeldOutside` with a forward pre-hook of its own on the convolution (it runs no operator)."""
+    model = _HeldOutside()
+    model.cnn[0].register_forward_pre_hook(lambda module, args: None)
+    return model
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_layer_rows_are_the_same_through_global_hooks_and_hooks_on_each_module(mode: str) -> None:
+    """A model without hooks of its own is recorded by two global module hooks, one with hooks by hooks on each
+    module (so that its own run first, as before); both record the model's modules only, with the same rows."""
+    from perfzoo.features.meta import _Recorder
+
+    model = _with_own_hook()
+    for attached, expected in ((_HeldOutside(), 2), (model, 2 * len(list(model.modules())))):
+        handles = _Recorder({}, lambda: 0).attach(attached)
+        for handle in handles:
+            handle.remove()
+        assert len(handles) == expected
+    feats_global, table_global = featurise(_HeldOutside, (3, 8, 8), 2, mode, model_id="m")
+    feats_each, table_each = featurise(_with_own_hook, (3, 8, 8), 2, mode, model_id="m")
+    assert table_global.equals(table_each)
+    layers = [f"cnn.{i}" for i in range(6)] + (["loss"] if mode == "training" else [])
+    assert list(table_global["name"]) == layers  # not the Linear held outside the module tree
+    assert feats_global["n_module_calls"] == feats_each["n_module_calls"] == 8  # the model, its CNN and six layers
+    assert feats_global == feats_each
+
+
 # --------------------------------------------------------------------------- scaling laws
 
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from perfzoo.features import meta
+from perfzoo.features import meta, ops
 from perfzoo.features.meta import MODEL_COLUMNS, featurise
 from perfzoo.features.op_kinds import COSTED_KINDS, OP_COLUMNS, OP_ERROR_COLUMN, OP_FEATURES
 from perfzoo.features.ops import (
@@ -293,6 +293,7 @@ def test_a_warm_process_kernel_cache_changes_no_feature(monkeypatch):
 
     cold = meta.MetaKernelCache(max_entries=meta.KERNEL_CACHE_ENTRIES)
     monkeypatch.setattr(meta, "PROCESS_KERNELS", cold)
+    monkeypatch.setattr(ops, "_FLOPS", {})  # the FLOP formulas' answers, cold too
     alone = {mode: featurised(bn_silu_cnn, (3, 8, 8), mode) for mode in ("inference", "training")}
     warm = meta.MetaKernelCache(max_entries=meta.KERNEL_CACHE_ENTRIES)
     monkeypatch.setattr(meta, "PROCESS_KERNELS", warm)
@@ -304,6 +305,29 @@ def test_a_warm_process_kernel_cache_changes_no_feature(monkeypatch):
         assert same_features(features, alone[mode][0])
         assert layers.equals(alone[mode][1])
     assert warm.hits > hits  # the cache did answer
+
+
+def test_a_flop_formula_runs_once_per_argument_metadata(monkeypatch):
+    monkeypatch.setattr(ops, "_FLOPS", {})
+    calls, mm = [], torch.ops.aten.mm.default
+
+    def formula(a, b, out_val=None):
+        calls.append(out_val)
+        return 2 * a.shape[0] * a.shape[1] * b.shape[1]
+
+    def meta_tensor(*shape):
+        return torch.empty(*shape, device="meta")
+
+    b = meta_tensor(3, 4)
+    assert ops._flops(formula, mm, (meta_tensor(2, 3), b), {}, meta_tensor(2, 4)) == 48
+    assert ops._flops(formula, mm, (meta_tensor(2, 3), b), {}, meta_tensor(2, 4)) == 48
+    assert len(calls) == 1  # the same shapes, strides and dtypes: answered from the cache
+    assert ops._flops(formula, mm, (meta_tensor(5, 3), b), {}, meta_tensor(5, 4)) == 120
+    assert ops._flops(formula, mm, (meta_tensor(5, 3).t().contiguous().t(), b), {}, meta_tensor(5, 4)) == 120
+    assert len(calls) == 3  # other shapes, then other strides: the formula again
+    for _ in range(2):  # a CPU tensor is not keyed (its values might matter): the formula every time
+        assert ops._flops(formula, mm, (torch.empty(2, 3), b), {}, meta_tensor(2, 4)) == 48
+    assert len(calls) == 5
 
 
 def test_kernel_cache_answers_an_in_place_operator_with_its_argument_unless_it_changes_its_metadata():

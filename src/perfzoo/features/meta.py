@@ -379,11 +379,27 @@ class _Recorder:
     active: bool = True
 
     def attach(self, model: nn.Module) -> list[torch.utils.hooks.RemovableHandle]:
-        handles = []
-        for module in model.modules():
-            handles.append(module.register_forward_pre_hook(self._enter, with_kwargs=True))
-            handles.append(module.register_forward_hook(self._leave, with_kwargs=True))
-        return handles
+        """Hook every module of ``model``: by two global module hooks that pass the model's own modules on, or,
+        where a module has hooks of its own (which must keep running before ours, as they may run operators),
+        by two hooks on each module. Registering on each module costs a hook handle per module and step."""
+        modules = list(model.modules())
+        if any(m._forward_pre_hooks or m._forward_hooks for m in modules):
+            handles = []
+            for module in modules:
+                handles.append(module.register_forward_pre_hook(self._enter, with_kwargs=True))
+                handles.append(module.register_forward_hook(self._leave, with_kwargs=True))
+            return handles
+        members = {id(m) for m in modules}
+
+        def enter(module: nn.Module, args: tuple) -> None:
+            if id(module) in members:
+                self._enter(module, args, {})
+
+        def leave(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            if id(module) in members:
+                self._leave(module, args, kwargs, output)
+
+        return [register_module_forward_pre_hook(enter), register_module_forward_hook(leave, with_kwargs=True)]
 
     def _enter(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if not self.active:
