@@ -209,6 +209,55 @@ def test_onednn_flag_follows_the_backend_the_cpu_runs(batch: int) -> None:
         assert simulate_peak_memory(*conv1d_front(batch, "meta"), mode).onednn_conv == int(on_onednn)
 
 
+class _DepthwiseBlock(nn.Module):
+    """A 7 x 7 depthwise convolution followed by a norm and a linear layer over channels last (ConvNeXt's
+    block), or by a ``BatchNorm2d`` (a MobileNet-style block, whose gradients stay contiguous)."""
+
+    def __init__(self, channels_last_norm: bool) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(16, 16, 7, padding=3, groups=16)
+        self.channels_last_norm = channels_last_norm
+        self.norm = nn.LayerNorm(16) if channels_last_norm else nn.BatchNorm2d(16)
+        self.pw = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.dw(x)
+        if self.channels_last_norm:
+            x = self.pw(self.norm(x.permute(0, 2, 3, 1))).permute(0, 3, 1, 2)
+        else:
+            x = self.norm(x)
+        return self.head(x.mean(dim=(2, 3)))
+
+
+def _cpu_gradient_is_channels_last(model: nn.Module) -> bool:
+    """Whether the real CPU step's depthwise ``convolution_backward`` gets a channels-last gradient."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func is torch.ops.aten.convolution_backward.default:
+                seen.append(not args[0].is_contiguous() and args[0].is_contiguous(memory_format=torch.channels_last))
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        model(torch.randn(2, 16, 8, 8)).sum().backward()
+    return seen == [True]
+
+
+@pytest.mark.parametrize("channels_last_norm", [True, False])
+def test_a_depthwise_weight_gradient_from_a_channels_last_gradient_is_counted_in_training_only(
+        channels_last_norm: bool) -> None:
+    assert _cpu_gradient_is_channels_last(_DepthwiseBlock(channels_last_norm)) == channels_last_norm  # premise
+    with torch.device("meta"):
+        model, x = _DepthwiseBlock(channels_last_norm), torch.empty(2, 16, 8, 8)
+    training = simulate_peak_memory(model, x, "training").cl_depthwise_weight_bytes
+    assert training == (16 * 49 * 4 if channels_last_norm else 0)  # the weight's bytes, whatever the batch
+    assert simulate_peak_memory(model, x, "inference").cl_depthwise_weight_bytes == 0
+
+
 def test_recording_the_convolutions_keeps_no_tensor_alive() -> None:
     with torch.device("meta"):
         model = nn.Sequential(*(nn.Conv1d(16, 16, 3, padding=1) for _ in range(3)))
@@ -252,7 +301,7 @@ def test_a_step_without_meta_kernel_names_the_model() -> None:
 
 # --------------------------------------------------------------------------- the calibrated regressor
 
-COEF = {"cpu": [9.0, 1.0, 0.4, 0.3, 5.0, 35.0], "gpu": [30.0, 1.0, 1.2, 0.0, 0.0, 0.0]}
+COEF = {"cpu": [9.0, 1.0, 0.4, 0.3, 5.0, 35.0, 257.0], "gpu": [30.0, 1.0, 1.2, 0.0, 0.0, 0.0, 0.0]}
 
 
 def sim_frame(n: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
@@ -264,11 +313,13 @@ def sim_frame(n: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
         "sim_activation_bytes": rng.uniform(0, 200, n) * 2**20,
         "sim_op_kinds": rng.integers(3, 40, n).astype(float),
         "sim_onednn_conv": rng.integers(0, 2, n).astype(float),
+        "sim_cl_depthwise_weight_bytes": np.where(rng.uniform(size=n) < 0.3, rng.uniform(0.01, 0.1, n), 0) * 2**20,
         "flops": rng.uniform(1, 2, n)})
     training = (frame["mode"] == "training").to_numpy(dtype=float)
     activation = frame["sim_activation_bytes"] / 2**20
     terms = np.column_stack([training, frame["sim_peak_bytes"] / 2**20, activation, training * activation,
-                             np.sqrt(frame["sim_op_kinds"]), frame["sim_onednn_conv"]])
+                             np.sqrt(frame["sim_op_kinds"]), frame["sim_onednn_conv"],
+                             frame["sim_cl_depthwise_weight_bytes"] / 2**20])
     coef = np.array([COEF[d] for d in frame["device"]])
     return frame, (terms * coef).sum(axis=1)
 
@@ -293,8 +344,19 @@ def test_a_step_that_allocates_and_runs_nothing_is_predicted_to_add_no_memory() 
     X, y = sim_frame(120)
     reg = MemorySimRegressor().fit(X, y)
     empty = X.iloc[:2].assign(mode="inference", sim_peak_bytes=0.0, sim_activation_bytes=0.0, sim_op_kinds=0.0,
-                              sim_onednn_conv=0.0)
+                              sim_onednn_conv=0.0, sim_cl_depthwise_weight_bytes=0.0)
     np.testing.assert_array_equal(reg.predict(empty), [0.0, 0.0])  # no constant term to carry over
+
+
+def test_a_term_no_training_row_exercises_is_fitted_as_zero_not_guessed() -> None:
+    X, y = sim_frame(120)
+    without = X["sim_cl_depthwise_weight_bytes"] == 0  # e.g. the one family with such convolutions held out
+    reg = MemorySimRegressor().fit(X[without], y[without.to_numpy()])
+    for device, coef in COEF.items():
+        np.testing.assert_allclose(reg.coefficients(device).to_numpy(), [*coef[:-1], 0.0], rtol=1e-6, atol=1e-6)
+    held_out = X[~without]
+    np.testing.assert_allclose(reg.predict(held_out), y[~without.to_numpy()] - np.where(
+        held_out["device"] == "cpu", 257.0, 0.0) * held_out["sim_cl_depthwise_weight_bytes"] / 2**20, rtol=1e-6)
 
 
 def test_coefficients_fitted_on_other_terms_are_refused(tmp_path: Path) -> None:

@@ -48,7 +48,7 @@ SIM_STEPS = 2
 """Steps replayed: the first creates the optimizer state, the second runs with it (as every timed step)."""
 SIM_COLUMNS = ("sim_peak_bytes", "sim_start_bytes", "sim_weight_bytes", "sim_grad_bytes",
                "sim_optimizer_bytes", "sim_activation_bytes", "sim_heap_churn_bytes", "sim_op_kinds",
-               "sim_onednn_conv")
+               "sim_onednn_conv", "sim_cl_depthwise_weight_bytes")
 """Feature columns of :meth:`SimulatedMemory.features`, in order (numeric; ``sim_error`` says why they are
 missing in a feature table)."""
 CATEGORIES = ("weight", "input", "activation", "grad", "optimizer")
@@ -98,6 +98,17 @@ class SimulatedMemory:
     convolution code and its JIT kernels count in a CPU process's resident memory. PyTorch runs a small
     convolution on its own im2col kernel instead (e.g. a ``Conv1d`` over 12 x 256 at batch 1), which
     touches none of that."""
+    cl_depthwise_weight_bytes: int
+    """Weight bytes of the largest 2-D depthwise convolution whose weight gradient the step computes from a
+    channels-last gradient (0 where none does; ConvNeXt's 7 x 7 blocks): on the CPU, oneDNN's backward-weights
+    pass of such a layer pads each channel's kernel into a blocked layout and allocates a temporary of about
+    257 times the weight bytes on AVX-512 (bench/RESULTS.md, "Memory a CPU convolution allocates inside
+    itself"), whatever the batch, which no meta kernel shows. In ConvNeXt's block the gradient's layout on the
+    meta device is the CPU's (it comes from the linear layers between the permutes; checked on all 12 depthwise
+    layers of timm's ``convnext_atto``), where the saved input's is not (a meta convolution returns a contiguous
+    output where the CPU's keeps a channels-last input's layout); a meta kernel elsewhere may return another
+    layout than the CPU's (a norm's backward straight after the permute does), so this is a proxy, not the
+    CPU's own choice of kernel."""
 
     def features(self) -> dict[str, int]:
         """The :data:`SIM_COLUMNS` feature values."""
@@ -125,6 +136,7 @@ class _LiveBytes:
         self.paused = False
         self.step = -1  # index of the replayed step (-1: weights and input, registered before the first)
         self.heap_churn = 0
+        self.cl_depthwise_weight_bytes = 0
 
     def add(self, tensor: torch.Tensor, category: str) -> None:
         storage = tensor.untyped_storage()
@@ -192,6 +204,9 @@ def _dispatch_mode(tracker: _LiveBytes, run: Runner = _run_plainly) -> Any:
             tracker.operators.add(str(func.overloadpacket))
             if func.overloadpacket is torch.ops.aten.convolution:
                 tracker.convolutions.add(_convolution_signature(*args))
+            elif func.overloadpacket is torch.ops.aten.convolution_backward:
+                tracker.cl_depthwise_weight_bytes = max(tracker.cl_depthwise_weight_bytes,
+                                                        _channels_last_depthwise_weight_bytes(*args))
             out = run(func, args, kwargs or {})
             for tensor in tensors_in(out):
                 tracker.add(tensor, tracker.phase)
@@ -308,7 +323,8 @@ def simulate_peak_memory(model: nn.Module, x: torch.Tensor, mode: str, optimizer
                            activation_bytes=split["activation"], input_bytes=split["input"],
                            heap_churn_bytes=tracker.heap_churn,
                            op_kinds=len(tracker.operators),
-                           onednn_conv=int(_any_on_onednn(tracker.convolutions)))
+                           onednn_conv=int(_any_on_onednn(tracker.convolutions)),
+                           cl_depthwise_weight_bytes=tracker.cl_depthwise_weight_bytes)
 
 
 ONEDNN_BACKENDS = ("Mkldnn", "MkldnnTranspose")
@@ -328,6 +344,22 @@ def _convolution_signature(input: torch.Tensor, weight: torch.Tensor, bias: torc
     tensor)."""
     return (*((tuple(t.shape), t.dtype) if t is not None else None for t in (input, weight, bias)),
             *(tuple(p) if isinstance(p, list | tuple) else p for p in params))
+
+
+def _channels_last_depthwise_weight_bytes(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
+                                          bias_sizes: Any, stride: Any, padding: Any, dilation: Any, transposed: bool,
+                                          output_padding: Any, groups: int, output_mask: Any) -> int:
+    """Weight bytes of an ``aten.convolution_backward`` call that computes the weight gradient of a 2-D depthwise
+    convolution (one input channel per group, as many groups as channels) from a channels-last gradient, else 0
+    (:attr:`SimulatedMemory.cl_depthwise_weight_bytes`)."""
+    import torch
+
+    depthwise = groups > 1 and weight.shape[1] == 1 and weight.shape[0] == groups == input.shape[1]
+    channels_last = (grad_output.dim() == 4 and not grad_output.is_contiguous()
+                     and grad_output.is_contiguous(memory_format=torch.channels_last))
+    if not (output_mask[1] and depthwise and channels_last and not transposed):
+        return 0
+    return weight.numel() * weight.element_size()
 
 
 def _any_on_onednn(convolutions: Iterable[tuple]) -> bool:

@@ -24,7 +24,8 @@ MIB = 2.0**20
 
 @register_regressor
 class MemorySimRegressor(Regressor):
-    """``peak_mem_mb ≈ a_t·[training] + b·peak + (c + c_t·[training])·activation + d·√op_kinds + e·onednn_conv``.
+    """``peak_mem_mb ≈ a_t·[training] + b·peak + (c + c_t·[training])·activation + d·√op_kinds + e·onednn_conv
+    + f·cl_depthwise_weight``.
 
     The ``sim_*`` features come from :func:`perfzoo.features.memory.simulate_peak_memory` (bytes, used in
     MiB): the peak of live tensor bytes of the profiled step replayed on the meta device, the activation
@@ -55,8 +56,13 @@ class MemorySimRegressor(Regressor):
     a ``Conv1d`` over 12 x 256 at batch 1); ``d`` per-operator state that grows with the distinct operators
     a step runs (kernel caches, the allocator's arenas); ``c`` the workspaces that kernels allocate
     internally in proportion to the activations (convolution reorders, im2col buffers, GEMM packing) and the
-    allocator's fragmentation; ``b`` stays near 1 (weights, gradients and optimizer state
-    are allocated as simulated). On CUDA, whose label is ``max_memory_reserved``, the same terms absorb the
+    allocator's fragmentation; ``f`` the temporary oneDNN's backward-weights pass allocates for a depthwise
+    convolution with a channels-last gradient (ConvNeXt's blocks; ``sim_cl_depthwise_weight_bytes``): its
+    blocked layout pads each channel's kernel, about 257 times the weight bytes on AVX-512, 65 on AVX2, and on the
+    default CPU zoo the fitted ``f`` comes out at 200-260 on every fold that holds such a family (bench/RESULTS.md,
+    "ConvNeXt's depthwise temporary as a memory_sim term"); ``b`` stays near 1 (weights, gradients and optimizer
+    state are allocated as simulated). A term no training row exercises (all zero, e.g. when the only family with
+    such convolutions is held out) is fitted as 0: its cost is unknown, not guessed. On CUDA, whose label is ``max_memory_reserved``, the same terms absorb the
     caching allocator's rounding and cuBLAS/cuDNN workspaces. A row without simulated features (a model the
     simulation failed on) gets no prediction (NaN), never an imputed one. Only the ``peak_mem_mb`` target
     is meaningful. The model is additive in bytes, so ``log_target`` (a parameter of every regressor) must
@@ -67,9 +73,9 @@ class MemorySimRegressor(Regressor):
     kind = "memory_sim"
     only_targets = ("peak_mem_mb",)
     FEATURES: ClassVar[tuple[str, ...]] = ("sim_peak_bytes", "sim_activation_bytes", "sim_op_kinds",
-                                           "sim_onednn_conv")
+                                           "sim_onednn_conv", "sim_cl_depthwise_weight_bytes")
     TERMS: ClassVar[tuple[str, ...]] = ("training", "peak_mib", "activation_mib", "training_activation_mib",
-                                        "sqrt_op_kinds", "onednn_conv")
+                                        "sqrt_op_kinds", "onednn_conv", "cl_depthwise_weight_mib")
     _required_state: ClassVar[tuple[str, ...]] = ("feature_names_", "terms_", "global_coef_", "group_coefs_")
 
     def __init__(self, group_col: str | None = "device", min_group_rows: int = 24,
@@ -82,19 +88,23 @@ class MemorySimRegressor(Regressor):
         """One row of :data:`TERMS` per row of ``X`` (NaN where a simulated feature is missing)."""
         X = check_frame(X)
         require_columns(X, [*self.FEATURES, "mode"], what="memory_sim")
-        peak, activation, op_kinds, onednn_conv = numeric_matrix(X, self.FEATURES).T
+        peak, activation, op_kinds, onednn_conv, cl_depthwise = numeric_matrix(X, self.FEATURES).T
         training = (X["mode"].astype(str) == "training").to_numpy(dtype=float)
         return np.column_stack([training, peak / MIB, activation / MIB, training * activation / MIB,
-                                np.sqrt(op_kinds), onednn_conv])
+                                np.sqrt(op_kinds), onednn_conv, cl_depthwise / MIB])
 
     def _groups(self, X: pd.DataFrame) -> np.ndarray:
         return group_labels(X, self.group_col, "memory_sim group")
 
     @staticmethod
     def median_fit(D: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Coefficients minimising the sum of |y - D·c| / y (the MAPE of the training rows)."""
+        """Coefficients minimising the sum of |y - D·c| / y (the MAPE of the training rows); 0 for a term that is
+        0 on every row (the fit cannot tell its cost)."""
+        exercised = (D != 0).any(axis=0)
+        coef = np.zeros(D.shape[1], dtype=np.float64)
         solver = QuantileRegressor(quantile=0.5, alpha=0.0, fit_intercept=False, solver="highs")
-        return solver.fit(D, y, sample_weight=1.0 / y).coef_.astype(np.float64)
+        coef[exercised] = solver.fit(D[:, exercised], y, sample_weight=1.0 / y).coef_
+        return coef
 
     def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> MemorySimRegressor:
         if self.log_target:
