@@ -63,8 +63,9 @@ class MemorySimRegressor(Regressor):
     "ConvNeXt's depthwise temporary as a memory_sim term"); ``b`` stays near 1 (weights, gradients and optimizer
     state are allocated as simulated). A term no training row exercises (all zero, e.g. when the only family with
     such convolutions is held out) is fitted as 0: its cost is unknown, not guessed. On CUDA, whose label is
-    ``max_memory_reserved``, the same terms absorb the caching allocator's rounding and cuBLAS/cuDNN workspaces. A row without simulated features (a model the
-    simulation failed on) gets no prediction (NaN), never an imputed one. Only the ``peak_mem_mb`` target
+    ``max_memory_reserved``, the same terms absorb the caching allocator's rounding and cuBLAS/cuDNN workspaces.
+    A row without simulated features (a model the simulation failed on) gets no prediction (NaN), never an
+    imputed one. Only the ``peak_mem_mb`` target
     is meaningful. The model is additive in bytes, so ``log_target`` (a parameter of every regressor) must
     stay false. The fitted state records its term names (``terms_``); a file fitted with other terms is
     refused on loading.
