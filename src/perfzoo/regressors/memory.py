@@ -60,9 +60,9 @@ class MemorySimRegressor(Regressor):
     convolution with a channels-last gradient (ConvNeXt's blocks; ``sim_cl_depthwise_weight_bytes``): its
     blocked layout pads each channel's kernel, about 257 times the weight bytes on AVX-512, 65 on AVX2, and on
     the default CPU zoo the fitted ``f`` comes out at about 200-260 on every fold that holds such a family
-    (bench/RESULTS.md, "ConvNeXt's depthwise temporary as a memory_sim term"); ``b`` stays near 1 (weights, gradients and optimizer
-    state are allocated as simulated). A term no training row exercises (all zero, e.g. when the only family with
-    such convolutions is held out) is fitted as 0: its cost is unknown, not guessed. On CUDA, whose label is
+    (bench/RESULTS.md, "ConvNeXt's depthwise temporary as a memory_sim term"); ``b`` stays near 1 (weights,
+    gradients and optimizer state are allocated as simulated). A term no training row exercises (all zero, e.g.
+    when the only family with such convolutions is held out) is fitted as 0: its cost is unknown, not guessed. On CUDA, whose label is
     ``max_memory_reserved``, the same terms absorb the caching allocator's rounding and cuBLAS/cuDNN workspaces.
     A row without simulated features (a model the simulation failed on) gets no prediction (NaN), never an
     imputed one. Only the ``peak_mem_mb`` target is meaningful. The model is additive in bytes, so
