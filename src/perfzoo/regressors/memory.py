@@ -49,25 +49,24 @@ class MemorySimRegressor(Regressor):
 
     What the calibration absorbs, on the CPU, whose label is the profiling worker's peak resident set without
     file-backed pages, above its baseline taken after ``gc`` and before the model is built
-    (:class:`perfzoo.profiling.core.ResidentPeak`; library code mapped from disk is not in it, so the terms
-    below count only memory the process allocates): ``a_t`` the autograd engine's and the backward and
-    optimizer kernels' own state in training; ``e`` oneDNN's convolution primitives and their JIT-generated
-    kernels (anonymous memory; a step whose convolutions PyTorch runs on its own im2col kernel creates none:
-    a ``Conv1d`` over 12 x 256 at batch 1); ``d`` per-operator state that grows with the distinct operators
-    a step runs (kernel caches, the allocator's arenas); ``c`` the workspaces that kernels allocate
-    internally in proportion to the activations (convolution reorders, im2col buffers, GEMM packing) and the
-    allocator's fragmentation; ``f`` the temporary oneDNN's backward-weights pass allocates for a depthwise
-    convolution with a channels-last gradient (ConvNeXt's blocks; ``sim_cl_depthwise_weight_bytes``): its
-    blocked layout pads each channel's kernel, about 257 times the weight bytes on AVX-512, 65 on AVX2, and on
-    the default CPU zoo the fitted ``f`` comes out at about 200-260 on every fold that holds such a family
-    (bench/RESULTS.md, "ConvNeXt's depthwise temporary as a memory_sim term"); ``b`` stays near 1 (weights,
-    gradients and optimizer state are allocated as simulated). A term no training row exercises (all zero, e.g.
-    when the only family with such convolutions is held out) is fitted as 0: its cost is unknown, not guessed. On CUDA, whose label is
-    ``max_memory_reserved``, the same terms absorb the caching allocator's rounding and cuBLAS/cuDNN workspaces.
-    A row without simulated features (a model the simulation failed on) gets no prediction (NaN), never an
-    imputed one. Only the ``peak_mem_mb`` target is meaningful. The model is additive in bytes, so
-    ``log_target`` (a parameter of every regressor) must stay false. The fitted state records its term names
-    (``terms_``); a file fitted with other terms is refused on loading.
+    (:class:`perfzoo.profiling.core.ResidentPeak`; library code mapped from disk is not in it, so the terms below
+    count only memory the process allocates): ``a_t`` the autograd engine's and the backward and optimizer kernels'
+    own state in training; ``e`` oneDNN's convolution primitives and their JIT-generated kernels (anonymous memory;
+    a step whose convolutions PyTorch runs on its own im2col kernel creates none: a ``Conv1d`` over 12 x 256 at
+    batch 1); ``d`` per-operator state that grows with the distinct operators a step runs (kernel caches, the
+    allocator's arenas); ``c`` the workspaces that kernels allocate internally in proportion to the activations
+    (convolution reorders, im2col buffers, GEMM packing) and the allocator's fragmentation; ``f`` the temporary
+    oneDNN's backward-weights pass allocates for a depthwise convolution with a channels-last gradient (ConvNeXt's
+    blocks; ``sim_cl_depthwise_weight_bytes``): its blocked layout pads each channel's kernel, about 257 times the
+    weight bytes on AVX-512, 65 on AVX2, and on the default CPU zoo the fitted ``f`` comes out at about 200-260 on
+    every fold that holds such a family (bench/RESULTS.md, "ConvNeXt's depthwise temporary as a memory_sim term");
+    ``b`` stays near 1 (weights, gradients and optimizer state are allocated as simulated). A term no training row
+    exercises (all zero, e.g. when the only family with such convolutions is held out) is fitted as 0: its cost is
+    unknown, not guessed. On CUDA, whose label is ``max_memory_reserved``, the same terms absorb the caching
+    allocator's rounding and cuBLAS/cuDNN workspaces. A row without simulated features (a model the simulation
+    failed on) gets no prediction (NaN), never an imputed one. Only the ``peak_mem_mb`` target is meaningful. The
+    model is additive in bytes, so ``log_target`` (a parameter of every regressor) must stay false. The fitted state
+    records its term names (``terms_``); a file fitted with other terms is refused on loading.
     """
 
     kind = "memory_sim"
