@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-from perfzoo.features.memory import HEAP_MAX_BYTES, SIM_COLUMNS, SIM_STEPS, simulate_peak_memory
+from perfzoo.features.memory import HEAP_MAX_BYTES, SIM_COLUMNS, SIM_STEPS, is_channels_last, simulate_peak_memory
 from perfzoo.features.meta import MODEL_COLUMNS, featurise, simulated_memory
 from perfzoo.fitting import unsupported_reason
 from perfzoo.io import InputError
@@ -239,7 +239,7 @@ def _cpu_gradient_is_channels_last(model: nn.Module) -> bool:
     class Seen(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             if func is torch.ops.aten.convolution_backward.default:
-                seen.append(not args[0].is_contiguous() and args[0].is_contiguous(memory_format=torch.channels_last))
+                seen.append(is_channels_last(args[0]))
             return func(*args, **(kwargs or {}))
 
     with Seen():

@@ -352,14 +352,19 @@ def _channels_last_depthwise_weight_bytes(grad_output: torch.Tensor, input: torc
     """Weight bytes of an ``aten.convolution_backward`` call that computes the weight gradient of a 2-D depthwise
     convolution (one input channel per group, as many groups as channels) from a channels-last gradient, else 0
     (:attr:`SimulatedMemory.cl_depthwise_weight_bytes`)."""
-    import torch
-
     depthwise = groups > 1 and weight.shape[1] == 1 and weight.shape[0] == groups == input.shape[1]
-    channels_last = (grad_output.dim() == 4 and not grad_output.is_contiguous()
-                     and grad_output.is_contiguous(memory_format=torch.channels_last))
-    if not (output_mask[1] and depthwise and channels_last and not transposed):
+    if not (output_mask[1] and depthwise and is_channels_last(grad_output) and not transposed):
         return 0
     return weight.numel() * weight.element_size()
+
+
+def is_channels_last(tensor: torch.Tensor) -> bool:
+    """Whether a 4-D tensor is laid out channels last (and not also contiguous, as a tensor of one channel or one
+    pixel is)."""
+    import torch
+
+    return (tensor.dim() == 4 and not tensor.is_contiguous()
+            and tensor.is_contiguous(memory_format=torch.channels_last))
 
 
 def _any_on_onednn(convolutions: Iterable[tuple]) -> bool:
