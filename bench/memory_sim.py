@@ -13,6 +13,12 @@ against the hash of ``zoo.num_classes`` recorded in the run's feature table. Pri
 split (``memory_sim``, the uncalibrated simulator ``sim_peak_bytes`` as MiB, the best existing regressor
 and the best baseline from ``evaluate/metrics.parquet``, the noise floor), per-family MAPE of the
 leave-one-family-out split, and the coefficients fitted on all rows.
+
+``--calibration`` says where the devices' measured constants (``perfzoo.hardware.CALIBRATION_COLUMNS``: the
+depthwise temporary's factor, which ``memory_sim`` applies as measured) come from: ``dataset`` (default) as the
+run's dataset has them (a run made before the hardware rule measured them has none: the term is fitted),
+``measure`` measured now on this CPU with the checkout's code and the run's threads (for such a run, on the
+machine that profiled it: the CPU's name is printed beside the run's), ``none`` left out (the term is fitted).
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ from perfzoo.config import load_config
 from perfzoo.features.memory import SIM_COLUMNS
 from perfzoo.features.meta import simulate_manifest
 from perfzoo.fitting import fit_split, regressor_inputs
+from perfzoo.hardware import CALIBRATION_COLUMNS, DEPTHWISE_TEMPORARY_FACTOR, cpu_model_name
+from perfzoo.io import read_json
+from perfzoo.profiling.temporaries import measure_depthwise_temporary
 from perfzoo.io import InputError
 from perfzoo.provenance import config_subset_sha, read_provenance
 from perfzoo.regressors import BASELINES, MemorySimRegressor
@@ -66,6 +75,26 @@ def dataset_with_simulation(results: Path, num_classes: int, optimizer: str
     return data, seconds, len(failed)
 
 
+def with_calibration(data: pd.DataFrame, results: Path, source: str) -> pd.DataFrame:
+    """``data`` with the devices' measured constants from ``source`` (see the module's docstring)."""
+    if source == "none":
+        return data.drop(columns=[c for c in CALIBRATION_COLUMNS if c in data.columns])
+    if source == "measure":
+        factors = {}
+        for device in sorted(set(data["device"])):
+            hw = read_json(results / "hardware" / f"{device}.json")
+            if hw.get("kind") != "cpu":
+                continue
+            measured = measure_depthwise_temporary(int(hw["cores_used"]))
+            print(f"{device}: depthwise temporary factor measured here {measured['factor']:g} on "
+                  f"{cpu_model_name()!r} ({measured['threads']} threads); the run's CPU {hw.get('name')!r}")
+            factors[device] = measured["factor"]
+        data = data.assign(**{DEPTHWISE_TEMPORARY_FACTOR: data["device"].map(factors).astype(float)})
+    present = [c for c in CALIBRATION_COLUMNS if c in data.columns]
+    print(f"measured constants applied: {', '.join(present) or 'none (fitted)'}\n")
+    return data
+
+
 def score_split(data: pd.DataFrame, split: pd.DataFrame) -> pd.DataFrame:
     """Test-row predictions of memory_sim and of the raw simulator (sim_peak_bytes in MiB), every fold."""
     predictions, _, notes = fit_split(data, split, TARGET, REGRESSOR)
@@ -95,9 +124,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path)
     parser.add_argument("--config", type=Path, default=Path(__file__).resolve().parents[1] / "config.yaml")
+    parser.add_argument("--calibration", choices=("dataset", "measure", "none"), default="dataset")
     args = parser.parse_args()
     num_classes, optimizer = run_settings(args.results, args.config)
     data, seconds, n_failed = dataset_with_simulation(args.results, num_classes, optimizer)
+    data = with_calibration(data, args.results, args.calibration)
     existing, families = existing_results(args.results)
     n_configs = data[["model_id", "mode", "batch"]].drop_duplicates().shape[0]
     print(f"simulated {n_configs} configs in {seconds:.1f} s "
@@ -129,11 +160,15 @@ def main() -> None:
             print(f"| {family} | {len(rows)} | {mape(rows['y_true'], rows['y_pred']):.1f} | "
                   f"{mape(rows['y_true'], rows['y_raw']):.1f} | {theirs.get(family, np.nan):.1f} |")
     everything = data[np.isfinite(data[TARGET])]
-    fitted = MemorySimRegressor().fit(regressor_inputs(everything), everything[TARGET])
+    fitted = MemorySimRegressor().fit(regressor_inputs(everything, device_calibration=True), everything[TARGET])
     print("\ncoefficients fitted on all rows, per device (MiB for an indicator term, MiB per MiB for a byte "
           "term):\n")
     for device in sorted(fitted.group_coefs_):
-        print(f"- {device}: " + ", ".join(f"{k} {v:.3g}" for k, v in fitted.coefficients(device).items()))
+        applied = fitted.row_coefficients(regressor_inputs(everything[everything["device"] == device].head(1),
+                                                           device_calibration=True))[0]
+        measured = fitted._measured(everything[everything["device"] == device].head(1))[0]
+        print(f"- {device}: " + ", ".join(f"{k} {v:.3g}" + (" (measured)" if np.isfinite(m) else "")
+                                          for k, v, m in zip(fitted.TERMS, applied, measured, strict=True)))
 
 
 if __name__ == "__main__":

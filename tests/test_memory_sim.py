@@ -16,10 +16,12 @@ from torch.profiler import ProfilerActivity, profile
 
 from perfzoo.features.memory import HEAP_MAX_BYTES, SIM_COLUMNS, SIM_STEPS, is_channels_last, simulate_peak_memory
 from perfzoo.features.meta import MODEL_COLUMNS, featurise, simulated_memory
-from perfzoo.fitting import unsupported_reason
+from perfzoo.fitting import fit_split, regressor_inputs, unsupported_reason
+from perfzoo.hardware import DEPTHWISE_TEMPORARY_FACTOR, hardware_calibration
 from perfzoo.io import InputError
 from perfzoo.models.builders import build_model
 from perfzoo.profiling.core import ResidentPeak
+from perfzoo.profiling.temporaries import depthwise_temporary, measure_depthwise_temporary
 from perfzoo.regressors import MemorySimRegressor, load_regressor, make_regressor
 
 IN, HIDDEN, OUT = 8, 16, 4
@@ -357,6 +359,60 @@ def test_a_term_no_training_row_exercises_is_fitted_as_zero_not_guessed() -> Non
     held_out = X[~without]
     np.testing.assert_allclose(reg.predict(held_out), y[~without.to_numpy()] - np.where(
         held_out["device"] == "cpu", 257.0, 0.0) * held_out["sim_cl_depthwise_weight_bytes"] / 2**20, rtol=1e-6)
+
+
+def test_a_measured_factor_prices_the_term_where_no_training_row_could() -> None:
+    X, y = sim_frame(120)
+    X[DEPTHWISE_TEMPORARY_FACTOR] = np.where(X["device"] == "cpu", 257.0, np.nan)  # measured on the cpu only
+    without = X["sim_cl_depthwise_weight_bytes"] == 0
+    reg = MemorySimRegressor().fit(X[without], y[without.to_numpy()])
+    held_out = X[~without]
+    np.testing.assert_allclose(reg.predict(held_out), y[~without.to_numpy()], rtol=1e-6)  # gpu: f is 0 there
+    cpu = held_out[held_out["device"] == "cpu"]
+    np.testing.assert_allclose(reg.row_coefficients(cpu)[:, -1], 257.0)
+    assert reg.coefficients("cpu").iloc[-1] == 0.0  # nothing fitted: the rows use the measurement
+    # the measurement stands for the coefficient in the fit too: a wrong one moves the fitted terms, not f
+    wrong = MemorySimRegressor().fit(X.assign(**{DEPTHWISE_TEMPORARY_FACTOR: np.where(
+        X["device"] == "cpu", 100.0, np.nan)}), y)
+    assert not np.allclose(wrong.coefficients("cpu").to_numpy()[:-1], COEF["cpu"][:-1], rtol=1e-3)
+    right = MemorySimRegressor().fit(X, y)
+    np.testing.assert_allclose(right.coefficients("cpu").to_numpy(), [*COEF["cpu"][:-1], 0.0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(right.coefficients("gpu").to_numpy(), COEF["gpu"], rtol=1e-6, atol=1e-6)
+
+
+def test_the_fit_rule_passes_the_measured_factor_to_memory_sim_only() -> None:
+    X, y = sim_frame(60)
+    data = X.assign(**{DEPTHWISE_TEMPORARY_FACTOR: 257.0, "peak_mem_mb": y, "row_id": [f"r{i}" for i in range(60)],
+                       "model_id": "m", "batch": 1, "family": "f", "label": "m", "is_training": 0.0})
+    assert DEPTHWISE_TEMPORARY_FACTOR in regressor_inputs(data, device_calibration=True).columns
+    assert DEPTHWISE_TEMPORARY_FACTOR not in regressor_inputs(data).columns  # no regressor sees it as a feature
+    split = pd.DataFrame({"split": "s", "fold": 0, "row_id": data["row_id"], "set": ["train"] * 40 + ["test"] * 20})
+    _, models, _ = fit_split(data, split, "peak_mem_mb", "memory_sim")
+    fitted = next(iter(models.values()))
+    assert fitted.coefficients("cpu").iloc[-1] == 0.0 and fitted.row_coefficients(data)[0, -1] == 257.0
+    _, models, _ = fit_split(data, split, "peak_mem_mb", "linear")
+    assert DEPTHWISE_TEMPORARY_FACTOR not in next(iter(models.values())).feature_names_
+
+
+def test_the_depthwise_temporary_is_one_factor_of_the_weight_bytes_on_this_cpu() -> None:
+    """The premise of the measured term: oneDNN's backward-weights temporary of a channels-last depthwise
+    convolution is the same multiple of its weight bytes for any channel count (40-256 here, as in ConvNeXt's
+    stages), so one measurement per device prices every such layer."""
+    small, large = measure_depthwise_temporary(1, channels=40), measure_depthwise_temporary(1)
+    assert small["temporary_bytes"] > small["weight_bytes"] > 0
+    assert small["factor"] == large["factor"] == large["temporary_bytes"] / large["weight_bytes"]
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability in ("AVX512", "AVX2"):  # the blocked layout pads each channel to SIMD width² floats (+1 row)
+        width = 16 if capability == "AVX512" else 8
+        assert large["factor"] == width * width + 1
+    assert hardware_calibration({"depthwise_temporary": large}) == {DEPTHWISE_TEMPORARY_FACTOR: large["factor"]}
+
+
+def test_a_device_without_the_measurement_records_why_and_gets_no_number() -> None:
+    missing = depthwise_temporary("cuda", 1)
+    assert set(missing) == {"missing"} and "cuda" in missing["missing"]
+    assert math.isnan(hardware_calibration({"depthwise_temporary": missing})[DEPTHWISE_TEMPORARY_FACTOR])
+    assert math.isnan(hardware_calibration({})[DEPTHWISE_TEMPORARY_FACTOR])  # a record made before it existed
 
 
 def test_coefficients_fitted_on_other_terms_are_refused(tmp_path: Path) -> None:

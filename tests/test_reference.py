@@ -19,6 +19,10 @@ def test_cpu_hardware_record_carries_a_measured_memory_reference() -> None:
     growth = ref["rss_growth_mb"]
     assert set(growth) == {"anon", "file", "shmem"} and growth["anon"] > 44 and growth["file"] > 0, growth
     assert growth["anon"] - 1 <= ref["peak_mem_mb"] < growth["anon"] + growth["file"], ref
+    # the depthwise temporary's factor, measured with the device's threads (memory_sim applies it as measured)
+    temporary = record["depthwise_temporary"]
+    assert temporary["threads"] == 1 and temporary["factor"] > 1, temporary
+    assert temporary["factor"] == temporary["temporary_bytes"] / temporary["weight_bytes"]
 
 
 def test_a_failed_reference_step_is_missing_with_its_reason(monkeypatch) -> None:

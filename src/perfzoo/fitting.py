@@ -11,6 +11,7 @@ import pandas as pd
 
 from perfzoo.dataset.build import feature_columns, finite_target_rows
 from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURES
+from perfzoo.hardware import CALIBRATION_COLUMNS
 from perfzoo.io import InputError, write_text
 from perfzoo.regressors import REGISTRY, Regressor, make_regressor, regressor_from_document
 from perfzoo.stats import all_metrics
@@ -51,17 +52,20 @@ def featurised_rows(data: pd.DataFrame) -> pd.Series:
     return data["feature_missing_reason"].fillna("").astype(str) == ""
 
 
-def regressor_inputs(data: pd.DataFrame, feature_set: str = "all", operator_features: bool = False
-                     ) -> pd.DataFrame:
+def regressor_inputs(data: pd.DataFrame, feature_set: str = "all", operator_features: bool = False,
+                     device_calibration: bool = False) -> pd.DataFrame:
     """What a regressor sees: the numeric feature columns plus identifying columns it may group by.
 
     ``feature_set="model"`` keeps model features only (no hardware or roofline columns), for the
     feature ablation of Panner Selvam, "Performance Prediction Models for Deep Learning" (Table 6.6).
-    ``operator_features`` adds the operator aggregates ``op_<kind>_*`` present in ``data``.
+    ``operator_features`` adds the operator aggregates ``op_<kind>_*`` present in ``data``;
+    ``device_calibration`` the devices' measured constants (:data:`perfzoo.hardware.CALIBRATION_COLUMNS`).
     """
     columns = feature_columns(data)
     if operator_features:
         columns += [c for c in OP_FEATURES if c in data.columns]
+    if device_calibration:
+        columns += [c for c in CALIBRATION_COLUMNS if c in data.columns]
     if feature_set == "model":
         columns = [c for c in columns if not c.startswith(("hw_", "roofline_"))]
     # GPU model of a device (device_transfer's group_col); why a config has no operator trace (composed)
@@ -80,7 +84,8 @@ def fit_split(
     feature_set: str = "all", operator_features: bool = False,
 ) -> tuple[pd.DataFrame, dict[str, Regressor], dict[str, Any]]:
     """(predictions on val/test rows of every fold, fitted model per fold, notes on skipped folds); the
-    operator aggregates are features when ``operator_features`` or for :data:`OPERATOR_FEATURE_REGRESSORS`."""
+    operator aggregates are features when ``operator_features`` or for :data:`OPERATOR_FEATURE_REGRESSORS`, the
+    devices' measured constants for a regressor that applies them (:attr:`Regressor.uses_device_calibration`)."""
     if target not in data.columns:
         raise InputError(f"dataset has no target column {target!r}")
     finite = finite_target_rows(data, target)
@@ -92,6 +97,7 @@ def fit_split(
                              "skipped_folds": {}}
     data = data[usable].set_index("row_id", drop=False)
     ops = operator_features or regressor in OPERATOR_FEATURE_REGRESSORS
+    calibration = build_regressor(regressor, params).uses_device_calibration
     predictions, models = [], {}
     for fold, rows in split.groupby("fold", sort=True):
         rows = rows[rows["row_id"].isin(data.index)]
@@ -102,8 +108,8 @@ def fit_split(
             continue
         test = data.loc[held["row_id"]]
         try:
-            inputs = regressor_inputs(test, feature_set, ops)
-            train_inputs = regressor_inputs(train, feature_set, ops)
+            inputs = regressor_inputs(test, feature_set, ops, calibration)
+            train_inputs = regressor_inputs(train, feature_set, ops, calibration)
             model = build_regressor(regressor, params).fit(train_inputs, train[target])
             pred = model.predict(inputs)
             lo, hi = own_intervals(model, inputs)

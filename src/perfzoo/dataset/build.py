@@ -11,7 +11,7 @@ import pandas as pd
 
 from perfzoo.features.memory import SIM_COLUMNS
 from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURES
-from perfzoo.hardware import hardware_features
+from perfzoo.hardware import hardware_calibration, hardware_features
 from perfzoo.io import InputError, read_json, read_parquet
 from perfzoo.profiling.interference import drop_flagged_runs, flagged_mask
 from perfzoo.profiling.runner import PEAK_RSS_TOTAL, STATUSES, TRACE_COLUMNS, WINDOW
@@ -269,7 +269,8 @@ def build_dataset(
     key = dataset_key(runs) if len(runs) else list(KEY)
     measured = energy_labels(clean[clean["status"] == "ok"], hardware)  # every measurement: the noise floor's too
     labels = measured[measured["repeat"] == 0].drop(columns=["repeat", "message", "status"])
-    hw = pd.DataFrame([{"device": d, **hardware_features(h)} for d, h in sorted(hardware.items())])
+    hw = pd.DataFrame([{"device": d, **hardware_features(h), **hardware_calibration(h)}
+                       for d, h in sorted(hardware.items())])
     info = manifest[["config_id", "family", "name", "variant", "label", "builder",
                      *(["precision"] if "precision" in manifest.columns else [])]]
     carried = (*MODEL_FEATURES, *OP_FEATURES, OP_ERROR_COLUMN)  # op_*: for the regressors that use them

@@ -1,8 +1,10 @@
 """Device description without measuring: host facts, spec-table row, MIG profiles, cost fields, and the
-``hw_*`` feature columns read from a device's hardware record (measurements: perfzoo.profiling.microbench)."""
+``hw_*`` feature columns and measured calibration columns read from a device's hardware record (measurements:
+perfzoo.profiling.microbench)."""
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 from collections.abc import Mapping
@@ -14,6 +16,10 @@ from perfzoo.hardware.mig import mig_profiles
 from perfzoo.hardware.specs import lookup_gpu
 from perfzoo.io import InputError
 
+DEPTHWISE_TEMPORARY_FACTOR = "device_cl_depthwise_temporary_factor"
+CALIBRATION_COLUMNS = (DEPTHWISE_TEMPORARY_FACTOR,)
+"""Device constants measured by the hardware rule that a regressor applies as they are (not features every
+regressor sees): :func:`hardware_calibration`."""
 NO_ENERGY_SENSOR = "no energy sensor read on kind 'cpu' (RAPL is not used)"
 DEFAULT_CARBON_INTENSITY_G_PER_KWH = 400.0
 
@@ -100,3 +106,12 @@ def hardware_features(hw: dict[str, Any]) -> dict[str, float]:
         "hw_cores": float(cores or hw.get("cores_used", 0) or hw.get("sm_count", 0) or 0),
         "hw_mem_gb": float(hw["memory_gb"]),
     }
+
+
+def hardware_calibration(hw: Mapping[str, Any]) -> dict[str, float]:
+    """The :data:`CALIBRATION_COLUMNS` of a device's rows: the bytes oneDNN's backward-weights pass of a
+    channels-last depthwise convolution allocates per weight byte (``depthwise_temporary.factor`` of the record,
+    :mod:`perfzoo.profiling.temporaries`); NaN where the record has no measurement (a GPU, an imported row, a
+    record written before the measurement existed)."""
+    factor = (hw.get("depthwise_temporary") or {}).get("factor")
+    return {DEPTHWISE_TEMPORARY_FACTOR: float(factor) if isinstance(factor, int | float) else math.nan}

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from perfzoo.hardware import hardware_features
+from perfzoo.hardware import hardware_calibration, hardware_features
 from perfzoo.io import InputError, suggest
 from perfzoo.prediction.predictors import RUN_WORKFLOW
 
@@ -116,7 +116,7 @@ def device_row(
             f"no results/hardware/{device}.json (run `snakemake --cores all results/hardware/{device}.json`)"
         )
     try:
-        hw_cols = hardware_features(hw)
+        hw_cols = {**hardware_features(hw), **hardware_calibration(hw)}
     except (KeyError, TypeError, ValueError) as exc:
         return f"results/hardware/{device}.json lacks hardware feature {exc}"
     row = {k: feats[k] for k in (*MODEL_FEATURES, *OP_FEATURES, OP_ERROR_COLUMN) if k in feats}

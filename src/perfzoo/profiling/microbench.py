@@ -25,6 +25,7 @@ from perfzoo.io import InputError
 from perfzoo.profiling import cuda, nvml
 from perfzoo.profiling.interference import probe_baseline
 from perfzoo.profiling.reference import memory_reference
+from perfzoo.profiling.temporaries import depthwise_temporary
 
 
 def check_device(
@@ -151,6 +152,7 @@ def cpu_hardware(device: str, device_cfg: dict[str, Any]) -> dict[str, Any]:
         "measured_copy_gbs": measure_copy_gbs(threads),
         "probe_baseline": probe_baseline("cpu", threads),
         "memory_reference": memory_reference("cpu", threads),
+        "depthwise_temporary": depthwise_temporary("cpu", threads),
         "measurement_setting": MeasurementSetting.of(device_cfg).as_dict(),
         "energy_sensor": None,
         "energy_missing_reason": NO_ENERGY_SENSOR,
@@ -198,6 +200,7 @@ def cuda_hardware(
         "probe_baseline": (probe_baseline("cuda", int(device_cfg.get("threads", 1)), index) if backend is None
                            else {"missing": "the CUDA boundary is substituted: no probe on a real GPU"}),
         "memory_reference": memory_reference("cuda", int(device_cfg.get("threads", 1))),
+        "depthwise_temporary": depthwise_temporary("cuda", int(device_cfg.get("threads", 1))),
         "measurement_setting": MeasurementSetting.of(device_cfg).as_dict(),
         "spec": spec,
         "spec_missing_reason": spec_reason,

@@ -189,6 +189,9 @@ class Regressor(RegressorMixin, BaseEstimator):
     _payload_attrs: ClassVar[tuple[str, ...]] = ()
     #: whether the regressor is fitted on the operator aggregates ``op_*`` (the fit rule then passes them)
     uses_operator_features: ClassVar[bool] = False
+    #: whether the regressor applies the devices' measured constants (the fit rule then passes them; a frame
+    #: without them gets the regressor's fallback for a device that has none)
+    uses_device_calibration: ClassVar[bool] = False
     #: the only targets the method models (execution time, peak memory); None: any target
     only_targets: ClassVar[tuple[str, ...] | None] = None
 

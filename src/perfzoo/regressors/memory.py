@@ -9,6 +9,7 @@ import pandas as pd
 from sklearn.linear_model import QuantileRegressor
 from sklearn.utils.validation import check_is_fitted
 
+from perfzoo.hardware import DEPTHWISE_TEMPORARY_FACTOR
 from perfzoo.io import InputError
 from perfzoo.regressors.base import (
     Regressor,
@@ -59,14 +60,19 @@ class MemorySimRegressor(Regressor):
     oneDNN's backward-weights pass allocates for a depthwise convolution with a channels-last gradient (ConvNeXt's
     blocks; ``sim_cl_depthwise_weight_bytes``): its blocked layout pads each channel's kernel, about 257 times the
     weight bytes on AVX-512, 65 on AVX2, and on the default CPU zoo the fitted ``f`` comes out at about 200-260 on
-    every fold that holds such a family (bench/RESULTS.md, "ConvNeXt's depthwise temporary as a memory_sim term");
-    ``b`` stays near 1 (weights, gradients and optimizer state are allocated as simulated). A term no training row
-    exercises (all zero, e.g. when the only family with such convolutions is held out) is fitted as 0: its cost is
-    unknown, not guessed. On CUDA, whose label is ``max_memory_reserved``, the same terms absorb the caching
-    allocator's rounding and cuBLAS/cuDNN workspaces. A row without simulated features (a model the simulation
-    failed on) gets no prediction (NaN), never an imputed one. Only the ``peak_mem_mb`` target is meaningful. The
-    model is additive in bytes, so ``log_target`` (a parameter of every regressor) must stay false. The fitted state
-    records its term names (``terms_``); a file fitted with other terms is refused on loading.
+    every fold that holds such a family (bench/RESULTS.md, "ConvNeXt's depthwise temporary as a memory_sim term").
+    Where the device's hardware record has the factor measured (the column
+    :data:`perfzoo.hardware.DEPTHWISE_TEMPORARY_FACTOR`, passed because :attr:`uses_device_calibration`; the
+    hardware rule measures it on a CPU, :mod:`perfzoo.profiling.temporaries`), that row's ``f`` is the measured
+    factor, not fitted: a zoo whose only such family is held out cannot identify ``f``, and the factor belongs to
+    the device, not to the family. ``b`` stays near 1 (weights, gradients and optimizer state are allocated as
+    simulated). A term no training row exercises (all zero, e.g. when the only family with such convolutions is held
+    out, on a device without the measured factor) is fitted as 0: its cost is unknown, not guessed. On CUDA, whose
+    label is ``max_memory_reserved``, the same terms absorb the caching allocator's rounding and cuBLAS/cuDNN
+    workspaces. A row without simulated features (a model the simulation failed on) gets no prediction (NaN), never
+    an imputed one. Only the ``peak_mem_mb`` target is meaningful. The model is additive in bytes, so ``log_target``
+    (a parameter of every regressor) must stay false. The fitted state records its term names (``terms_``); a file
+    fitted with other terms is refused on loading.
     """
 
     kind = "memory_sim"
@@ -75,7 +81,10 @@ class MemorySimRegressor(Regressor):
                                            "sim_onednn_conv", "sim_cl_depthwise_weight_bytes")
     TERMS: ClassVar[tuple[str, ...]] = ("training", "peak_mib", "activation_mib", "training_activation_mib",
                                         "sqrt_op_kinds", "onednn_conv", "cl_depthwise_weight_mib")
+    MEASURED_TERMS: ClassVar[dict[str, str]] = {"cl_depthwise_weight_mib": DEPTHWISE_TEMPORARY_FACTOR}
+    """Terms whose coefficient a row takes from a measured device constant, where the row has one."""
     _required_state: ClassVar[tuple[str, ...]] = ("feature_names_", "terms_", "global_coef_", "group_coefs_")
+    uses_device_calibration = True
 
     def __init__(self, group_col: str | None = "device", min_group_rows: int = 24,
                  log_target: bool = False) -> None:
@@ -95,21 +104,36 @@ class MemorySimRegressor(Regressor):
     def _groups(self, X: pd.DataFrame) -> np.ndarray:
         return group_labels(X, self.group_col, "memory_sim group")
 
+    def _measured(self, X: pd.DataFrame) -> np.ndarray:
+        """Per row and term, the measured coefficient (:data:`MEASURED_TERMS`), NaN where the row has none (the
+        column is absent, or NaN: a device without the measurement)."""
+        out = np.full((len(X), len(self.TERMS)), np.nan)
+        for term, column in self.MEASURED_TERMS.items():
+            if column in X.columns:
+                out[:, self.TERMS.index(term)] = numeric_matrix(X, [column])[:, 0]
+        return out
+
     @staticmethod
-    def median_fit(D: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Coefficients minimising the sum of |y - D·c| / y (the MAPE of the training rows); 0 for a term that is
-        0 on every row (the fit cannot tell its cost)."""
-        exercised = (D != 0).any(axis=0)
+    def median_fit(D: np.ndarray, y: np.ndarray, measured: np.ndarray | None = None) -> np.ndarray:
+        """Coefficients minimising the sum of |y - D·c| / y (the MAPE of the training rows), where a finite
+        ``measured[i, j]`` stands for ``c[j]`` on row ``i``; 0 for a term that is 0 (or measured) on every row (the
+        fit cannot tell its cost)."""
+        constants = np.full(D.shape, np.nan) if measured is None else measured
+        known = np.isfinite(constants)
+        offset = (D * np.where(known, constants, 0.0)).sum(axis=1)
+        free = np.where(known, 0.0, D)
+        exercised = (free != 0).any(axis=0)
         coef = np.zeros(D.shape[1], dtype=np.float64)
-        solver = QuantileRegressor(quantile=0.5, alpha=0.0, fit_intercept=False, solver="highs")
-        coef[exercised] = solver.fit(D[:, exercised], y, sample_weight=1.0 / y).coef_
+        if exercised.any():
+            solver = QuantileRegressor(quantile=0.5, alpha=0.0, fit_intercept=False, solver="highs")
+            coef[exercised] = solver.fit(free[:, exercised], y - offset, sample_weight=1.0 / y).coef_
         return coef
 
     def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> MemorySimRegressor:
         if self.log_target:
             raise InputError("memory_sim adds bytes (its fit already minimises the relative error); "
                              "log_target must be false")
-        D, groups = self._design(X), self._groups(X)
+        D, groups, measured = self._design(X), self._groups(X), self._measured(X)
         target = np.asarray(y, dtype=np.float64).ravel()
         if target.shape[0] != len(D):
             raise InputError(f"y has {target.shape[0]} values but X has {len(D)} rows")
@@ -120,16 +144,17 @@ class MemorySimRegressor(Regressor):
         self.feature_names_ = list(self.FEATURES)
         self.terms_ = list(self.TERMS)
         self.n_features_in_ = len(self.FEATURES)
-        self.global_coef_ = self.median_fit(D[usable], target[usable])
+        self.global_coef_ = self.median_fit(D[usable], target[usable], measured[usable])
         self.group_coefs_ = {
-            str(g): self.median_fit(D[usable & (groups == g)], target[usable & (groups == g)])
-            for g in sorted(set(groups[usable])) if (usable & (groups == g)).sum() >= self.min_group_rows
+            str(g): self.median_fit(D[rows], target[rows], measured[rows])
+            for g in sorted(set(groups[usable])) if (rows := usable & (groups == g)).sum() >= self.min_group_rows
         }
         self.n_unusable_rows_ = int((~usable).sum())
         return self
 
     def coefficients(self, group: str) -> pd.Series:
-        """The fitted coefficient of every term for ``group`` (the global ones for an unseen group)."""
+        """The fitted coefficient of every term for ``group`` (the global ones for an unseen group); a row with a
+        measured constant uses it instead (:meth:`row_coefficients`)."""
         check_is_fitted(self, "global_coef_")
         self._check_terms()
         return pd.Series(self.group_coefs_.get(group, self.global_coef_), index=list(self.TERMS))
@@ -140,9 +165,16 @@ class MemorySimRegressor(Regressor):
             raise InputError(f"memory_sim fitted on terms {', '.join(self.terms_)}, not {', '.join(self.TERMS)} "
                              "(written by another perfzoo version?); refit it with `snakemake --cores all`")
 
-    def predict(self, X: pd.DataFrame) -> np.ndarray:
+    def row_coefficients(self, X: pd.DataFrame) -> np.ndarray:
+        """Per row of ``X`` the coefficient of every term: its device's fitted ones, a measured constant where the
+        row has one."""
         check_is_fitted(self, "global_coef_")
         self._check_terms()
-        D, groups = self._design(X), self._groups(X)
+        groups, measured = self._groups(X), self._measured(X)
         coef = np.array([self.group_coefs_.get(g, self.global_coef_) for g in groups], dtype=np.float64)
-        return (D * coef.reshape(len(D), len(self.TERMS))).sum(axis=1)  # NaN where a feature is missing
+        coef = coef.reshape(len(X), len(self.TERMS))
+        return np.where(np.isfinite(measured), measured, coef)
+
+    def predict(self, X: pd.DataFrame) -> np.ndarray:
+        D = self._design(X)
+        return (D * self.row_coefficients(X)).sum(axis=1)  # NaN where a feature is missing
