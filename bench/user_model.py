@@ -99,7 +99,7 @@ def predicted(ref: str, shape: tuple[int, ...], case: Case, results: Path, confi
                     f"pred_{target}_hi": q.get("hi"), f"predictor_{target}": q.get("source")})
         notes += [f"{label}: {n}" for n in top_level_parts(str(q.get("interval", "")))[1:]]
         row[f"baseline_{target}"] = float(flops_nearest(dataset, features, target)[0])
-    row["breakdown"] = breakdown(record, results, device, features)
+    row["breakdown"] = breakdown(record, results, features)
     warnings = record["warnings"]
     row["notes"] = "; ".join([*notes, *(w for w in warnings if not w.startswith(UNSEEN_FAMILY_WARNING))])
     row["family_warning"] = next((w for w in warnings if w.startswith(UNSEEN_FAMILY_WARNING)), "")
@@ -118,7 +118,7 @@ def top_level_parts(text: str) -> list[str]:
     return [*parts, text[start:]]
 
 
-def breakdown(record: dict[str, Any], results: Path, device: str, features: pd.DataFrame) -> str:
+def breakdown(record: dict[str, Any], results: Path, features: pd.DataFrame) -> str:
     """Where the point predictions come from, mean over the predictor's folds: ``composed``'s cost per
     operator kind (its largest four and the fixed overhead), ``memory_sim``'s calibration terms, in the
     target's units. Reads the fitted terms through the regressors' own design (a diagnostic, not an API)."""

@@ -23,8 +23,8 @@ from perfzoo.models.builders import build_model
 from perfzoo.profiling.core import ResidentPeak
 from perfzoo.profiling.temporaries import depthwise_temporary, measure_depthwise_temporary
 from perfzoo.regressors import MemorySimRegressor, load_regressor, make_regressor
+from step_models import HIDDEN, IN, OUT, CachesOnFirstCall
 
-IN, HIDDEN, OUT = 8, 16, 4
 WEIGHT_BYTES = 4 * (IN * HIDDEN + HIDDEN + HIDDEN * OUT + OUT)  # two float32 Linear layers with bias
 
 
@@ -81,22 +81,6 @@ def test_heap_churn_counts_what_both_steps_allocate_below_the_largest_heap_block
     heap_sized = [b for b in (hidden_bytes(batch), hidden_bytes(batch), out_bytes) if b < HEAP_MAX_BYTES]
     assert hidden_bytes(2**20) >= HEAP_MAX_BYTES > out_bytes
     assert result.heap_churn_bytes == SIM_STEPS * sum(heap_sized)
-
-
-class CachesOnFirstCall(nn.Module):
-    """Keeps a tensor made in its first call and takes another path from then on (also used by
-    ``tests/test_ops.py``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(IN, HIDDEN)
-        self.cache: torch.Tensor | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.cache is None:
-            self.cache = self.linear.weight.t() * 2
-            return x @ self.cache
-        return self.linear(x) + 1
 
 
 class _CountsCalls(nn.Sequential):

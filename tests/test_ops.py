@@ -24,7 +24,7 @@ from perfzoo.features.ops import (
 from perfzoo.io import InputError
 from perfzoo.models.builders import build_model
 from perfzoo.regressors import ComposedRegressor, load_regressor, make_regressor
-from test_memory_sim import IN, CachesOnFirstCall
+from step_models import IN, CachesOnFirstCall
 
 REGISTRY = FlopCounterMode(display=False).flop_registry
 
