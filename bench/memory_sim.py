@@ -36,9 +36,8 @@ from perfzoo.features.memory import SIM_COLUMNS
 from perfzoo.features.meta import simulate_manifest
 from perfzoo.fitting import fit_split, regressor_inputs
 from perfzoo.hardware import CALIBRATION_COLUMNS, DEPTHWISE_TEMPORARY_FACTOR, cpu_model_name
-from perfzoo.io import read_json
+from perfzoo.io import InputError, read_json
 from perfzoo.profiling.temporaries import measure_depthwise_temporary
-from perfzoo.io import InputError
 from perfzoo.provenance import config_subset_sha, read_provenance
 from perfzoo.regressors import BASELINES, MemorySimRegressor
 from perfzoo.stats import mape
@@ -164,11 +163,10 @@ def main() -> None:
     print("\ncoefficients fitted on all rows, per device (MiB for an indicator term, MiB per MiB for a byte "
           "term):\n")
     for device in sorted(fitted.group_coefs_):
-        applied = fitted.row_coefficients(regressor_inputs(everything[everything["device"] == device].head(1),
-                                                           device_calibration=True))[0]
-        measured = fitted._measured(everything[everything["device"] == device].head(1))[0]
-        print(f"- {device}: " + ", ".join(f"{k} {v:.3g}" + (" (measured)" if np.isfinite(m) else "")
-                                          for k, v, m in zip(fitted.TERMS, applied, measured, strict=True)))
+        row = regressor_inputs(everything[everything["device"] == device].head(1), device_calibration=True)
+        applied, fitted_here = fitted.row_coefficients(row)[0], fitted.coefficients(device).to_numpy()
+        print(f"- {device}: " + ", ".join(f"{k} {v:.3g}" + (" (measured)" if v != f else "")
+                                          for k, v, f in zip(fitted.TERMS, applied, fitted_here, strict=True)))
 
 
 if __name__ == "__main__":

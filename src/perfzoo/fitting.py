@@ -73,6 +73,13 @@ def regressor_inputs(data: pd.DataFrame, feature_set: str = "all", operator_feat
     return data[[*columns, "device", "model_id", "mode", *groups]]
 
 
+def applies_device_calibration(name: str) -> bool:
+    """Whether the regressor a config name stands for applies the devices' measured constants
+    (:attr:`Regressor.uses_device_calibration`); False for an unknown name (building it says why)."""
+    cls = REGISTRY.get(PRESETS.get(name, (name, {}))[0])
+    return bool(cls is not None and cls.uses_device_calibration)
+
+
 def build_regressor(name: str, params: dict[str, Any] | None = None) -> Regressor:
     """A fresh regressor for a config name (a registry name or a preset such as ``xgboost_grid``)."""
     kind, preset = PRESETS.get(name, (name, {}))
@@ -97,7 +104,7 @@ def fit_split(
                              "skipped_folds": {}}
     data = data[usable].set_index("row_id", drop=False)
     ops = operator_features or regressor in OPERATOR_FEATURE_REGRESSORS
-    calibration = build_regressor(regressor, params).uses_device_calibration
+    calibration = applies_device_calibration(regressor)
     predictions, models = [], {}
     for fold, rows in split.groupby("fold", sort=True):
         rows = rows[rows["row_id"].isin(data.index)]
