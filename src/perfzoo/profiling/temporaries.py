@@ -21,7 +21,7 @@ DEPTHWISE_MAP = 8
 the same for 40-384 channels, maps of 8-16 and batches 1-16: ``bench/conv_temporary.py``)."""
 
 
-def _excess_bytes(node: Any) -> int:  # noqa: ANN401 - the profiler's event tree
+def temporary_bytes(node: Any) -> int:  # noqa: ANN401 - the profiler's event tree
     """Peak bytes the allocator handed out at or below ``node`` above the bytes still held when it returns."""
     events, stack = [], [node]
     while stack:
@@ -36,7 +36,7 @@ def _excess_bytes(node: Any) -> int:  # noqa: ANN401 - the profiler's event tree
     return peak - live
 
 
-def _calls(prof: Any, name: str) -> list[Any]:  # noqa: ANN401 - torch.profiler.profile
+def profiled_calls(prof: Any, name: str) -> list[Any]:  # noqa: ANN401 - torch.profiler.profile
     """The profiled calls of the operator ``name``."""
     found, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
@@ -62,9 +62,9 @@ def measure_depthwise_temporary(threads: int, channels: int = DEPTHWISE_CHANNELS
     backward(*args)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         backward(*args)
-    (call,) = _calls(prof, "aten::convolution_backward")
+    (call,) = profiled_calls(prof, "aten::convolution_backward")
     weight_bytes = weight.numel() * weight.element_size()
-    temporary = _excess_bytes(call)
+    temporary = temporary_bytes(call)
     return {"weight_bytes": weight_bytes, "temporary_bytes": temporary, "factor": temporary / weight_bytes,
             "channels": channels, "threads": threads}
 
