@@ -33,30 +33,14 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from memory_timeline import MIB, WARM_STEPS, allocations_below, build  # noqa: E402
+from memory_timeline import MIB, WARM_STEPS, build  # noqa: E402
+from perfzoo.features.memory import is_channels_last  # noqa: E402
 from perfzoo.profiling.core import make_step  # noqa: E402
+from perfzoo.profiling.temporaries import profiled_calls, temporary_bytes  # noqa: E402
 
 OPERATORS = {"training": torch.ops.aten.convolution_backward.default, "inference": torch.ops.aten.convolution.default}
 BATCHED = {"training": (0, 1), "inference": (0,)}
 """Positions of the operator's arguments that carry the batch (a backward's output grad and input; the input)."""
-
-
-def _excess(node) -> int:  # noqa: ANN001 - the profiler's event tree
-    """Peak bytes allocated below ``node`` above the bytes still held when it returns."""
-    live = peak = 0
-    for _, size, _ in allocations_below(node):
-        live += size
-        peak = max(peak, live)
-    return peak - live
-
-
-def calls_named(prof: profile, name: str) -> list:
-    """The profiled calls of the operator ``name``, in order."""
-    found, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        n = stack.pop()
-        (found.append(n) if n.name == name else stack.extend(n.children))
-    return sorted(found, key=lambda n: n.start_time_ns)
 
 
 def replayed(op, args: tuple, mode: str, batch: int | None = None) -> int:  # noqa: ANN001
@@ -66,15 +50,14 @@ def replayed(op, args: tuple, mode: str, batch: int | None = None) -> int:  # no
         if batch is None:
             return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu").normal_()
         shape = (batch, *t.shape[1:]) if i in BATCHED[mode] else tuple(t.shape)
-        keep = t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
-        layout = torch.channels_last if keep else torch.contiguous_format
+        layout = torch.channels_last if is_channels_last(t) else torch.contiguous_format
         return torch.empty(shape, dtype=t.dtype).normal_().contiguous(memory_format=layout)
 
     tensors = tuple(real(a, i) if isinstance(a, torch.Tensor) else a for i, a in enumerate(args))
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, torch.no_grad():
         op(*tensors)
-    (call,) = calls_named(prof, operator_name(op))
-    return _excess(call)
+    (call,) = profiled_calls(prof, operator_name(op))
+    return temporary_bytes(call)
 
 
 def warm_step(name: str, batch: int, mode: str, resolution: int, device: str):  # noqa: ANN201 - make_step's closure
@@ -129,7 +112,7 @@ def report(spec: str, name: str, batch: int, mode: str, resolution: int) -> None
     step = warm_step(name, batch, mode, resolution, "cpu")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
-    in_step = [_excess(call) for call in calls_named(prof, operator_name(op))]
+    in_step = [temporary_bytes(call) for call in profiled_calls(prof, operator_name(op))]
     calls = recorded_calls(op, step)
     on_meta = recorded_calls(op, warm_step(name, batch, mode, resolution, "meta"))
     if not len(in_step) == len(calls) == len(on_meta):

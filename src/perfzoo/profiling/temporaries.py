@@ -37,12 +37,12 @@ def temporary_bytes(node: Any) -> int:  # noqa: ANN401 - the profiler's event tr
 
 
 def profiled_calls(prof: Any, name: str) -> list[Any]:  # noqa: ANN401 - torch.profiler.profile
-    """The profiled calls of the operator ``name``."""
+    """The profiled calls of the operator ``name``, in the order they started."""
     found, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         n = stack.pop()
         (found.append(n) if n.name == name else stack.extend(n.children))
-    return found
+    return sorted(found, key=lambda n: n.start_time_ns)
 
 
 def measure_depthwise_temporary(threads: int, channels: int = DEPTHWISE_CHANNELS) -> dict[str, Any]:
