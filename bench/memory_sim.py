@@ -165,7 +165,7 @@ def main() -> None:
     for device in sorted(fitted.group_coefs_):
         row = regressor_inputs(everything[everything["device"] == device].head(1), device_calibration=True)
         applied, fitted_here = fitted.row_coefficients(row)[0], fitted.coefficients(device).to_numpy()
-        print(f"- {device}: " + ", ".join(f"{k} {v:.3g}" + (" (measured)" if v != f else "")
+        print(f"- {device}: " + ", ".join(f"{k} {v:.3g}" + (" (measured)" if np.isfinite(v) and v != f else "")
                                           for k, v, f in zip(fitted.TERMS, applied, fitted_here, strict=True)))
 
 

@@ -132,8 +132,8 @@ def breakdown(record: dict[str, Any], results: Path, features: pd.DataFrame) -> 
             terms = np.mean([np.r_[overhead, costs[0]] for overhead, costs, *_ in contributions], axis=0)
             named = pd.Series(terms, index=["overhead", *COSTED_KINDS])
         else:
-            named = pd.Series(np.mean([m._design(features)[0] * m.row_coefficients(features)[0]
-                                       for m in folds.values()], axis=0), index=list(folds.values())[0].TERMS)
+            named = pd.Series(np.mean([m.contributions(features)[0] for m in folds.values()], axis=0),
+                              index=list(folds.values())[0].TERMS)
         top = named[named.abs() > 0].sort_values(ascending=False).head(5)
         parts.append(f"{TARGETS.get(target, target)}: " + ", ".join(f"{k} {v:.1f}" for k, v in top.items()))
     return "; ".join(parts)

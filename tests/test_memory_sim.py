@@ -334,15 +334,46 @@ def test_a_step_that_allocates_and_runs_nothing_is_predicted_to_add_no_memory() 
     np.testing.assert_array_equal(reg.predict(empty), [0.0, 0.0])  # no constant term to carry over
 
 
-def test_a_term_no_training_row_exercises_is_fitted_as_zero_not_guessed() -> None:
+def test_a_term_no_training_row_exercises_has_no_coefficient_and_its_rows_no_prediction(tmp_path: Path) -> None:
     X, y = sim_frame(120)
     without = X["sim_cl_depthwise_weight_bytes"] == 0  # e.g. the one family with such convolutions held out
     reg = MemorySimRegressor().fit(X[without], y[without.to_numpy()])
     for device, coef in COEF.items():
-        np.testing.assert_allclose(reg.coefficients(device).to_numpy(), [*coef[:-1], 0.0], rtol=1e-6, atol=1e-6)
+        fitted = reg.coefficients(device).to_numpy()
+        np.testing.assert_allclose(fitted[:-1], coef[:-1], rtol=1e-6, atol=1e-6)
+        assert np.isnan(fitted[-1])  # unknown, not 0
+    np.testing.assert_allclose(reg.predict(X[without]), y[without.to_numpy()], rtol=1e-6)  # rows without it: priced
     held_out = X[~without]
-    np.testing.assert_allclose(reg.predict(held_out), y[~without.to_numpy()] - np.where(
-        held_out["device"] == "cpu", 257.0, 0.0) * held_out["sim_cl_depthwise_weight_bytes"] / 2**20, rtol=1e-6)
+    assert np.isnan(reg.predict(held_out)).all()
+    assert reg.unpriced_terms(held_out.iloc[:1]) == [["cl_depthwise_weight_mib"]]
+    notes = reg.prediction_notes(held_out)
+    assert len(notes) == 1 and "'cl_depthwise_weight_mib'" in notes[0] and f"{len(held_out)} row(s)" in notes[0]
+    assert DEPTHWISE_TEMPORARY_FACTOR in notes[0] and reg.prediction_notes(X[without]) == []
+    reg.save(tmp_path / "memory_sim.json")  # an unknown coefficient stays unknown in the file
+    assert np.isnan(load_regressor(tmp_path / "memory_sim.json").coefficients("cpu").iloc[-1])
+
+
+def test_a_prediction_averages_the_fold_models_that_can_price_the_row_and_says_which_could_not(
+        tmp_path: Path) -> None:
+    from perfzoo.evaluate import Calibration
+    from perfzoo.prediction import Predictor
+
+    X, y = sim_frame(120)
+    without = X["sim_cl_depthwise_weight_bytes"] == 0
+    folds = {"held_out": MemorySimRegressor().fit(X[without], y[without.to_numpy()]),
+             "all": MemorySimRegressor().fit(X, y), "again": MemorySimRegressor().fit(X, y)}
+    predictor = Predictor("peak_mem_mb", "memory_sim", "leave_one_family_out", tmp_path / "m.json", folds, {}, 5.0,
+                          50, Calibration(0.1, 40))
+    rows = pd.concat([X[~without].iloc[:2], X[without].iloc[:1]])
+    point, lo, hi, method = predictor.predict(rows)
+    np.testing.assert_allclose(point, y[rows.index.to_numpy()], rtol=1e-6)  # the two folds that priced each row
+    assert (lo < point).all() and (point < hi).all()
+    assert "1 of 3 fold models give no prediction; the point is the mean of the others" in method
+    assert "'cl_depthwise_weight_mib' is exercised by 2 row(s) but by no training row" in method
+    none = {"held_out": folds["held_out"]}
+    point, *_ = Predictor("peak_mem_mb", "memory_sim", "leave_one_family_out", tmp_path / "m.json", none, {}, 5.0,
+                          50, Calibration(0.1, 40)).predict(rows)
+    assert np.isnan(point[:2]).all() and np.isfinite(point[2])  # no fold can price it: no number
 
 
 def test_a_measured_factor_prices_the_term_where_no_training_row_could() -> None:
@@ -351,16 +382,19 @@ def test_a_measured_factor_prices_the_term_where_no_training_row_could() -> None
     without = X["sim_cl_depthwise_weight_bytes"] == 0
     reg = MemorySimRegressor().fit(X[without], y[without.to_numpy()])
     held_out = X[~without]
-    np.testing.assert_allclose(reg.predict(held_out), y[~without.to_numpy()], rtol=1e-6)  # gpu: f is 0 there
-    cpu = held_out[held_out["device"] == "cpu"]
+    cpu = (held_out["device"] == "cpu").to_numpy()
+    np.testing.assert_allclose(reg.predict(held_out[cpu]), y[~without.to_numpy()][cpu], rtol=1e-6)
+    assert np.isnan(reg.predict(held_out[~cpu])).all()  # the gpu has neither the measurement nor a training row
+    cpu = held_out[cpu]
     np.testing.assert_allclose(reg.row_coefficients(cpu)[:, -1], 257.0)
-    assert reg.coefficients("cpu").iloc[-1] == 0.0  # nothing fitted: the rows use the measurement
+    assert np.isnan(reg.coefficients("cpu").iloc[-1])  # nothing fitted: the rows use the measurement
     # the measurement stands for the coefficient in the fit too: a wrong one moves the fitted terms, not f
     wrong = MemorySimRegressor().fit(X.assign(**{DEPTHWISE_TEMPORARY_FACTOR: np.where(
         X["device"] == "cpu", 100.0, np.nan)}), y)
     assert not np.allclose(wrong.coefficients("cpu").to_numpy()[:-1], COEF["cpu"][:-1], rtol=1e-3)
     right = MemorySimRegressor().fit(X, y)
-    np.testing.assert_allclose(right.coefficients("cpu").to_numpy(), [*COEF["cpu"][:-1], 0.0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(right.coefficients("cpu").to_numpy()[:-1], COEF["cpu"][:-1], rtol=1e-6, atol=1e-6)
+    assert np.isnan(right.coefficients("cpu").iloc[-1])  # every cpu row measured: f is never fitted there
     np.testing.assert_allclose(right.coefficients("gpu").to_numpy(), COEF["gpu"], rtol=1e-6, atol=1e-6)
 
 
@@ -373,7 +407,7 @@ def test_the_fit_rule_passes_the_measured_factor_to_memory_sim_only() -> None:
     split = pd.DataFrame({"split": "s", "fold": 0, "row_id": data["row_id"], "set": ["train"] * 40 + ["test"] * 20})
     _, models, _ = fit_split(data, split, "peak_mem_mb", "memory_sim")
     fitted = next(iter(models.values()))
-    assert fitted.coefficients("cpu").iloc[-1] == 0.0 and fitted.row_coefficients(data)[0, -1] == 257.0
+    assert np.isnan(fitted.coefficients("cpu").iloc[-1]) and fitted.row_coefficients(data)[0, -1] == 257.0
     _, models, _ = fit_split(data, split, "peak_mem_mb", "linear")
     assert DEPTHWISE_TEMPORARY_FACTOR not in next(iter(models.values())).feature_names_
 

@@ -8,7 +8,8 @@ tell regressors apart) among those whose ``results/fit/{target}/{regressor}/rand
 that file's fold models and residuals (else the lowest MAPE of any split with a fitted file); for a model whose
 family was never profiled, the lowest MAPE on the ``leave_one_family_out`` split instead (the score of
 predicting families held out of training), with that split's fitted models and residuals. The prediction is
-the mean of that file's fold models.
+the mean of that file's fold models, over those that give one (a fold model whose training rows never exercised
+a term the model needs gives none: ``memory_sim``); the record says how many did not.
 
 Intervals (nominal 90 %). Regressors with their own calibrated intervals (``device_transfer``): those
 (mean over folds). Every other regressor: ``p × exp(±q)``, ``q`` the conformal quantile
@@ -136,11 +137,12 @@ class Predictor:
                 f"{self.split}; {self.coverage.text(self.split)}")
 
     def predict(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
-        """(point, lo, hi, interval method): mean of the fold predictions and its nominal 90 % interval."""
-        point = np.mean([np.asarray(m.predict(X), float) for m in self.folds.values()], axis=0)
+        """(point, lo, hi, interval method): mean of the fold predictions and its nominal 90 % interval; per row,
+        the mean over the fold models that give one (NaN where none does), noted where some do not."""
+        point, missing = mean_of_finite([np.asarray(m.predict(X), float) for m in self.folds.values()])
         if self.has_own_intervals:
             bounds = [m.predict_interval(X) for m in self.folds.values()]
-            lo, hi = (np.mean([np.asarray(b[i], float) for b in bounds], axis=0) for i in (0, 1))
+            lo, hi = (mean_of_finite([np.asarray(b[i], float) for b in bounds])[0] for i in (0, 1))
             method = (
                 "conformal 90 % interval (leave-one-device-out calibration residuals), mean over folds; "
                 + self.coverage.text(self.split)
@@ -149,8 +151,19 @@ class Predictor:
             lo, hi = self.calibrated.interval(point)
             method = self.interval_text()
         notes = [n for m in self.folds.values() if hasattr(m, "prediction_notes") for n in m.prediction_notes(X)]
+        notes += [f"{k} of {len(self.folds)} fold models give no prediction; the point is the mean of the others"
+                  for k in missing if 0 < k < len(self.folds)]
         method = "; ".join([method, *merge_fold_notes(notes)])  # e.g. composed: unseen operator kinds, fallback
         return point, np.minimum(lo, point), np.maximum(hi, point), method  # a missing interval stays NaN
+
+
+def mean_of_finite(predictions: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the mean of the finite fold predictions (NaN where none is) and how many were not finite."""
+    stacked = np.stack(predictions)
+    finite = np.isfinite(stacked)
+    n = finite.sum(axis=0)
+    total = np.where(finite, stacked, 0.0).sum(axis=0)
+    return np.divide(total, n, out=np.full(total.shape, np.nan), where=n > 0), len(predictions) - n
 
 
 _NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])")

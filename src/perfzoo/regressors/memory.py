@@ -67,7 +67,9 @@ class MemorySimRegressor(Regressor):
     factor, not fitted: a zoo whose only such family is held out cannot identify ``f``, and the factor belongs to
     the device, not to the family. ``b`` stays near 1 (weights, gradients and optimizer state are allocated as
     simulated). A term no training row exercises (all zero, e.g. when the only family with such convolutions is held
-    out, on a device without the measured factor) is fitted as 0: its cost is unknown, not guessed. On CUDA, whose
+    out, on a device without the measured factor) has no coefficient (NaN): its cost is unknown, so a row that
+    needs it gets no prediction and :meth:`prediction_notes` names the term, while a row without it is priced as
+    usual. On CUDA, whose
     label is ``max_memory_reserved``, the same terms absorb the caching allocator's rounding and cuBLAS/cuDNN
     workspaces. A row without simulated features (a model the simulation failed on) gets no prediction (NaN), never
     an imputed one. Only the ``peak_mem_mb`` target is meaningful. The model is additive in bytes, so ``log_target``
@@ -116,14 +118,14 @@ class MemorySimRegressor(Regressor):
     @staticmethod
     def median_fit(D: np.ndarray, y: np.ndarray, measured: np.ndarray | None = None) -> np.ndarray:
         """Coefficients minimising the sum of |y - D·c| / y (the MAPE of the training rows), where a finite
-        ``measured[i, j]`` stands for ``c[j]`` on row ``i``; 0 for a term that is 0 (or measured) on every row (the
-        fit cannot tell its cost)."""
+        ``measured[i, j]`` stands for ``c[j]`` on row ``i``; NaN for a term that is 0 (or measured) on every row
+        (the fit cannot tell its cost)."""
         constants = np.full(D.shape, np.nan) if measured is None else measured
         known = np.isfinite(constants)
         offset = (D * np.where(known, constants, 0.0)).sum(axis=1)
         free = np.where(known, 0.0, D)
         exercised = (free != 0).any(axis=0)
-        coef = np.zeros(D.shape[1], dtype=np.float64)
+        coef = np.full(D.shape[1], np.nan)
         if exercised.any():
             solver = QuantileRegressor(quantile=0.5, alpha=0.0, fit_intercept=False, solver="highs")
             coef[exercised] = solver.fit(free[:, exercised], y - offset, sample_weight=1.0 / y).coef_
@@ -153,8 +155,8 @@ class MemorySimRegressor(Regressor):
         return self
 
     def coefficients(self, group: str) -> pd.Series:
-        """The fitted coefficient of every term for ``group`` (the global ones for an unseen group); a row with a
-        measured constant uses it instead (:meth:`row_coefficients`)."""
+        """The fitted coefficient of every term for ``group`` (the global ones for an unseen group; NaN for a term
+        no training row exercised); a row with a measured constant uses it instead (:meth:`row_coefficients`)."""
         check_is_fitted(self, "global_coef_")
         self._check_terms()
         return pd.Series(self.group_coefs_.get(group, self.global_coef_), index=list(self.TERMS))
@@ -175,6 +177,28 @@ class MemorySimRegressor(Regressor):
         coef = coef.reshape(len(X), len(self.TERMS))
         return np.where(np.isfinite(measured), measured, coef)
 
-    def predict(self, X: pd.DataFrame) -> np.ndarray:
+    def contributions(self, X: pd.DataFrame) -> np.ndarray:
+        """Per row of ``X`` and term, the MiB the term adds: 0 where the row does not exercise it, NaN where a
+        simulated feature is missing or the term has no coefficient (:meth:`unpriced_terms`)."""
         D = self._design(X)
-        return (D * self.row_coefficients(X)).sum(axis=1)  # NaN where a feature is missing
+        return np.where(D == 0, 0.0, D * self.row_coefficients(X))
+
+    def unpriced_terms(self, X: pd.DataFrame) -> list[list[str]]:
+        """Per row of ``X`` the terms it exercises that have no coefficient: no training row of its device's fit
+        exercised them and the row has no measured constant for them."""
+        D, coef = self._design(X), self.row_coefficients(X)
+        unpriced = np.isfinite(D) & (D != 0) & ~np.isfinite(coef)
+        return [[term for term, missing in zip(self.TERMS, row, strict=True) if missing] for row in unpriced]
+
+    def prediction_notes(self, X: pd.DataFrame) -> list[str]:
+        """One line per term that leaves rows of ``X`` without a prediction, for the prediction record."""
+        rows: dict[str, int] = {}
+        for terms in self.unpriced_terms(X):
+            for term in terms:
+                rows[term] = rows.get(term, 0) + 1
+        measured = {term: f" and the device has no {column!r}" for term, column in self.MEASURED_TERMS.items()}
+        return [f"memory_sim term {term!r} is exercised by {n} row(s) but by no training row{measured.get(term, '')}: "
+                "its cost is unknown, no prediction" for term, n in rows.items()]
+
+    def predict(self, X: pd.DataFrame) -> np.ndarray:
+        return self.contributions(X).sum(axis=1)  # NaN where a feature is missing or a term is unpriced
