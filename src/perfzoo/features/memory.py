@@ -20,6 +20,10 @@ operator (a step that keeps a cache is replayed again). The result is the peak o
 split of that peak by category, and the bytes both steps allocate in blocks small enough for a C allocator's
 heap (:data:`HEAP_MAX_BYTES`): their freed blocks are what fragments a CPU process's heap.
 
+Attention and recurrent layers step as the CPU runs them (:func:`perfzoo.features.attention.cpu_attention`;
+:func:`perfzoo.features.recurrent.cpu_recurrent`: a GRU or an RNN holds its sequence's input products as the CPU
+does, an LSTM keeps the meta device's generic path, whose gate tensors stand in for the fused layer's workspace).
+
 What it does not see: memory an operator's kernel allocates internally (convolution workspaces, oneDNN
 weight reorders, BLAS packing buffers), the allocator's rounding and where its fragmentation leaves the
 freed blocks, and the runtime
@@ -294,6 +298,7 @@ def simulate_peak_memory(model: nn.Module, x: torch.Tensor, mode: str, optimizer
     import torch  # lazy: the column names are imported by stages that never run a model
 
     from perfzoo.features.attention import cpu_attention  # lazy: imports torch, as above
+    from perfzoo.features.recurrent import cpu_recurrent
 
     if optimizer not in OPTIMIZERS:
         raise InputError(f"model {model_id}: unknown optimizer {optimizer!r} (expected one of "
@@ -310,7 +315,7 @@ def simulate_peak_memory(model: nn.Module, x: torch.Tensor, mode: str, optimizer
         tracker.add(tensor, "input")
     start_bytes = tracker.current
     try:
-        with _categorised(tracker, model), cpu_attention():
+        with _categorised(tracker, model), cpu_attention(), cpu_recurrent(fused_lstm=False):
             _replay(step, tracker, rider, _repeats_itself(tracker, model) if mode == "inference" else lambda: False)
     except Exception as exc:  # noqa: BLE001 - any operator or model error becomes a one-line InputError
         raise InputError(f"model {model_id}: {mode} step failed in the memory simulation on the meta device: "
