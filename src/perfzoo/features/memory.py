@@ -22,7 +22,7 @@ heap (:data:`HEAP_MAX_BYTES`): their freed blocks are what fragments a CPU proce
 
 Attention and recurrent layers step as the CPU runs them (:func:`perfzoo.features.attention.cpu_attention`;
 :func:`perfzoo.features.recurrent.cpu_recurrent`: a GRU or an RNN holds its sequence's input products as the CPU
-does, an LSTM runs oneDNN's fused layer holding its workspace and temporaries, sized as oneDNN lays them out).
+does, an LSTM keeps the meta device's generic path, whose gate tensors stand in for the fused layer's workspace).
 
 What it does not see: memory an operator's kernel allocates internally (convolution workspaces, oneDNN
 weight reorders, BLAS packing buffers), the allocator's rounding and where its fragmentation leaves the
@@ -171,18 +171,6 @@ class _LiveBytes:
             self.totals[category] += nbytes
 
 
-    def allocate(self, nbytes: int) -> torch.Tensor:
-        """``nbytes`` counted under the current phase for as long as the returned meta tensor lives: what a kernel
-        holds beyond its outputs (:func:`perfzoo.features.recurrent.cpu_recurrent`); no operator is recorded."""
-        import torch
-        from torch.utils._python_dispatch import _disable_current_modes
-
-        with _disable_current_modes():
-            held = torch.empty(nbytes, dtype=torch.uint8, device="meta")
-        if not self.paused:
-            self.add(held, self.phase)
-        return held
-
     @contextlib.contextmanager
     def untracked(self) -> Iterator[None]:
         """Operators run inside are neither counted nor their outputs registered (still passed to a runner)."""
@@ -327,7 +315,7 @@ def simulate_peak_memory(model: nn.Module, x: torch.Tensor, mode: str, optimizer
         tracker.add(tensor, "input")
     start_bytes = tracker.current
     try:
-        with _categorised(tracker, model), cpu_attention(), cpu_recurrent(tracker.allocate):
+        with _categorised(tracker, model), cpu_attention(), cpu_recurrent(fused_lstm=False):
             _replay(step, tracker, rider, _repeats_itself(tracker, model) if mode == "inference" else lambda: False)
     except Exception as exc:  # noqa: BLE001 - any operator or model error becomes a one-line InputError
         raise InputError(f"model {model_id}: {mode} step failed in the memory simulation on the meta device: "

@@ -105,7 +105,7 @@ from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 from tqdm import tqdm
 
 from perfzoo.features.attention import ATTENTION_FLOP_FORMULAS
-from perfzoo.features.recurrent import RECURRENT_FLOP_FORMULAS, cpu_kernels
+from perfzoo.features.recurrent import RECURRENT_FLOP_FORMULAS, cpu_kernels, has_lstm
 from perfzoo.features.memory import (
     SIM_COLUMNS,
     Runner,
@@ -860,8 +860,11 @@ def _two_steps(model: nn.Module, x: torch.Tensor, mode: str, optimizer: str, mod
                cache_bytes: int = CACHE_BYTES, op_table: bool = True) -> _Recorded | None:
     """Everything the separate passes record, from the memory simulation's two replayed steps with
     :class:`_SharedSteps` riding along; None when the steps fail or the recordings could differ from the
-    separate passes' (the caller then runs those). ``op_table=False``: the operator trace's aggregates without its
-    per-operator table (``op_table`` None)."""
+    separate passes' (the caller then runs those), and for a model with an LSTM, whose operator trace and FLOP
+    count follow the CPU's fused layer and whose memory simulation does not (:mod:`perfzoo.features.recurrent`).
+    ``op_table=False``: the operator trace's aggregates without its per-operator table (``op_table`` None)."""
+    if has_lstm(model):
+        return None
     shared = _SharedSteps(model, mode, int(x.shape[0]), model_id)
     try:
         simulated = simulate_peak_memory(model, x, mode, optimizer, model_id, rider=shared)

@@ -14,15 +14,15 @@ states stacked. The operator trace files the fused operators under kind ``recurr
 :data:`RECURRENT_FLOP_FORMULAS` gives ``FlopCounterMode`` their FLOPs (the gate products; the element-wise
 gate arithmetic is not counted, as for any element-wise operator).
 
-The memory simulation runs the fused layer too (it steps under :func:`cpu_recurrent` with its ``allocate``), but
-the fused layer's meta kernel returns its workspace empty, where the CPU keeps the gates and states of every time
-step for the backward, and allocates temporaries inside the call: :class:`_SizedFusedLayer` holds those bytes as the
-CPU does (the workspace from the forward of a training step to the layer's backward; none in ``eval()``, as
-PyTorch passes ``train=False``; the temporaries within each call), sized by oneDNN's layout
-(:func:`fused_workspace_bytes`, :func:`fused_temporary_bytes`). The simulated tensor peak of an LSTM step is then
-within 4 % of PyTorch's CPU allocator peak from batch 8 up (20 % at batch 1, where the weights' reorders dominate;
-``bench/lstm_memory.py``), where the generic path's gate tensors, which stood in for them before, were 2.2-2.5
-times too low.
+The memory simulation keeps the generic path for an LSTM (it steps under :func:`cpu_recurrent` with
+``fused_lstm=False``): the fused layer's meta kernel returns its workspace empty, where the CPU keeps the gates of
+every time step for the backward, and the generic path's gate tensors stand in for them. On
+``examples/keyword_lstm.py``, fitted on a default run, the fused layer made ``memory_sim`` under-predict every
+config (MAPE 32 % against 11 %; ``bench/RESULTS.md``, "LSTMs as the CPU runs them"). Holding the fused layer's
+workspace and temporaries at the sizes oneDNN allocates makes the simulated tensor peak match PyTorch's CPU
+allocator within 1-4 %, but the CPU label (the resident set) stays below it, as most of the workspace is never
+touched in the forward pass, and ``memory_sim`` then over-predicts the LSTM more (``bench/RESULTS.md``, "An LSTM's
+workspace: allocated is not resident"; not taken).
 
 ``nn.GRU`` and ``nn.RNN`` (``_VF.gru``, ``_VF.rnn_tanh``, ``_VF.rnn_relu``) run by PyTorch's generic path on the
 CPU, but not by the same branch as on the meta device: ``FullLayer`` in ``aten/src/ATen/native/RNN.cpp`` computes
@@ -85,79 +85,10 @@ def cpu_runs_fused_lstm(input: Any, hx: Any, params: Sequence[torch.Tensor], has
     return torch.backends.mkldnn.is_available() and bool(torch.backends.mkldnn.enabled)
 
 
-Allocate = Callable[[int], torch.Tensor]
-"""Hands out ``n`` bytes the memory simulation counts for as long as the returned tensor lives (and no operator)."""
-
-PAGE_BYTES = 4096
-"""oneDNN starts every part of an RNN workspace on a page."""
-
-
-def _good_ld(dim: int) -> int:
-    """oneDNN's leading dimension for ``dim`` floats (``get_good_ld``): 64-byte aligned, never a multiple of 256."""
-    ld = -(-dim // 16) * 16
-    return ld + 16 if ld % 256 == 0 else ld
-
-
-def _pages(nbytes: int) -> int:
-    return -(-nbytes // PAGE_BYTES) * PAGE_BYTES
-
-
-def fused_workspace_bytes(steps: int, batch: int, inputs: int, hidden: int) -> int:
-    """Bytes of the workspace oneDNN's float32 LSTM layer returns (and keeps for the backward): the gates of every
-    step, five per-step hidden-sized parts, and six state parts over ``steps + 1`` (forward and gradient states of
-    the layer, the iteration and the cell), each page-aligned. Fitted to the workspace the CPU's
-    ``mkldnn_rnn_layer`` returns (within 3 % from 16 × 4 × 32 × 64 to 98 × 32 × 40 × 128, T × B × I × H;
-    ``tests/test_recurrent.py`` checks both functions against the operator)."""
-    return (_pages(4 * steps * batch * _good_ld(4 * hidden)) + 5 * _pages(4 * steps * batch * hidden)
-            + 6 * _pages(4 * (steps + 1) * batch * _good_ld(max(inputs, hidden))))
-
-
-def fused_temporary_bytes(steps: int, batch: int, inputs: int, hidden: int, backward: bool) -> int:
-    """Bytes the fused layer (``backward``: its backward) allocates and frees within the call: the gates of every
-    step in oneDNN's layout and the weights reordered (the backward also a per-step hidden part and the weights'
-    gradients). Fitted as :func:`fused_workspace_bytes`: the forward within 11 %, the backward within 20 % from
-    batch 8 (30-37 % too high at batch 1 or at 16 × 4 × 32 × 64, where the weights dominate)."""
-    gates, weights = 4 * steps * batch * _good_ld(4 * hidden), 4 * 4 * hidden * (inputs + hidden)
-    return gates + (4 * steps * batch * hidden + 2 * weights if backward else weights)
-
-
-class _SizedFusedLayer(torch.autograd.Function):
-    """``mkldnn_rnn_layer`` on meta tensors holding the bytes the CPU's call holds: its workspace (the meta kernel
-    returns it empty) for as long as the backward needs it, and its temporaries within the call and its backward.
-    Saves what the operator's own autograd formula saves, so the tensors live as long."""
-
-    @staticmethod
-    def forward(ctx: Any, allocate: Allocate, x: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor,
-                b_ih: torch.Tensor, b_hh: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, reverse: bool,
-                options: tuple[int, int, bool, bool, bool, bool]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        hidden, num_layers, has_biases, bidirectional, batch_first, train = options
-        out, hy, cy, workspace = RNN_LAYER(x, w_ih, w_hh, b_ih, b_hh, h0, c0, reverse, [], _LSTM_MODE, hidden,
-                                           num_layers, has_biases, bidirectional, batch_first, train)
-        shape = (x.shape[0], x.shape[1], x.shape[2], hidden)
-        sized = allocate(fused_workspace_bytes(*shape)) if train else None  # eval(): no workspace
-        allocate(fused_temporary_bytes(*shape, backward=False))  # freed at once, after the peak it makes
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x, w_ih, w_hh, b_ih, b_hh, h0, c0, out, hy, cy, workspace, sized)
-        ctx.allocate, ctx.reverse, ctx.options, ctx.shape = allocate, reverse, options, shape
-        return out, hy, cy
-
-    @staticmethod
-    def backward(ctx: Any, d_out: torch.Tensor | None, d_hy: torch.Tensor | None,
-                 d_cy: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-        x, w_ih, w_hh, b_ih, b_hh, h0, c0, out, hy, cy, workspace, _ = ctx.saved_tensors
-        hidden, num_layers, has_biases, bidirectional, batch_first, train = ctx.options
-        grads = RNN_LAYER_BACKWARD(x, w_ih, w_hh, b_ih, b_hh, h0, c0, out, hy, cy, d_out, d_hy, d_cy, ctx.reverse,
-                                   _LSTM_MODE, hidden, num_layers, has_biases, train, bidirectional, [],
-                                   batch_first, workspace)
-        ctx.allocate(fused_temporary_bytes(*ctx.shape, backward=True))
-        return (None, *grads, None, None)
-
-
 def _fused_lstm(input: torch.Tensor, hx: Sequence[torch.Tensor], params: Sequence[torch.Tensor], has_biases: bool,
-                num_layers: int, dropout: float, train: bool, bidirectional: bool, batch_first: bool,
-                allocate: Allocate | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """What ``at::native::mkldnn_rnn`` runs for an LSTM, on meta tensors (with ``allocate``: holding the bytes the
-    CPU's fused layers hold, :class:`_SizedFusedLayer`)."""
+                num_layers: int, dropout: float, train: bool, bidirectional: bool, batch_first: bool
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What ``at::native::mkldnn_rnn`` runs for an LSTM, on meta tensors."""
     x = (input.transpose(0, 1) if batch_first else input).contiguous()
     h0, c0 = hx[0].contiguous(), hx[1].contiguous()
     directions = 2 if bidirectional else 1
@@ -171,13 +102,8 @@ def _fused_lstm(input: torch.Tensor, hx: Sequence[torch.Tensor], params: Sequenc
             w = params[index * per_layer:(index + 1) * per_layer]
             b_ih, b_hh = (w[2], w[3]) if has_biases else (torch.zeros(w[0].shape, dtype=w[0].dtype, device="meta"),
                                                           torch.zeros(w[1].shape, dtype=w[1].dtype, device="meta"))
-            if allocate is None:
-                out, h, c, _ = RNN_LAYER(x, w[0], w[1], b_ih, b_hh, h0[index], c0[index], direction > 0, [],
-                                         _LSTM_MODE, hidden, num_layers, has_biases, bidirectional, batch_first, train)
-            else:
-                out, h, c = _SizedFusedLayer.apply(allocate, x, w[0], w[1], b_ih, b_hh, h0[index], c0[index],
-                                                   direction > 0, (hidden, num_layers, has_biases, bidirectional,
-                                                                   batch_first, train))
+            out, h, c, _ = RNN_LAYER(x, w[0], w[1], b_ih, b_hh, h0[index], c0[index], direction > 0, [], _LSTM_MODE,
+                                     hidden, num_layers, has_biases, bidirectional, batch_first, train)
             outputs.append(out)
             hy.append(h)
             cy.append(c)
@@ -273,13 +199,12 @@ def _cpu_runs_generic_rnn(args: tuple, kwargs: dict) -> bool:
 
 
 class _VFAsOnCPU:
-    """``torch._VF`` with ``lstm`` following the CPU's fused layer on meta tensors (holding its bytes through
-    ``allocate`` where given) and ``gru``, ``rnn_tanh`` and ``rnn_relu`` the CPU's branch of the generic path; every
-    other name as is."""
+    """``torch._VF`` with ``lstm`` following the CPU's fused layer on meta tensors (if ``fused_lstm``) and ``gru``,
+    ``rnn_tanh`` and ``rnn_relu`` the CPU's branch of the generic path; every other name as is."""
 
-    def __init__(self, vf: Any, allocate: Allocate | None) -> None:
+    def __init__(self, vf: Any, fused_lstm: bool) -> None:
         self._vf = vf
-        self.allocate = allocate
+        self.fused_lstm = fused_lstm
 
     def __getattr__(self, name: str) -> Any:
         if name in GENERIC_CELLS:
@@ -294,16 +219,17 @@ class _VFAsOnCPU:
         return call
 
     def lstm(self, *args: Any, **kwargs: Any) -> Any:
-        if len(args) == 9 and not kwargs and cpu_runs_fused_lstm(args[0], args[1], args[2], bool(args[3])):
-            return _fused_lstm(*args, allocate=self.allocate)
+        if (self.fused_lstm and len(args) == 9 and not kwargs
+                and cpu_runs_fused_lstm(args[0], args[1], args[2], bool(args[3]))):
+            return _fused_lstm(*args)
         return self._vf.lstm(*args, **kwargs)  # packed sequences, projections, other dtypes and devices
 
 
 @contextlib.contextmanager
-def cpu_recurrent(allocate: Allocate | None = None) -> Iterator[None]:
+def cpu_recurrent(fused_lstm: bool = True) -> Iterator[None]:
     """Within this context, recurrent layers on meta tensors run as on the CPU: ``nn.GRU`` and ``nn.RNN`` by the
-    CPU's branch of the generic path, ``nn.LSTM`` by the fused layer where the CPU would use it (with ``allocate``,
-    the memory simulation's, holding the bytes the CPU's fused layer holds beyond its outputs).
+    CPU's branch of the generic path, ``nn.LSTM`` by the fused layer where the CPU would use it (``fused_lstm``;
+    else by the generic path as on the meta device).
 
     ``torch.nn.modules.rnn._VF``, which the modules' ``forward`` looks up when it calls, is replaced for the
     duration (and restored after). Nested use keeps the outermost.
@@ -312,12 +238,17 @@ def cpu_recurrent(allocate: Allocate | None = None) -> Iterator[None]:
     if isinstance(original, _VFAsOnCPU):
         yield
         return
-    rnn._VF = _VFAsOnCPU(original, allocate)
+    rnn._VF = _VFAsOnCPU(original, fused_lstm)
     try:
         yield
     finally:
         rnn._VF = original
 
+
+
+def has_lstm(model: nn.Module) -> bool:
+    """Whether ``model`` holds an ``nn.LSTM``, whose fused layer :func:`cpu_recurrent` runs only for the trace."""
+    return any(isinstance(module, nn.LSTM) for module in model.modules())
 
 
 @contextlib.contextmanager
