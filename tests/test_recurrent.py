@@ -156,8 +156,12 @@ def test_a_grus_simulated_peak_is_the_cpu_allocators_peak(mode):
     """The CPU holds the sequence's input products while it steps; the meta device's own branch does not (the
     simulation of ``examples/sequence_model.py`` was 1.8 times too low in inference before it followed the CPU)."""
     torch.manual_seed(0)
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    real = cpu_tensor_peak(Classifier(), torch.randn(8, 50, 12), mode)
+    try:
+        real = cpu_tensor_peak(Classifier(), torch.randn(8, 50, 12), mode)
+    finally:
+        torch.set_num_threads(threads)
     with torch.device("meta"):
         model, x = Classifier(), torch.empty(8, 50, 12)
     sim = simulate_peak_memory(model, x, mode)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import ClassVar
 
 import numpy as np
@@ -69,9 +70,8 @@ class MemorySimRegressor(Regressor):
     simulated). A term no training row exercises (all zero, e.g. when the only family with such convolutions is held
     out, on a device without the measured factor) has no coefficient (NaN): its cost is unknown, so a row that
     needs it gets no prediction and :meth:`prediction_notes` names the term, while a row without it is priced as
-    usual. On CUDA, whose
-    label is ``max_memory_reserved``, the same terms absorb the caching allocator's rounding and cuBLAS/cuDNN
-    workspaces. A row without simulated features (a model the simulation failed on) gets no prediction (NaN), never
+    usual. On CUDA, whose label is ``max_memory_reserved``, the same terms absorb the caching allocator's rounding
+    and cuBLAS/cuDNN workspaces. A row without simulated features (a model the simulation failed on) gets no prediction (NaN), never
     an imputed one. Only the ``peak_mem_mb`` target is meaningful. The model is additive in bytes, so ``log_target``
     (a parameter of every regressor) must stay false. The fitted state records its term names (``terms_``); a file
     fitted with other terms is refused on loading.
@@ -192,10 +192,7 @@ class MemorySimRegressor(Regressor):
 
     def prediction_notes(self, X: pd.DataFrame) -> list[str]:
         """One line per term that leaves rows of ``X`` without a prediction, for the prediction record."""
-        rows: dict[str, int] = {}
-        for terms in self.unpriced_terms(X):
-            for term in terms:
-                rows[term] = rows.get(term, 0) + 1
+        rows = Counter(term for terms in self.unpriced_terms(X) for term in terms)
         measured = {term: f" and the device has no {column!r}" for term, column in self.MEASURED_TERMS.items()}
         return [f"memory_sim term {term!r} is exercised by {n} row(s) but by no training row{measured.get(term, '')}: "
                 "its cost is unknown, no prediction" for term, n in rows.items()]
