@@ -29,6 +29,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from perfzoo.features.memory import simulate_peak_memory  # noqa: E402
 from perfzoo.profiling.core import make_step  # noqa: E402
+from perfzoo.profiling.temporaries import allocation_events  # noqa: E402
 
 MIB = 2.0**20
 WARM_STEPS = 3
@@ -42,19 +43,7 @@ def build(name: str, batch: int, resolution: int, device: str) -> tuple[torch.nn
 
 def allocations(prof: profile) -> list[tuple[int, int, str]]:
     """(time, bytes (negative: freed), innermost operator) of every allocator event of the profiled step."""
-    return sorted(event for root in prof.profiler.kineto_results.experimental_event_tree()
-                  for event in allocations_below(root))
-
-
-def allocations_below(node) -> list[tuple[int, int, str]]:  # noqa: ANN001 - the profiler's event tree
-    """(time, bytes (negative: freed), innermost operator) of every allocator event at or below ``node``."""
-    found, stack = [], [node]
-    while stack:
-        n = stack.pop()
-        stack.extend(n.children)
-        if type(n.extra_fields).__name__ == "_ExtraFields_Allocation":
-            found.append((n.start_time_ns, n.extra_fields.alloc_size, n.parent.name if n.parent is not None else "-"))
-    return sorted(found)
+    return allocation_events(prof.profiler.kineto_results.experimental_event_tree())
 
 
 def real_peak(name: str, batch: int, mode: str, resolution: int) -> tuple[float, str, dict[str, float]]:

@@ -16,6 +16,7 @@ from perfzoo.features.memory import simulate_peak_memory
 from perfzoo.features.ops import trace_step
 from perfzoo.features.recurrent import GENERIC_CELLS, RECURRENT_FLOP_FORMULAS, _generic_rnn, cpu_recurrent, has_lstm
 from perfzoo.profiling.core import make_step
+from perfzoo.profiling.temporaries import allocation_events, profiled_calls
 
 REGISTRY = FlopCounterMode(display=False, custom_mapping=RECURRENT_FLOP_FORMULAS).flop_registry
 
@@ -118,20 +119,12 @@ def cpu_tensor_peak(model: nn.Module, x: torch.Tensor, mode: str) -> int:
             parameter.grad = None
         with record_function("measured step"):
             step()
-    events, nodes, window = [], list(prof.profiler.kineto_results.experimental_event_tree()), None
-    while nodes:
-        node = nodes.pop()
-        nodes.extend(node.children)
-        if type(node.extra_fields).__name__ == "_ExtraFields_Allocation":
-            events.append((node.start_time_ns, node.extra_fields.alloc_size))
-        elif node.name == "measured step":
-            window = (node.start_time_ns, node.end_time_ns)
-    assert window is not None
+    (measured,) = profiled_calls(prof, "measured step")
     live = start = peak = 0
-    for time, size in sorted(events):
-        if time > window[1]:
+    for time, size, _ in allocation_events(prof.profiler.kineto_results.experimental_event_tree()):
+        if time > measured.end_time_ns:
             break
-        if time < window[0]:
+        if time < measured.start_time_ns:
             start = live = live + size
         else:
             live += size

@@ -73,16 +73,21 @@ def regressor_inputs(data: pd.DataFrame, feature_set: str = "all", operator_feat
     return data[[*columns, "device", "model_id", "mode", *groups]]
 
 
+def _kind_and_preset(name: str) -> tuple[str, dict[str, Any]]:
+    """The registry name and preset parameters a config name stands for (a registry name: no preset)."""
+    return PRESETS.get(name, (name, {}))
+
+
 def applies_device_calibration(name: str) -> bool:
     """Whether the regressor a config name stands for applies the devices' measured constants
     (:attr:`Regressor.uses_device_calibration`); False for an unknown name (building it says why)."""
-    cls = REGISTRY.get(PRESETS.get(name, (name, {}))[0])
+    cls = REGISTRY.get(_kind_and_preset(name)[0])
     return bool(cls is not None and cls.uses_device_calibration)
 
 
 def build_regressor(name: str, params: dict[str, Any] | None = None) -> Regressor:
     """A fresh regressor for a config name (a registry name or a preset such as ``xgboost_grid``)."""
-    kind, preset = PRESETS.get(name, (name, {}))
+    kind, preset = _kind_and_preset(name)
     return make_regressor(kind, **{**preset, **(params or {})})
 
 

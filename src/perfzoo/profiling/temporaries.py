@@ -11,6 +11,7 @@ training cannot identify.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from perfzoo.io import one_line
@@ -21,16 +22,22 @@ DEPTHWISE_MAP = 8
 the same for 40-384 channels, maps of 8-16 and batches 1-16: ``bench/conv_temporary.py``)."""
 
 
-def temporary_bytes(node: Any) -> int:  # noqa: ANN401 - the profiler's event tree
-    """Peak bytes the allocator handed out at or below ``node`` above the bytes still held when it returns."""
-    events, stack = [], [node]
+def allocation_events(nodes: Iterable[Any]) -> list[tuple[int, int, str]]:
+    """(start time in ns, bytes (negative: freed), innermost operator or "-") of every allocator event at or below
+    ``nodes`` (nodes of ``torch.profiler``'s event tree, profiled with ``profile_memory``), in time order."""
+    found, stack = [], list(nodes)
     while stack:
         n = stack.pop()
         stack.extend(n.children)
         if type(n.extra_fields).__name__ == "_ExtraFields_Allocation":
-            events.append((n.start_time_ns, n.extra_fields.alloc_size))
+            found.append((n.start_time_ns, n.extra_fields.alloc_size, n.parent.name if n.parent is not None else "-"))
+    return sorted(found)
+
+
+def temporary_bytes(node: Any) -> int:  # noqa: ANN401 - the profiler's event tree
+    """Peak bytes the allocator handed out at or below ``node`` above the bytes still held when it returns."""
     live = peak = 0
-    for _, size in sorted(events):
+    for _, size, _ in allocation_events([node]):
         live += size
         peak = max(peak, live)
     return peak - live
