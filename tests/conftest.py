@@ -47,6 +47,28 @@ def tiny_config() -> dict[str, Any]:
     }
 
 
+def _weight(item: pytest.Item) -> int:
+    """Heaviest first: the SLURM cluster's runs, the tests of the session's finished run, other real Snakemake
+    runs, the rest."""
+    if item.get_closest_marker("slurm"):
+        return 0
+    if "finished_workflow" in getattr(item, "fixturenames", ()):
+        return 1
+    return 2 if item.get_closest_marker("e2e") else 3
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Order the test files heaviest first, each file's tests together and in their own order. With
+    ``--dist loadfile --no-loadscope-reorder`` the workers take the files in this order, so the many quick tests
+    fill in the end, and the files of the finished run follow one another on the worker that made it while the
+    other runs the SLURM tests."""
+    weight: dict[Path, int] = {}
+    for item in items:
+        weight[item.path] = min(weight.get(item.path, 3), _weight(item))
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (weight[item.path], order[id(item)]))
+
+
 @pytest.fixture
 def config() -> dict[str, Any]:
     return copy.deepcopy(tiny_config())
@@ -70,8 +92,11 @@ def copy_workflow(destination: Path, config: dict[str, Any]) -> Path:
 
 
 def finished_config() -> dict[str, Any]:
-    """The tiny zoo plus the prediction the README audits (``results/predictions/resnet50_b8.json``)."""
+    """The tiny zoo, a model whose builder fails (one config of seven ends with status error), and the
+    prediction the README audits (``results/predictions/resnet50_b8.json``)."""
     config = tiny_config()
+    config["zoo"]["families"]["broken"] = {"builder": "python", "input_shape": [4], "modes": ["inference"],
+                                           "models": [f"{FAULTY}:build_broken"]}
     config["predict"] = {
         "resnet50_b8": {"model": "torchvision:resnet50", "batch": 8, "input": "3,64,64", "mode": "inference"}
     }
@@ -81,10 +106,14 @@ def finished_config() -> dict[str, Any]:
 def _run_to_the_end(folder: Path) -> Path:
     """Run the whole workflow in ``folder`` (a :func:`copy_workflow`) with Snakemake; the folder."""
     env = {**os.environ, "PYTHONPATH": str(folder / "src")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--cores", "2"],
-        cwd=folder, env=env, capture_output=True, text=True, timeout=900,
-    )
+    old = os.umask(0o022)  # a shared project folder: outputs must be readable by the group (tests/test_e2e.py)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "snakemake", "--cores", "2"],
+            cwd=folder, env=env, capture_output=True, text=True, timeout=900,
+        )
+    finally:
+        os.umask(old)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return folder
 

@@ -1,4 +1,4 @@
-"""End to end: real Snakemake on a six-config zoo, numbers recomputed from the raw traces."""
+"""End to end: real Snakemake on a seven-config zoo (one fails), numbers recomputed from the raw traces."""
 
 from __future__ import annotations
 
@@ -12,40 +12,21 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 
 from perfzoo.report.registry import outputs
 from perfzoo.stats import mape
 
-from conftest import FAULTY, ROOT
-
 pytestmark = pytest.mark.e2e
 
-CONFIG = {
-    "devices": {"cpu": {"kind": "cpu", "threads": 1}},
-    "zoo": {"num_classes": 10, "families": {
-        "mlp": {"builder": "mlp", "input_shape": [64], "batch_sizes": [2, 8],
-                "models": [{"name": "mlp_small", "kwargs": {"in_features": 64, "hidden": [32, 32]}}]},
-        "transformer": {"builder": "transformer", "sequence_lengths": [8], "batch_sizes": [2], "modes": ["inference"],
-                        "models": [{"name": "encoder", "kwargs": {"d_model": 32, "heads": 2, "layers": 1}}]},
-        "broken": {"builder": "python", "input_shape": [4], "modes": ["inference"],
-                   "models": [f"{FAULTY}:build_broken"]},
-    }},
-    "shards": {"size": 4},
-    # interference tolerances out of reach: a loaded test machine must not take the six configs out of fitting
-    # (flagging has its own tests in test_interference.py; the noise floor below leaves flagged runs out anyway)
-    "profiling": {"warmup_iters": 1, "min_iters": 3, "max_iters": 8, "max_time_s": 0.2, "repeat_every": 2,
-                  "interference": {"tolerance": 1000.0, "load_tolerance": 1000.0, "steal_tolerance": 1.0}},
-    "fit": {"targets": ["latency_ms", "peak_mem_mb"], "regressors": ["linear", "random_forest"]},
-}
 TABLES = ["results/dataset/dataset.parquet", "results/evaluate/metrics.parquet",
           "results/report/tables/metrics.csv", "results/report/tables/per_family.csv",
           "results/report/tables/noise_floor.csv", "results/report/tables/status_counts.csv"]
 
 
 def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--cores", "2", *args]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    """A real Snakemake run of ``workdir``'s own workflow (its Snakefile, its ``src``)."""
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(workdir / "Snakefile"), "--cores", "2", *args]
+    env = {**os.environ, "PYTHONPATH": str(workdir / "src")}
     proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=600, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
@@ -53,15 +34,10 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    workdir = tmp_path_factory.mktemp("e2e")
-    (workdir / "config.yaml").write_text(yaml.safe_dump(CONFIG))
-    old = os.umask(0o022)  # a shared project folder: outputs must be readable by the group
-    try:
-        snakemake(workdir)
-    finally:
-        os.umask(old)
-    return workdir
+def run(finished_workflow) -> Path:
+    """The session's finished run (``conftest.finished_config``: seven configs, one whose builder fails),
+    made under a group-readable umask."""
+    return finished_workflow
 
 
 def test_report_is_built(run) -> None:
@@ -79,14 +55,14 @@ def test_every_registry_output_exists_and_is_group_readable(run) -> None:
         assert stat.S_IMODE((run / path).stat().st_mode) == 0o644, path
     index = (run / "results/report/index.html").read_text()
     first_screen = index[: index.index('id="contents"')]
-    assert "no model configured under <code>predict:</code>" in first_screen  # this config predicts nothing
-    assert "best MAPE" in first_screen and "1 of 6 profiled configs failed" in first_screen
+    assert "Recommended: " in first_screen  # the README's prediction (resnet50_b8) answers first
+    assert "best MAPE" in first_screen and "1 of 7 profiled configs failed" in first_screen
     assert "memory reference on cpu: " in first_screen and "(hardware rule: " in first_screen
 
 
 def test_failed_model_is_counted_and_the_rest_measured(run) -> None:
     counts = pd.read_csv(run / "results/report/tables/status_counts.csv").set_index("status")["configs"]
-    assert counts.to_dict() == {"error": 1, "ok": 5}
+    assert counts.to_dict() == {"error": 1, "ok": 6}
     assert "1 config(s) on cpu ended with status error" in (run / "results/report/index.html").read_text()
 
 

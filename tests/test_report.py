@@ -157,6 +157,13 @@ def test_page_answers_first_with_formatted_numbers_and_intervals(tmp_path) -> No
     assert not re.search(r"[1-9]\d*\.\d{3,}|0\.0*[1-9]\d{3,}", top) and "e+0" not in html  # ≤ 3 significant digits
 
 
+def test_first_screen_says_so_when_no_model_is_configured_to_predict(tmp_path) -> None:
+    data = dataset()
+    top = first_screen(render_index(tmp_path, tables_for(data, held_out(data)), [], [], PROV))
+    assert "no model configured under <code>predict:</code>" in top and "Recommended:" not in top
+    assert "best MAPE" in top
+
+
 def test_page_shows_baseline_coverage_and_flags_when_other_stages_write_them(tmp_path) -> None:
     data = dataset()  # the dataset stage counts flagged configs in its status table (and fits clean rows only)
     predictions = held_out(data)
