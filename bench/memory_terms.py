@@ -24,6 +24,7 @@ import pandas as pd
 
 from perfzoo.features.ops import CACHE_BYTES
 from perfzoo.regressors import MemorySimRegressor
+from perfzoo.regressors.memory import term_contributions
 
 TARGET, MIB = "peak_mem_mb", 2.0**20
 SPLITS = ("leave_one_family_out", "batch_extrapolation", "random", "family_monte_carlo", "stratified_kfold")
@@ -56,7 +57,7 @@ def fit_predict(terms: tuple[str, ...] | None, train: pd.DataFrame, test: pd.Dat
         return MemorySimRegressor().fit(train, train[TARGET]).predict(test)
     design = lambda X: np.column_stack([TERMS[t](X) for t in terms])  # noqa: E731
     coef = MemorySimRegressor.median_fit(design(train), train[TARGET].to_numpy(float))
-    return design(test) @ coef
+    return term_contributions(design(test), coef).sum(axis=1)  # a term no training row exercised: NaN where used
 
 
 def ape(pred: np.ndarray, rows: pd.DataFrame) -> np.ndarray:

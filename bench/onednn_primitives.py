@@ -116,6 +116,7 @@ def offline(results: Path) -> None:
     import pandas as pd
 
     from perfzoo.regressors import MemorySimRegressor
+    from perfzoo.regressors.memory import term_contributions
     from perfzoo.stats import mape
 
     data = pd.read_parquet(results / "dataset" / "dataset.parquet")
@@ -154,7 +155,8 @@ def offline(results: Path) -> None:
                 offset = fixed if "fixed" in v else (lambda X: np.zeros(len(X)))
                 coef = MemorySimRegressor.median_fit(design(train, v), y - offset(train))
                 held[v].append(pd.DataFrame({"y": test["peak_mem_mb"].to_numpy(), "family": test["family"].to_numpy(),
-                                             "p": design(test, v) @ coef + offset(test)}))
+                                             "p": term_contributions(design(test, v), coef).sum(axis=1)
+                                             + offset(test)}))
         table[split] = {v: mape(pd.concat(h)["y"], pd.concat(h)["p"]) for v, h in held.items()}
         if split == "leave_one_family_out":
             families = {v: pd.concat(h).groupby("family").apply(lambda q: mape(q["y"], q["p"])) for v, h in held.items()}

@@ -23,6 +23,7 @@ from perfzoo.models.builders import build_model
 from perfzoo.profiling.core import ResidentPeak
 from perfzoo.profiling.temporaries import depthwise_temporary, measure_depthwise_temporary
 from perfzoo.regressors import MemorySimRegressor, load_regressor, make_regressor
+from perfzoo.regressors.memory import term_contributions
 from step_models import HIDDEN, IN, OUT, CachesOnFirstCall
 
 WEIGHT_BYTES = 4 * (IN * HIDDEN + HIDDEN + HIDDEN * OUT + OUT)  # two float32 Linear layers with bias
@@ -351,6 +352,16 @@ def test_a_term_no_training_row_exercises_has_no_coefficient_and_its_rows_no_pre
     assert DEPTHWISE_TEMPORARY_FACTOR in notes[0] and reg.prediction_notes(X[without]) == []
     reg.save(tmp_path / "memory_sim.json")  # an unknown coefficient stays unknown in the file
     assert np.isnan(load_regressor(tmp_path / "memory_sim.json").coefficients("cpu").iloc[-1])
+
+
+def test_a_term_without_coefficient_adds_nothing_where_unexercised_and_nan_where_exercised() -> None:
+    """The sum the regressor and the benchmarks (bench/memory_terms.py, bench/onednn_primitives.py) price rows by."""
+    coef = np.array([0.5, 1.0, np.nan])  # the last term: no training row exercised it
+    out = term_contributions(np.array([[1.0, 2.0, 0.0], [1.0, 2.0, 3.0], [np.nan, 2.0, 0.0]]), coef)
+    np.testing.assert_array_equal(out[0], [0.5, 2.0, 0.0])
+    np.testing.assert_array_equal(out[1, :2], [0.5, 2.0])
+    assert np.isnan(out[1, 2]) and np.isnan(out[2, 0])  # an exercised term without a price; a missing feature
+    assert list(np.isnan(out.sum(axis=1))) == [False, True, True]
 
 
 def test_a_prediction_averages_the_fold_models_that_can_price_the_row_and_says_which_could_not(

@@ -24,6 +24,13 @@ from perfzoo.regressors.base import (
 MIB = 2.0**20
 
 
+def term_contributions(D: np.ndarray, coef: np.ndarray) -> np.ndarray:
+    """Per row of the design ``D`` and term, what the term adds with coefficients ``coef`` (one per term, or one
+    row of them per row of ``D``): 0 where the row does not exercise the term, even when it has no coefficient
+    (NaN); NaN where the row exercises a term without one, or a feature is missing."""
+    return np.where(D == 0, 0.0, D * coef)
+
+
 @register_regressor
 class MemorySimRegressor(Regressor):
     """``peak_mem_mb ≈ a_t·[training] + b·peak + (c + c_t·[training])·activation + d·√op_kinds + e·onednn_conv
@@ -180,8 +187,7 @@ class MemorySimRegressor(Regressor):
     def contributions(self, X: pd.DataFrame) -> np.ndarray:
         """Per row of ``X`` and term, the MiB the term adds: 0 where the row does not exercise it, NaN where a
         simulated feature is missing or the term has no coefficient (:meth:`unpriced_terms`)."""
-        D = self._design(X)
-        return np.where(D == 0, 0.0, D * self.row_coefficients(X))
+        return term_contributions(self._design(X), self.row_coefficients(X))
 
     def unpriced_terms(self, X: pd.DataFrame) -> list[list[str]]:
         """Per row of ``X`` the terms it exercises that have no coefficient: no training row of its device's fit
