@@ -60,8 +60,10 @@ def _parse(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), filename=str(path))
 
 
-def _imported_names(root: Path, path: Path) -> dict[str, bool]:
-    """Dotted perfzoo names a file imports, each with whether it must be a module.
+@functools.cache
+def _imported_names(root: Path, path: Path) -> tuple[tuple[str, bool], ...]:
+    """Dotted perfzoo names a file imports, each with whether it must be a module; read once per process, like
+    :func:`_parse` (walking every module's tree for every rule's script was most of a Snakefile's parse).
 
     ``import x`` and the ``x`` of ``from x import y`` must be modules; the ``x.y`` may be a function.
     """
@@ -75,7 +77,7 @@ def _imported_names(root: Path, path: Path) -> dict[str, bool]:
                 source = _resolve_relative(_package_of(root, path), node.level, node.module)
             names.update({f"{source}.{alias.name}": False for alias in node.names})
             names[source] = True
-    return {n: must for n, must in names.items() if n == PACKAGE or n.startswith(PACKAGE + ".")}
+    return tuple((n, must) for n, must in names.items() if n == PACKAGE or n.startswith(PACKAGE + "."))
 
 
 def _with_parents(module: str) -> list[str]:
@@ -109,7 +111,7 @@ def package_files_of(script: str | Path, src: str | Path) -> tuple[Path, ...]:
     pending = [Path(script).resolve()]
     while pending:
         path = pending.pop()
-        for name, must_be_module in _imported_names(root, path).items():
+        for name, must_be_module in _imported_names(root, path):
             for module in _with_parents(name):
                 found = _module_file(root, module)
                 if found is None and must_be_module:
