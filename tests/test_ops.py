@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -157,11 +159,11 @@ def test_featurise_carries_the_operator_features_and_table():
 
 # --------------------------------------------------------------------------- composed regressor
 
-TRUE = {"overhead": 0.5, "op_matmul_flops": 2e-9, "op_elementwise_bytes": 1e-8, "op_norm_count": 0.01,
-        "n_module_calls": 0.004}
+TRUE = {"op_matmul_flops": 2e-9, "op_elementwise_bytes": 1e-8, "op_norm_count": 0.01, "n_module_calls": 0.004}
 
 
-def synthetic(n: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
+def synthetic(n: int, seed: int = 0, overhead: float = 0.0) -> tuple[pd.DataFrame, np.ndarray]:
+    """Rows whose latency is :data:`TRUE`'s costs exactly, plus a constant ``overhead`` per step."""
     rng = np.random.default_rng(seed)
     X = pd.DataFrame(0.0, index=range(n), columns=list(OP_FEATURES))
     X["op_matmul_flops"] = rng.uniform(1e8, 1e10, n)
@@ -171,7 +173,7 @@ def synthetic(n: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
     X["op_norm_count"] = rng.integers(0, 60, n)
     X["n_module_calls"] = rng.integers(1, 80, n)
     X["device"], X["is_training"], X["model_id"] = "cpu", 0.0, [f"m{i % 8}" for i in range(n)]
-    y = TRUE["overhead"] + sum(coef * X[name] for name, coef in TRUE.items() if name != "overhead")
+    y = overhead + sum(coef * X[name] for name, coef in TRUE.items())
     return X, y.to_numpy()
 
 
@@ -363,15 +365,40 @@ def test_a_model_flop_counter_mode_cannot_count_is_recounted_frozen_without_the_
 
 
 @pytest.mark.parametrize("weighting", ["none", "relative", "mape"])
-def test_composed_recovers_known_coefficients(weighting):
-    X, y = synthetic(60)
-    reg = make_regressor("composed", weighting=weighting, shrinkage=0.0).fit(X, y)
+@pytest.mark.parametrize("constant", [False, True])
+def test_composed_recovers_known_coefficients(weighting, constant):
+    X, y = synthetic(60, overhead=0.5 if constant else 0.0)
+    params = {"constant_overhead": True} if constant else {}
+    reg = make_regressor("composed", weighting=weighting, shrinkage=0.0, **params).fit(X, y)
     coef = reg.coefficients("cpu")
-    for name, value in TRUE.items():
+    true = {**TRUE, "overhead": 0.5} if constant else TRUE
+    for name, value in true.items():
         assert coef[name] == pytest.approx(value, rel=1e-6)
-    others = coef.drop([*TRUE, "overhead_training"])
+    others = coef.drop([*true, *(["overhead_training"] if constant else [])])
     assert np.allclose(others.to_numpy(), 0.0, atol=1e-12)
     np.testing.assert_allclose(reg.predict(X), y, rtol=1e-6)
+
+
+def test_composed_has_no_constant_per_step_unless_asked():
+    X, y = synthetic(40, overhead=0.5)
+    reg = ComposedRegressor(shrinkage=0.0).fit(X, y)
+    assert not {"overhead", "overhead_training"} & set(reg.feature_names_)
+    nothing = X.head(1).copy()
+    nothing[[*OP_FEATURES, "n_module_calls"]] = 0.0
+    assert reg.predict(nothing)[0] == 0.0  # no module call and no operator: no time
+    with_constant = ComposedRegressor(shrinkage=0.0, constant_overhead=True).fit(X, y)
+    assert with_constant.predict(nothing)[0] == pytest.approx(0.5, rel=1e-6)
+
+
+def test_composed_refuses_a_file_fitted_on_other_per_step_terms(tmp_path):
+    X, y = synthetic(30)
+    path = tmp_path / "composed.json"
+    ComposedRegressor(constant_overhead=True).fit(X, y).save(path)
+    document = json.loads(path.read_text())
+    del document["params"]["constant_overhead"]  # as a version before the parameter wrote it
+    path.write_text(json.dumps(document))
+    with pytest.raises(InputError, match="fitted on other terms .*overhead, overhead_training.*refit"):
+        load_regressor(path).predict(X)
 
 
 def test_composed_inner_cv_leaves_exact_costs_unshrunk():
