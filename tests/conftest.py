@@ -23,6 +23,34 @@ os.environ["PERFZOO_FEATURISER"] = "local"
 FAULTY = ROOT / "tests" / "fixtures" / "faulty_models.py"
 
 
+def snakemake_command(*args: str, snakefile: Path = ROOT / "Snakefile", cores: int | None = 2) -> list[str]:
+    """The command line of a Snakemake run of ``snakefile`` (``cores`` None: no ``--cores``, as for a dry run)."""
+    return [sys.executable, "-m", "snakemake", "-s", str(snakefile), *(["--cores", str(cores)] if cores else []),
+            *args]
+
+
+def code_env(src: Path = ROOT / "src") -> dict[str, str]:
+    """The environment in which the rule scripts import perfzoo from ``src``."""
+    return {**os.environ, "PYTHONPATH": str(src)}
+
+
+def snakemake(workdir: Path, *args: str, snakefile: Path = ROOT / "Snakefile", src: Path = ROOT / "src",
+              cores: int | None = 2, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    """A real Snakemake run in ``workdir`` of ``snakefile``, its rule scripts importing perfzoo from ``src`` (both
+    the checkout's unless given; :func:`own_code` for a folder's own); ``check``: a failed run fails the test with
+    the end of its stderr."""
+    proc = subprocess.run(snakemake_command(*args, snakefile=snakefile, cores=cores), cwd=workdir,
+                          capture_output=True, text=True, timeout=timeout, env=code_env(src))
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed in {workdir}:\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def own_code(folder: Path) -> dict[str, Path]:
+    """:func:`snakemake`'s code arguments for the workflow a folder holds (its Snakefile, its ``src``)."""
+    return {"snakefile": folder / "Snakefile", "src": folder / "src"}
+
+
 def tiny_config() -> dict[str, Any]:
     """Six configs: two MLPs x inference/training on one batch, and a 2-layer transformer."""
     return {
@@ -105,16 +133,11 @@ def finished_config() -> dict[str, Any]:
 
 def _run_to_the_end(folder: Path) -> Path:
     """Run the whole workflow in ``folder`` (a :func:`copy_workflow`) with Snakemake; the folder."""
-    env = {**os.environ, "PYTHONPATH": str(folder / "src")}
     old = os.umask(0o022)  # a shared project folder: outputs must be readable by the group (tests/test_e2e.py)
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "snakemake", "--cores", "2"],
-            cwd=folder, env=env, capture_output=True, text=True, timeout=900,
-        )
+        snakemake(folder, **own_code(folder), timeout=900)
     finally:
         os.umask(old)
-    assert proc.returncode == 0, proc.stderr[-4000:]
     return folder
 
 

@@ -25,42 +25,14 @@ PRELOADED = ("torch", "torchvision", "pandas", "sklearn", "scipy", "matplotlib.p
 """Libraries imported once before each script's imports are run in a fork of that process: speed only, the check
 reads perfzoo's own modules, and a library loaded beforehand does not change which of them a script loads."""
 
-_IMPORTER = """
-import ast, importlib, json, os, sys, traceback
-for name in sys.argv[1].split(","):
-    importlib.import_module(name)
-found = {}
-for script in sys.argv[2:]:
-    read, write = os.pipe()
-    if os.fork() == 0:  # the child: what the script's import statements load, on top of the libraries alone
-        try:
-            os.close(read)
-            source = open(script).read()
-            exec("\\n".join(ast.get_source_segment(source, node) for node in ast.walk(ast.parse(source))
-                             if isinstance(node, (ast.Import, ast.ImportFrom))), {})
-            files = [m.__file__ for n, m in list(sys.modules.items())
-                     if n.split(".")[0] == "perfzoo" and getattr(m, "__file__", None)]
-            with os.fdopen(write, "w") as pipe:
-                pipe.write(json.dumps(files))
-        except BaseException:
-            traceback.print_exc()
-            os._exit(1)
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as pipe:
-        text = pipe.read()
-    if os.waitpid(-1, 0)[1] != 0:
-        sys.exit(f"the imports of {script} failed")
-    found[script] = json.loads(text)
-print(json.dumps(found))
-"""
+IMPORTER = ROOT / "tests" / "script_imports.py"
 
 
 @cache
 def loaded_modules_of_every_script() -> dict[Path, frozenset[Path]]:
     """Per rule script, the perfzoo files Python really loads when it runs the script's import statements (all of
     them), each script in a fresh fork of one process that has only :data:`PRELOADED` loaded."""
-    proc = subprocess.run([sys.executable, "-c", _IMPORTER, ",".join(PRELOADED), *map(str, SCRIPTS)],
+    proc = subprocess.run([sys.executable, str(IMPORTER), ",".join(PRELOADED), *map(str, SCRIPTS)],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(SRC)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {Path(script): frozenset(Path(p).resolve() for p in files)

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,21 +13,13 @@ import pytest
 from perfzoo.report.registry import outputs
 from perfzoo.stats import mape
 
+from conftest import own_code, snakemake
+
 pytestmark = pytest.mark.e2e
 
 TABLES = ["results/dataset/dataset.parquet", "results/evaluate/metrics.parquet",
           "results/report/tables/metrics.csv", "results/report/tables/per_family.csv",
           "results/report/tables/noise_floor.csv", "results/report/tables/status_counts.csv"]
-
-
-def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """A real Snakemake run of ``workdir``'s own workflow (its Snakefile, its ``src``)."""
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(workdir / "Snakefile"), "--cores", "2", *args]
-    env = {**os.environ, "PYTHONPATH": str(workdir / "src")}
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=600, env=env)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
-    return proc
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +78,7 @@ def test_reported_numbers_recomputed_from_raw_traces(run) -> None:
 
 def test_rerun_on_same_traces_gives_identical_tables(run) -> None:
     before = {t: (run / t).read_bytes() for t in TABLES}
-    snakemake(run, "--forcerun", "dataset")
+    snakemake(run, "--forcerun", "dataset", **own_code(run))
     after = {t: (run / t).read_bytes() for t in TABLES}
     assert before == after
 
@@ -99,7 +88,7 @@ def test_corrupted_trace_names_the_file_and_keeps_other_outputs(run, tmp_path) -
     shutil.copytree(run, copy, ignore=shutil.ignore_patterns(".snakemake"))
     trace = copy / "results/traces/cpu/s0000.parquet"
     trace.write_bytes(trace.read_bytes()[:200])
-    proc = snakemake(copy, "--forcerun", "dataset", check=False)
+    proc = snakemake(copy, "--forcerun", "dataset", **own_code(copy), check=False)
     assert proc.returncode != 0
     assert "results/traces/cpu/s0000.parquet" in proc.stderr and "corrupted" in proc.stderr
     assert (copy / "results/traces/cpu/s0001.parquet").exists()

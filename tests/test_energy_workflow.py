@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT, tiny_config
+from conftest import ROOT, snakemake, tiny_config
 
 from perfzoo.dataset.build import ENERGY_LABELS, aggregate_runs, build_dataset, energy_labels, noise_floor
 from perfzoo.hardware import NO_ENERGY_SENSOR
@@ -172,16 +168,6 @@ def _synthetic_sweep(manifest: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
     return traces_frame(tasks, done), sensors_frame(tasks, done)
 
 
-def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(workdir / "Snakefile"), "--cores", "1", *args]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=600, env=env,
-                          check=False)
-    if proc.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
-    return proc
-
-
 SNAKEFILE = """\
 from snakemake.utils import validate
 
@@ -223,7 +209,7 @@ def test_energy_rule_regenerates_seed_002_analysis(tmp_path) -> None:
     traces.iloc[:0].to_parquet(out / "s0001.parquet")  # a shard of the device without rows
     sensors.iloc[:0].to_parquet(out / "s0001.sensors.parquet")
 
-    _snakemake(tmp_path)
+    snakemake(tmp_path, snakefile=tmp_path / "Snakefile", cores=1)
     energy_dir = tmp_path / "results/energy/gpu"
     assert not (tmp_path / "results/energy/cpu").exists()  # only devices of kind cuda
     summary = pd.read_csv(energy_dir / "summary.csv")
@@ -244,5 +230,5 @@ def test_energy_rule_regenerates_seed_002_analysis(tmp_path) -> None:
     assert prov["showcase"]["model_id"] == manifest.iloc[0]["model_id"]
     assert any(k.endswith("s0000.sensors.parquet") for k in prov["inputs"])
 
-    _snakemake(tmp_path, "--report", "report.zip")
+    snakemake(tmp_path, "--report", "report.zip", snakefile=tmp_path / "Snakefile", cores=1)
     assert (tmp_path / "report.zip").stat().st_size > 10_000

@@ -6,7 +6,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import yaml
 
 from perfzoo.finished import kept_path
 
-from conftest import ROOT
+from conftest import code_env, own_code, snakemake, snakemake_command
 
 pytestmark = pytest.mark.e2e
 
@@ -30,24 +29,15 @@ CONFIG = {
 SHARD = "results/traces/cpu/s0000.parquet"
 
 
-def snakemake_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--cores", "1", *args]
-
-
-def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-
-
 def test_killed_forcerun_keeps_the_complete_shard(tmp_path: Path) -> None:
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(CONFIG))
-    done = subprocess.run(snakemake_cmd(SHARD), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    snakemake(tmp_path, SHARD, cores=1)
     finished = (tmp_path / SHARD).read_bytes()
     assert kept_path(tmp_path / SHARD).read_bytes() == finished
 
     journal = tmp_path / "results/traces/cpu/s0000.journal.jsonl"
-    proc = subprocess.Popen(snakemake_cmd("--forcerun", "trace_cpu", "--", SHARD), cwd=tmp_path, env=env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(snakemake_command("--forcerun", "trace_cpu", "--", SHARD, cores=1), cwd=tmp_path,
+                            env=code_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not (journal.exists() and len(journal.read_text().splitlines()) >= 2):
@@ -61,10 +51,8 @@ def test_killed_forcerun_keeps_the_complete_shard(tmp_path: Path) -> None:
 
     stale = tmp_path / "results/traces/cpu/.s0000.parquet.abcd1234.tmp"  # as a kill mid-write leaves it
     stale.write_bytes(b"partial")
-    subprocess.run(snakemake_cmd("--unlock"), cwd=tmp_path, env=env(), capture_output=True, timeout=120, check=True)
-    resumed = subprocess.run(snakemake_cmd("--rerun-incomplete", SHARD), cwd=tmp_path, env=env(),
-                             capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    snakemake(tmp_path, "--unlock", cores=1, timeout=120)
+    snakemake(tmp_path, "--rerun-incomplete", SHARD, cores=1)
     assert not stale.exists()
     assert kept_path(tmp_path / SHARD).read_bytes() == (tmp_path / SHARD).read_bytes() != finished
 
@@ -74,6 +62,5 @@ def test_deleted_hardware_description_is_measured_again(finished_workflow: Path,
     folder = tmp_path / "copy"
     shutil.copytree(finished_workflow, folder, symlinks=True)  # keeps mtimes, as `cp -a` does
     (folder / "results/hardware/cpu.json").unlink()
-    dry = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1"], cwd=folder, capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(folder / "src")})
-    assert dry.returncode == 0 and "rule hardware_cpu:" in dry.stdout, dry.stdout[-3000:]
+    dry = snakemake(folder, "-n", **own_code(folder), cores=1, timeout=300)
+    assert "rule hardware_cpu:" in dry.stdout, dry.stdout[-3000:]

@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT, copy_workflow
+from conftest import ROOT, copy_workflow, own_code, snakemake
 
 pytestmark = pytest.mark.e2e
 
@@ -41,13 +38,8 @@ def gpu_config() -> dict:
 def finished(tmp_path_factory) -> Path:
     folder = copy_workflow(tmp_path_factory.mktemp("gpu") / "perfzoo", gpu_config())
     shutil.copytree(FIXTURE / "results", folder / "results")
-    env = {**os.environ, "PYTHONPATH": str(folder / "src")}
-    snakemake = [sys.executable, "-m", "snakemake", "--cores", "2"]
-    touched = subprocess.run([*snakemake, "--touch", "profile_h100"], cwd=folder, env=env, capture_output=True,
-                             text=True, timeout=300)
-    assert touched.returncode == 0, touched.stderr[-3000:]
-    run = subprocess.run(snakemake, cwd=folder, env=env, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-4000:]
+    snakemake(folder, "--touch", "profile_h100", **own_code(folder), timeout=300)
+    run = snakemake(folder, **own_code(folder), timeout=900)
     assert "rule trace_h100" not in run.stderr and "rule hardware_h100" not in run.stderr  # nothing re-measured
     return folder
 

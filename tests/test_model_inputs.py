@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +12,7 @@ from perfzoo.auditing import CHANGED, OK, audit
 from perfzoo.models.files import user_module_files
 from perfzoo.provenance import config_link, provenance
 
-from conftest import ROOT
+from conftest import snakemake
 
 MODEL = '''
 import torch.nn as nn
@@ -69,14 +66,6 @@ def test_config_subset_link_is_audited(tmp_path, monkeypatch) -> None:
     assert [link.status for link in audit(out).links] == [CHANGED]
 
 
-def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--cores", "1", *args]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
-
-
 @pytest.mark.e2e
 def test_editing_an_imported_model_module_reruns_and_breaks_the_audit(tmp_path) -> None:
     write_models(tmp_path)
@@ -90,8 +79,8 @@ def test_editing_an_imported_model_module_reruns_and_breaks_the_audit(tmp_path) 
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     targets = ["results/features/models.parquet", "results/traces/cpu/s0000.parquet"]
-    snakemake(tmp_path, *targets)
-    assert "Nothing to be done" in snakemake(tmp_path, "-n", *targets).stdout
+    snakemake(tmp_path, *targets, cores=1)
+    assert "Nothing to be done" in snakemake(tmp_path, "-n", *targets, cores=1).stdout
     features = tmp_path / "results/features/models.parquet"
     before = {link.key: link.status for link in audit(features).links}
     assert before["models/layers.py"] == OK
@@ -103,7 +92,7 @@ def test_editing_an_imported_model_module_reruns_and_breaks_the_audit(tmp_path) 
     assert {"models/net.py", "models/layers.py", "models/blocks/head.py"} <= set(chain)
 
     write_models(tmp_path, width=64)  # the factory file itself is unchanged; a module it imports is not
-    dry = snakemake(tmp_path, "-n", *targets).stdout
+    dry = snakemake(tmp_path, "-n", *targets, cores=1).stdout
     assert "rule features:" in dry and "rule trace_cpu:" in dry
     after = {link.key: link.status for link in audit(features).links}
     assert after["models/layers.py"] == CHANGED and after["models/net.py"] == OK

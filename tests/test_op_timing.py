@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import types
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np

@@ -2,36 +2,22 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import ROOT, tiny_config
+from conftest import ROOT, own_code, snakemake, tiny_config
 
 pytestmark = pytest.mark.e2e
-
-
-def snakemake(workdir: Path, *args: str, snakefile: Path, src: Path) -> subprocess.CompletedProcess[str]:
-    """A real Snakemake run in ``workdir``; the rule scripts import perfzoo from ``src``."""
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(snakefile), "--cores", "2", *args]
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=600, env=env)
-    if proc.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
-    return proc
 
 
 def test_copied_folder_has_nothing_to_do(finished_workflow, tmp_path) -> None:
     copy = tmp_path / "deeper" / "elsewhere" / "perfzoo-copy"
     shutil.copytree(finished_workflow, copy, symlinks=True)  # keeps mtimes, like `cp -a` or `mv`
-    proc = snakemake(copy, "-n", snakefile=copy / "Snakefile", src=copy / "src")
+    proc = snakemake(copy, "-n", **own_code(copy))
     assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
-    changed = snakemake(copy, "--list-changes", "input", snakefile=copy / "Snakefile", src=copy / "src")
+    changed = snakemake(copy, "--list-changes", "input", **own_code(copy))
     assert "results/" not in changed.stdout, changed.stdout[-3000:]
 
 
@@ -39,7 +25,7 @@ def test_moved_folder_has_nothing_to_do(finished_workflow, tmp_path) -> None:
     moved = tmp_path / "moved"
     shutil.move(finished_workflow, moved)
     try:
-        proc = snakemake(moved, "-n", snakefile=moved / "Snakefile", src=moved / "src")
+        proc = snakemake(moved, "-n", **own_code(moved))
         assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
     finally:
         shutil.move(moved, finished_workflow)

@@ -3,7 +3,6 @@ the GPU_Power_Benchmark artifact): reference numbers are computed here independe
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from datetime import datetime
@@ -13,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import tiny_config
+from conftest import ROOT, snakemake, tiny_config
 
 from perfzoo.energy import energy_from_samples
 from perfzoo.io import InputError
@@ -33,7 +32,6 @@ FIXTURES = Path(__file__).parent / "fixtures" / "gpu-power"
 A100 = FIXTURES / "5050" / "A100"
 RTX3090 = FIXTURES / "5050" / "3090"
 UTC_OFFSET_H = 1.0  # the fixtures' nvidia-smi clock: local time at UTC+1 (fixtures README)
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _plain_meter(folder: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -215,9 +213,7 @@ def _workflow(tmp_path: Path, config: dict[str, object]) -> subprocess.Completed
         (tmp_path / name).symlink_to(ROOT / name)
     (tmp_path / "Snakefile").write_text(SNAKEFILE)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(tmp_path / "Snakefile"), "--cores", "1"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env, check=False)
+    return snakemake(tmp_path, snakefile=tmp_path / "Snakefile", cores=1, check=False)
 
 
 @pytest.mark.e2e
