@@ -59,4 +59,27 @@ if pgrep -x slurmstepd >/dev/null; then
   say "WARNING: leftover slurmstepd processes: $(pgrep -x slurmstepd | tr '\n' ' ')"
   rc=1
 fi
+
+# A job's process that outlived its slurmstepd (proctrack/linuxproc follows the process tree only) is no longer
+# tracked by any daemon: find it by the job environment this cluster gave it (ClusterName=perfzoo, this node).
+job_leftovers() {
+  local environ pid vars node
+  node=$(hostname -s)
+  for environ in /proc/[0-9]*/environ; do
+    pid=${environ#/proc/}; pid=${pid%/environ}
+    vars=$( { tr '\0' '\n' <"$environ"; } 2>/dev/null ) || continue  # gone, or not ours to read
+    grep -qx "SLURM_CLUSTER_NAME=perfzoo" <<<"$vars" && grep -qx "SLURMD_NODENAME=$node" <<<"$vars" \
+      && grep -q "^SLURM_JOB_ID=" <<<"$vars" && echo "$pid"
+  done
+}
+leftovers=$(job_leftovers | tr '\n' ' ')
+if [[ -n "${leftovers// /}" ]]; then
+  say "job processes left running without their job: $leftovers(SIGTERM, then SIGKILL after 5 s)"
+  # shellcheck disable=SC2086
+  kill -TERM $leftovers 2>/dev/null
+  for _ in $(seq 50); do [[ -z "$(job_leftovers)" ]] && break; sleep 0.1; done
+  leftovers=$(job_leftovers | tr '\n' ' ')
+  # shellcheck disable=SC2086
+  [[ -n "${leftovers// /}" ]] && kill -KILL $leftovers 2>/dev/null
+fi
 exit $rc
