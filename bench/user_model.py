@@ -120,7 +120,7 @@ def top_level_parts(text: str) -> list[str]:
 
 def breakdown(record: dict[str, Any], results: Path, features: pd.DataFrame) -> str:
     """Where the point predictions come from, mean over the predictor's folds: ``composed``'s cost per
-    operator kind (its largest four and the fixed overhead), ``memory_sim``'s calibration terms, in the
+    operator kind and its per-step terms (``per step``: the module calls), ``memory_sim``'s calibration terms, in the
     target's units. Reads the fitted terms through the regressors' own design (a diagnostic, not an API)."""
     parts = []
     for target, used in record["predictors"].items():
@@ -130,7 +130,7 @@ def breakdown(record: dict[str, Any], results: Path, features: pd.DataFrame) -> 
         if used["regressor"] == "composed":
             contributions = [m._contributions(features) for m in folds.values()]
             terms = np.mean([np.r_[overhead, costs[0]] for overhead, costs, *_ in contributions], axis=0)
-            named = pd.Series(terms, index=["overhead", *COSTED_KINDS])
+            named = pd.Series(terms, index=["per step", *COSTED_KINDS])
         else:
             named = pd.Series(np.mean([m.contributions(features)[0] for m in folds.values()], axis=0),
                               index=list(folds.values())[0].TERMS)

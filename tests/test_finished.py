@@ -37,7 +37,8 @@ def test_killed_forcerun_keeps_the_complete_shard(tmp_path: Path) -> None:
 
     journal = tmp_path / "results/traces/cpu/s0000.journal.jsonl"
     proc = subprocess.Popen(snakemake_command("--forcerun", "trace_cpu", "--", SHARD, cores=1), cwd=tmp_path,
-                            env=code_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            env=code_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not (journal.exists() and len(journal.read_text().splitlines()) >= 2):
