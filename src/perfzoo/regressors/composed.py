@@ -357,7 +357,7 @@ class ComposedRegressor(Regressor):
     # -- predict
 
     def _contributions(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(overhead per row, cost per row and kind, unseen-kind mask, traced mask)."""
+        """(cost of the per-step terms per row, cost per row and kind, unseen-kind mask, traced mask)."""
         check_is_fitted(self, "coef_")
         self._check_terms()
         X = check_frame(X)
