@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, code_env, own_code, snakemake
 from perfzoo.depends import package_files_of
 
 SRC = ROOT / "src"
@@ -33,7 +33,7 @@ def loaded_modules_of_every_script() -> dict[Path, frozenset[Path]]:
     """Per rule script, the perfzoo files Python really loads when it runs the script's import statements (all of
     them), each script in a fresh fork of one process that has only :data:`PRELOADED` loaded."""
     proc = subprocess.run([sys.executable, str(IMPORTER), ",".join(PRELOADED), *map(str, SCRIPTS)],
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(SRC)})
+                          capture_output=True, text=True, timeout=600, env=code_env(SRC))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {Path(script): frozenset(Path(p).resolve() for p in files)
             for script, files in json.loads(proc.stdout).items()}
@@ -83,10 +83,7 @@ def test_declared_package_data_is_a_rule_input() -> None:
 
 def scheduled_rules(folder: Path, *args: str) -> set[str]:
     """Rules a dry run in ``folder`` would run."""
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "2", "--quiet", "rules", *args],
-                          cwd=folder, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(folder / "src")})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = snakemake(folder, "-n", "--quiet", "rules", *args, **own_code(folder))
     table = proc.stdout.split("job", 1)[-1]
     return {m.group(1) for m in re.finditer(r"^(\w+)\s+\d+\s*$", table, flags=re.M)} - {"total"}
 

@@ -112,19 +112,13 @@ def test_predict_rejects_empty_devices_and_zero_classes(run_dir) -> None:
 
 
 def test_snakemake_schema_error_is_one_line(tmp_path, config) -> None:
-    import os
-    import subprocess
-    import sys
-
     import yaml
 
-    from conftest import ROOT
+    from conftest import snakemake
 
     config["shards"] = {"size": "four"}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-n"], cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, capture_output=True, text=True,
-                          timeout=300)
+    proc = snakemake(tmp_path, "-n", cores=None, check=False, timeout=300)
     assert proc.returncode != 0
     output = proc.stdout + proc.stderr
     line = next(ln for ln in output.splitlines() if ln.startswith("config: "))

@@ -8,11 +8,9 @@ node whose GPU does not match its device fails and makes Snakemake exit non-zero
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +18,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, code_env, snakemake_command
 
 pytestmark = [
     pytest.mark.slurm,
@@ -49,10 +47,9 @@ def cluster_config(profiling: dict | None = None, extra_devices: dict | None = N
 
 
 def snakemake(workdir: Path, *args: str, timeout: int = 400) -> subprocess.CompletedProcess[str]:
-    cmd = ["timeout", "-s", "INT", "-k", "30", str(timeout), sys.executable, "-m", "snakemake",
-           "-s", str(ROOT / "Snakefile"), "--profile", str(PROFILE), *args]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=env)
+    cmd = ["timeout", "-s", "INT", "-k", "30", str(timeout), *snakemake_command("--profile", str(PROFILE), *args,
+                                                                              cores=None)]
+    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=code_env())
     print(f"$ snakemake {' '.join(args)} -> exit {proc.returncode}")
     for line in job_id_lines(proc.stderr):
         print("   ", line)
@@ -118,12 +115,10 @@ def test_cancelled_job_resumes_without_lost_or_duplicated_rows(cluster, tmp_path
     del config["devices"]["cpugpu"]
     config["profiling"]["repeat_every"] = 0
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--profile", str(PROFILE),
-           "--retries", "1", "profile_cpu"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    cmd = snakemake_command("--profile", str(PROFILE), "--retries", "1", "profile_cpu", cores=None)
     log = open(tmp_path / "snakemake.log", "w")
     proc = subprocess.Popen(["timeout", "-s", "INT", "-k", "30", "400", *cmd], cwd=tmp_path, stdout=log,
-                            stderr=subprocess.STDOUT, env=env)
+                            stderr=subprocess.STDOUT, env=code_env())
     journal = tmp_path / "results/traces/cpu/s0000.journal.jsonl"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and (not journal.exists() or len(journal.read_text().splitlines()) < 2):

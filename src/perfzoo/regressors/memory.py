@@ -79,9 +79,9 @@ class MemorySimRegressor(Regressor):
     needs it gets no prediction and :meth:`prediction_notes` names the term, while a row without it is priced as
     usual. On CUDA, whose label is ``max_memory_reserved``, the same terms absorb the caching allocator's rounding
     and cuBLAS/cuDNN workspaces. A row without simulated features (a model the simulation failed on) gets no
-    prediction (NaN), never an imputed one. Only the ``peak_mem_mb`` target is meaningful. The model is additive in bytes, so ``log_target``
-    (a parameter of every regressor) must stay false. The fitted state records its term names (``terms_``); a file
-    fitted with other terms is refused on loading.
+    prediction (NaN), never an imputed one. Only the ``peak_mem_mb`` target is meaningful. The model is additive in
+    bytes, so ``log_target`` (a parameter of every regressor) must stay false. The fitted state records its term names
+    (``terms_``); a file fitted with other terms is refused on loading.
     """
 
     kind = "memory_sim"
