@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -104,6 +105,36 @@ class _KeepsInAList(nn.Linear):
         return self.kept[-1]
 
 
+class _WarmsUpInADict(nn.Linear):
+    """Counts its calls in a dict it holds (no tensor kept, no attribute rebound) and takes a wider path after
+    the first."""
+
+    def __init__(self) -> None:
+        super().__init__(IN, HIDDEN)
+        self.seen = {"calls": 0}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen["calls"] += 1
+        y = super().forward(x)
+        return y if self.seen["calls"] == 1 else torch.cat([y, y * 2], dim=1)
+
+
+class _SwitchesAHeldObject(nn.Linear):
+    """Flips a flag of a plain object it holds, three levels down (a list of objects in a dict), and from then on
+    takes another path."""
+
+    def __init__(self) -> None:
+        super().__init__(IN, HIDDEN)
+        self.config = {"stages": [types.SimpleNamespace(fused=False)]}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        stage = self.config["stages"][0]
+        if not stage.fused:
+            stage.fused = True
+            return super().forward(x)
+        return super().forward(x).relu().exp()
+
+
 def _simulated(model: nn.Module, x: torch.Tensor, repeats: bool, monkeypatch: pytest.MonkeyPatch
                ) -> tuple[object, int]:
     """(simulation, model calls) with the repeat of a step that leaves nothing allowed or not."""
@@ -130,7 +161,10 @@ def test_an_inference_step_that_leaves_nothing_runs_once_and_counts_as_both(
     lambda: CachesOnFirstCall(),
     lambda: _CountsCalls(nn.Linear(IN, HIDDEN), nn.ReLU()),
     lambda: _KeepsInAList(),
-], ids=["keeps a tensor", "rebinds an attribute", "keeps a tensor in a list"])
+    lambda: _WarmsUpInADict(),
+    lambda: _SwitchesAHeldObject(),
+], ids=["keeps a tensor", "rebinds an attribute", "keeps a tensor in a list", "updates a held dict in place",
+        "changes a held object in place"])
 def test_an_inference_step_that_leaves_state_behind_is_replayed_again(
         build: Callable[[], nn.Module], monkeypatch: pytest.MonkeyPatch) -> None:
     def model_and_input() -> tuple[nn.Module, torch.Tensor]:

@@ -15,10 +15,11 @@ it snapshots every module at every operator; this tracker keeps only the totals.
 Two steps are replayed: the optimizer state is created at the end of the first, so in the second (and
 every later step the profiler times) it is live during forward and backward while the gradients of the
 previous step are gone (``set_to_none``). An inference step that leaves only the model and the input live and
-rebinds no module attribute is replayed once and counted twice, as the second would repeat it operator for
-operator (a step that keeps a cache is replayed again). The result is the peak of the live bytes over both steps, the
-split of that peak by category, and the bytes both steps allocate in blocks small enough for a C allocator's
-heap (:data:`HEAP_MAX_BYTES`): their freed blocks are what fragments a CPU process's heap.
+rebinds or changes nothing a module holds is replayed once and counted twice, as the second would repeat it
+operator for operator (a step that keeps a cache or updates a counter in place is replayed again). The result
+is the peak of the live bytes over both steps, the split of that peak by category, and the bytes both steps
+allocate in blocks small enough for a C allocator's heap (:data:`HEAP_MAX_BYTES`): their freed blocks are what
+fragments a CPU process's heap.
 
 Attention and recurrent layers step as the CPU runs them (:func:`perfzoo.features.attention.cpu_attention`;
 :func:`perfzoo.features.recurrent.cpu_recurrent`: a GRU or an RNN holds its sequence's input products as the CPU
@@ -35,6 +36,7 @@ input carry; AMP's float16 activations under autocast are not modelled (meta ten
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -260,16 +262,68 @@ def _replay(step: Callable[[], None], tracker: _LiveBytes, rider: StepRider | No
             return
 
 
+_HELD_DEPTH = 3
+"""How many levels of containers and plain objects under a module attribute :func:`_held` looks into."""
+_ATOMS = frozenset({int, float, bool, complex, str, bytes, type(None)})
+"""Immutable values that hold nothing: compared by identity alone."""
+
+
+@functools.cache
+def _module_internals() -> frozenset[str]:
+    """The attributes every ``nn.Module`` sets up for itself (hooks, parameter, buffer and submodule dicts): the
+    featuriser's own hooks change their contents, and their tensors and submodules are compared by identity."""
+    from torch import nn  # lazy: the column names are imported by stages that never run a model
+
+    return frozenset(vars(nn.Module()))
+
+
+@functools.cache
+def _opaque() -> tuple[type, ...]:
+    """Types compared by identity alone, whatever they hold: tensors, modules (each has its own entry), classes."""
+    import torch  # lazy: as above
+
+    return torch.Tensor, torch.nn.Module, type
+
+
+def _held(value: Any, depth: int = _HELD_DEPTH) -> Any:
+    """The identities of what ``value`` holds, ``depth`` levels down: the items of lists, tuples, sets and dicts,
+    the attributes of a plain object (a config, a counter object); tensors, modules, classes, functions and
+    immutable scalars are compared by identity alone. Mutating a held list or object in place leaves its own
+    identity, not this."""
+    kind = type(value)
+    if kind in _ATOMS or depth == 0 or (kind is tuple and all(type(item) in _ATOMS for item in value)):
+        return None
+    if isinstance(value, _opaque()) or callable(value):
+        return None
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, (set, frozenset)):
+        items = sorted(((None, item) for item in value), key=lambda pair: id(pair[1]))
+    elif isinstance(value, (list, tuple)):
+        items = list(enumerate(value))
+    elif hasattr(value, "__dict__"):
+        items = list(vars(value).items())
+    else:
+        return None
+    return tuple((key if isinstance(key, (str, int)) else id(key), id(item), _held(item, depth - 1))
+                 for key, item in items)
+
+
 def _state(modules: list[nn.Module]) -> list[tuple[Any, ...]]:
     """What the modules keep between calls: the names and identities of each module's attributes, parameters,
-    buffers and submodules."""
+    buffers and submodules, and what its other attributes hold (:func:`_held`: a list it appends to, a dict or
+    an object it updates in place)."""
+    internals = _module_internals()
     return [(tuple(vars(module)), *(tuple(map(id, attributes.values())) for attributes in (
-        vars(module), module._parameters, module._buffers, module._modules))) for module in modules]
+        vars(module), module._parameters, module._buffers, module._modules)),
+        tuple(_held(value) for name, value in vars(module).items() if name not in internals))
+        for module in modules]
 
 
 def _repeats_itself(tracker: _LiveBytes, model: nn.Module) -> Callable[[], bool]:
     """Whether a step just replayed would be replayed again operator for operator: it found only the model and the
-    input live and left only them, and rebound no attribute of any module (no cache, counter or lazy layer). The
+    input live and left only them, and rebound no attribute of any module nor changed what one holds (no cache,
+    counter or lazy layer; state outside the modules, such as a global cache of non-tensors, is not seen). The
     meta kernels are functions of their arguments' metadata, so the next step repeats the same operators on the
     same live tensors (an inference step; a training step leaves gradients and optimizer state)."""
     modules = list(model.modules())
