@@ -180,6 +180,25 @@ def test_window_with_a_slow_half_is_remeasured_and_kept_flagged_while_it_stays_s
     assert_slow_halves_remeasured(configs, result.traces, result.meta, journal)
 
 
+def test_the_next_configs_are_measured_while_a_disturbed_one_waits_for_its_remeasurement(tmp_path) -> None:
+    configs = manifest_frame(expand_zoo({"zoo": paced_zoo(tmp_path)}))
+    wait_s = 2.0
+    settings = {**PACED_SETTINGS, "interference": {**PACED_SETTINGS["interference"], "wait_s": wait_s}}
+    journal = tmp_path / "j.jsonl"
+    result = profile_shard_with_ops(configs, "cpu", {"kind": "cpu", "threads": 1}, settings, journal,
+                                    progress=False)
+    assert_slow_halves_remeasured(configs, result.traces, result.meta, journal)
+    variant_of = dict(zip(configs["config_id"], configs["variant"]))
+    attempts = {variant_of[e["key"].split("/")[0]]: e["attempts"]
+                for e in map(json.loads, journal.read_text().splitlines()[1:])}
+    for variant in ("slows_once", "slows_always"):  # each re-measured no sooner than wait_s after it was disturbed
+        first, again = attempts[variant]
+        assert again["started"] >= first["finished"] + wait_s
+    # the later of the two disturbed configs was measured during the earlier one's wait, not after it
+    earlier, later = sorted(("slows_once", "slows_always"), key=lambda v: attempts[v][0]["started"])
+    assert attempts[earlier][0]["finished"] <= attempts[later][0]["started"] < attempts[earlier][1]["started"]
+
+
 class ScriptedWindows:
     """A held worker whose windows time as scripted (the iterations of each call of ``again``)."""
 

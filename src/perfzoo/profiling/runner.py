@@ -3,6 +3,7 @@ per-layer timings of a sample of configs (one isolated worker each)."""
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import os
@@ -10,10 +11,10 @@ import socket
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -72,6 +73,21 @@ LINGERING_SERVER_WAIT_S = 5.0
 """How long a shard waits, after its last held worker, for the worker servers stopped while workers were held."""
 NOT_ASSESSED = Assessment(math.nan, "not assessed (measured before interference detection)", math.nan,
                           math.nan, "")
+
+
+T = TypeVar("T")
+Paused = Generator[float, None, T]
+"""A measurement that pauses between a disturbed attempt and the next: each ``next`` runs it to its next pause and
+yields the earliest ``time.time()`` at which it may go on; it returns its result (``StopIteration.value``)."""
+
+
+def run_paused(steps: Paused[T]) -> T:
+    """A paused measurement's result, sleeping through each of its pauses."""
+    try:
+        while True:
+            time.sleep(max(0.0, next(steps) - time.time()))
+    except StopIteration as stop:
+        return stop.value
 
 
 @dataclass(frozen=True)
@@ -266,17 +282,19 @@ class Measurer:
     """The reference step's peak memory measured before this shard's tasks (journalled with each entry)."""
 
     def entry(self, task: Task) -> dict[str, Any]:
-        """The journal entry of ``task``: re-measured after ``wait_s`` while disturbed, up to ``retries``
+        """The journal entry of ``task``: re-measured ``wait_s`` after each disturbed attempt, up to ``retries``
         times (none after :data:`BUSY_STREAK` configs in a row stayed disturbed); the last attempt is kept,
         with its interference reasons when it is still disturbed."""
-        return self._first_window(task, hold=False)[0]
+        return run_paused(self.window_steps(task, hold=False))[0]
 
     def first_window(self, task: Task) -> tuple[dict[str, Any], HeldWorker | None]:
         """:meth:`entry` of ``task``'s first window, and the kept attempt's worker, held for
         :meth:`later_window` (None when the config failed)."""
-        return self._first_window(task, hold=True)
+        return run_paused(self.window_steps(task, hold=True))
 
-    def _first_window(self, task: Task, hold: bool) -> tuple[dict[str, Any], HeldWorker | None]:
+    def window_steps(self, task: Task, hold: bool) -> Paused[tuple[dict[str, Any], HeldWorker | None]]:
+        """:meth:`entry` (``hold`` false) or :meth:`first_window` (``hold`` true) as a paused measurement
+        (:data:`Paused`): it pauses after each disturbed attempt, its worker ended, until ``wait_s`` later."""
         task_settings = {**(per_window(self.settings) if hold else self.settings),
                          "time_ops": task.repeat == 0}  # per-op times: first measurement
         if task.power_limit_w is not None:
@@ -298,7 +316,7 @@ class Measurer:
             if held is not None:
                 held.close()
 
-        kept = self._until_undisturbed(take, drop)
+        kept = yield from self._attempts(take, drop)
         if kept.outcome.status == "ok":
             self.still_disturbed = self.still_disturbed + 1 if kept.verdict.interference else 0
         entry = {"key": task.key, **_outcome_dict(kept.outcome), **extra, "assessment": kept.verdict.as_dict(),
@@ -307,16 +325,21 @@ class Measurer:
         return entry, held
 
     def later_window(self, entry: dict[str, Any], held: HeldWorker) -> dict[str, Any]:
-        """``entry`` with its second window, timed by ``held`` (re-timed after ``wait_s`` while disturbed, as a
-        first window is); a second window still disturbed adds its reasons to the entry's, one that failed
+        """``entry`` with its second window, timed by ``held`` (re-timed ``wait_s`` after each disturbed attempt,
+        as a first window is); a second window still disturbed adds its reasons to the entry's, one that failed
         leaves the first window alone, with the reason in ``later_windows``. The worker is ended."""
+        return run_paused(self.later_window_steps(entry, held))
+
+    def later_window_steps(self, entry: dict[str, Any], held: HeldWorker) -> Paused[dict[str, Any]]:
+        """:meth:`later_window` as a paused measurement (:data:`Paused`; the worker is kept while it pauses, and
+        ended however the measurement ends, abandoned included)."""
 
         def take() -> tuple[Outcome, Sequence[str], float]:
             started = time.time()
             return held.again(), (), started
 
         try:
-            kept = self._until_undisturbed(take)
+            kept = yield from self._attempts(take)
         finally:
             held.close()
         assessment = dict(entry["assessment"])
@@ -327,18 +350,18 @@ class Measurer:
         window = {**_outcome_dict(kept.outcome), "assessment": kept.verdict.as_dict(), "attempts": kept.attempts}
         return {**entry, "assessment": assessment, "later_windows": [window]}
 
-    def _until_undisturbed(self, take: Callable[[], tuple[Outcome, Sequence[str], float]],
-                           drop: Callable[[], None] = lambda: None) -> Attempts:
+    def _attempts(self, take: Callable[[], tuple[Outcome, Sequence[str], float]],
+                  drop: Callable[[], None] = lambda: None) -> Paused[Attempts]:
         """Attempts by ``take`` (outcome, the GPU's reasons, start time) until one is not disturbed or did not
         run: up to the policy's ``retries`` more (none after :data:`BUSY_STREAK` configs in a row stayed
-        disturbed), each after ``drop`` (ends the disturbed attempt's worker) and ``wait_s``."""
+        disturbed), each after ``drop`` (ends the disturbed attempt's worker) and a pause until ``wait_s`` later."""
         policy = Policy.from_settings(self.settings)
         retries = policy.retries if self.still_disturbed < BUSY_STREAK else 0
         attempts: list[dict[str, Any]] = []
         for attempt in range(retries + 1):
             if attempt:
                 drop()
-                time.sleep(policy.wait_s)
+                yield time.time() + policy.wait_s
             outcome, gpu_reasons, started = take()
             verdict = assess(outcome.measurement, self.baseline, policy, gpu_reasons)
             attempts.append({"started": started, "finished": time.time(), **verdict.as_dict()})
@@ -524,11 +547,56 @@ def _holding_too_much(held: list[tuple[Task, dict[str, Any], HeldWorker]]) -> bo
     return len(held) > MAX_HELD or private_mb > HOLD_MEMORY_SHARE * psutil.virtual_memory().total / 2**20
 
 
+class _Waiting:
+    """Measurements paused after a disturbed attempt (:data:`Paused`), each resumed once its wait is over, so that
+    the shard measures other windows meanwhile instead of idling through the wait."""
+
+    def __init__(self) -> None:
+        self._paused: list[tuple[float, int, Paused[Any], Callable[[Any], None]]] = []
+        self._started = 0
+
+    def start(self, steps: Paused[T], finish: Callable[[T], None]) -> None:
+        """Run ``steps`` to its first pause (or its end, handing the result to ``finish``)."""
+        self._started += 1
+        self._advance(steps, finish, self._started)
+
+    def _advance(self, steps: Paused[Any], finish: Callable[[Any], None], order: int) -> None:
+        try:
+            resume_at = next(steps)
+        except StopIteration as stop:
+            finish(stop.value)
+        else:
+            heapq.heappush(self._paused, (resume_at, order, steps, finish))
+
+    def resume_due(self) -> None:
+        """Resume every measurement whose wait is over (a resumed one may pause again, later)."""
+        while self._paused and self._paused[0][0] <= time.time():
+            _, order, steps, finish = heapq.heappop(self._paused)
+            self._advance(steps, finish, order)
+
+    def finish_all(self) -> None:
+        """Resume the paused measurements in the order their waits end, sleeping until each may go on, until none
+        is left."""
+        while self._paused:
+            time.sleep(max(0.0, self._paused[0][0] - time.time()))
+            self.resume_due()
+
+    def abandon(self) -> None:
+        """End every paused measurement unfinished (its held worker is ended; nothing is journalled)."""
+        while self._paused:
+            heapq.heappop(self._paused)[2].close()
+
+
 def _run_tasks(
     tasks: list[Task], done: dict[str, dict[str, Any]], journal: Journal, measurer: Measurer, desc: str,
     progress: bool,
 ) -> list[Task]:
     """Measure the tasks not yet in ``done`` (journalled one by one); return those measured now.
+
+    A window found disturbed is measured again no sooner than ``wait_s`` later (:meth:`Measurer._attempts`), and
+    the tasks after it are measured meanwhile (:class:`_Waiting`): the wait lets a disturbance pass without
+    idling the cores, which the shard holds. The measurements still waiting at the end of a pass (and before the
+    repeats) are finished then, sleeping only the rest of their waits.
 
     The second measurements of the repeated subset (``repeat`` 1, after every first one) come from a new worker
     server when first measurements were made from the current one in this call (:func:`restart_worker_server`):
@@ -544,35 +612,43 @@ def _run_tasks(
     todo = [t for t in tasks if t.key not in done]
     two_windows = windows_of(measurer.settings, measurer.kind) == 2
     held: list[tuple[Task, dict[str, Any], HeldWorker]] = []
+    waiting = _Waiting()
 
     def record(task: Task, entry: dict[str, Any]) -> None:
         journal.append(entry)
         done[task.key] = entry
 
-    def second_window_of_oldest() -> None:
-        task, entry, worker = held.pop(0)
-        record(task, measurer.later_window(entry, worker))
+    def hold(task: Task, first: tuple[dict[str, Any], HeldWorker | None]) -> None:
+        entry, worker = first
+        if worker is None:
+            record(task, entry)
+            return
+        held.append((task, entry, worker))
+        while len(held) > 1 and _holding_too_much(held):
+            oldest, oldest_entry, oldest_worker = held.pop(0)
+            record(oldest, measurer.later_window(oldest_entry, oldest_worker))
 
     try:
         for i, task in enumerate(tqdm(todo, desc=desc, disable=not progress, file=sys.stderr, mininterval=1)):
             if i and todo[i - 1].repeat == 0 < task.repeat:
+                waiting.finish_all()  # every first measurement from the current server
                 restart_worker_server()
             if not two_windows:
-                record(task, measurer.entry(task))
+                waiting.start(measurer.window_steps(task, hold=False), lambda first, t=task: record(t, first[0]))
             else:
-                entry, worker = measurer.first_window(task)
-                if worker is None:
-                    record(task, entry)
-                else:
-                    held.append((task, entry, worker))
-                while len(held) > 1 and _holding_too_much(held):
-                    second_window_of_oldest()
+                waiting.start(measurer.window_steps(task, hold=True), lambda first, t=task: hold(t, first))
+            waiting.resume_due()
             if measurer.settings.get("cooldown_s"):
                 time.sleep(measurer.settings["cooldown_s"])
+        waiting.finish_all()
         while held:
-            second_window_of_oldest()
+            task, entry, worker = held.pop(0)
+            waiting.start(measurer.later_window_steps(entry, worker), lambda kept, t=task: record(t, kept))
+            waiting.resume_due()
+        waiting.finish_all()
     finally:
-        for _, _, worker in held:  # interrupted: nothing half-measured is journalled
+        waiting.abandon()  # interrupted: nothing half-measured is journalled
+        for _, _, worker in held:
             worker.close()
         reap_worker_servers(wait_s=LINGERING_SERVER_WAIT_S)
     return todo
