@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict
 
 import pandas as pd
+import psutil
 import pytest
 
 from fakes import FakeNvml
@@ -197,6 +198,68 @@ def test_the_next_configs_are_measured_while_a_disturbed_one_waits_for_its_remea
     # the later of the two disturbed configs was measured during the earlier one's wait, not after it
     earlier, later = sorted(("slows_once", "slows_always"), key=lambda v: attempts[v][0]["started"])
     assert attempts[earlier][0]["finished"] <= attempts[later][0]["started"] < attempts[earlier][1]["started"]
+
+
+class ScriptedMeasurer:
+    """The runner's view of a measurer, scripted: every first window is clean and held by a worker of the given
+    memory; the second windows of ``disturbed`` wait ``wait_s`` once before being re-timed. ``log`` records each
+    window taken, with the workers alive then."""
+
+    kind = "cpu"
+
+    def __init__(self, memory_mb: dict[str, float], disturbed: set[str], wait_s: float) -> None:
+        self.settings = {"windows": 2}
+        self.memory_mb, self.disturbed, self.wait_s = memory_mb, disturbed, wait_s
+        self.alive: set[str] = set()
+        self.log: list[tuple[str, str, frozenset[str]]] = []
+
+    def window_steps(self, task: runner.Task, hold: bool):
+        name = task.config["config_id"]
+        self.alive.add(name)
+        self.log.append(("first", name, frozenset(self.alive)))
+        worker = ScriptedWindows()
+        worker.private_mb = self.memory_mb[name]
+        worker.close = lambda: self.alive.discard(name)
+        return {"key": task.key, "status": "ok"}, worker
+        yield  # a generator, as the measurer's
+
+    def later_window_steps(self, entry: dict, worker: ScriptedWindows):
+        name = entry["key"].split("/")[0]
+        try:
+            self.log.append(("second", name, frozenset(self.alive)))
+            if name in self.disturbed:
+                yield time.time() + self.wait_s
+                self.log.append(("second again", name, frozenset(self.alive)))
+        finally:
+            worker.close()
+        return {**entry, "later_windows": [{}]}
+
+
+def scripted_run(tmp_path, memory_mb: dict[str, float], disturbed: set[str], wait_s: float = 0.3
+                 ) -> ScriptedMeasurer:
+    tasks = [runner.Task({"config_id": name}, 0) for name in memory_mb]
+    measurer = ScriptedMeasurer(memory_mb, disturbed, wait_s)
+    runner._run_tasks(tasks, {}, runner.Journal(tmp_path / "j.jsonl", "f"), measurer, "", progress=False)
+    assert not measurer.alive
+    return measurer
+
+
+def test_a_second_window_waiting_for_its_retiming_lets_the_next_second_windows_go_first(tmp_path) -> None:
+    measurer = scripted_run(tmp_path, {"a": 1.0, "b": 1.0, "c": 1.0}, {"a"})
+    assert [(window, name) for window, name, _ in measurer.log] == [
+        ("first", "a"), ("first", "b"), ("first", "c"), ("second", "a"), ("second", "b"), ("second", "c"),
+        ("second again", "a")]
+
+
+def test_workers_waiting_for_their_retiming_count_against_the_memory_held(tmp_path) -> None:
+    # "big" alone is over the share of memory workers may hold: the held "a" is timed again first, and as "a"
+    # waits for its re-timing, that wait is sat out before anything else is measured
+    big = runner.HOLD_MEMORY_SHARE * 2 * psutil.virtual_memory().total / 2**20
+    measurer = scripted_run(tmp_path, {"a": 1.0, "big": big, "c": 1.0}, {"a"})
+    assert [(window, name) for window, name, _ in measurer.log] == [
+        ("first", "a"), ("first", "big"), ("second", "a"), ("second again", "a"), ("first", "c"),
+        ("second", "big"), ("second", "c")]
+    assert all(len(alive) <= 2 for _, _, alive in measurer.log)
 
 
 class ScriptedWindows:

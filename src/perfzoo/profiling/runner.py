@@ -540,11 +540,11 @@ def per_window(settings: dict[str, Any]) -> dict[str, Any]:
     return {**settings, "min_iters": max(3, math.ceil(int(settings["min_iters"]) / 2))}
 
 
-def _holding_too_much(held: list[tuple[Task, dict[str, Any], HeldWorker]]) -> bool:
+def _holding_too_much(workers: Sequence[HeldWorker]) -> bool:
     """Whether the held workers exceed :data:`MAX_HELD` or keep more than :data:`HOLD_MEMORY_SHARE` of the
     machine's memory (a worker whose memory could not be read counts as nothing)."""
-    private_mb = sum(worker.private_mb for _, _, worker in held if math.isfinite(worker.private_mb))
-    return len(held) > MAX_HELD or private_mb > HOLD_MEMORY_SHARE * psutil.virtual_memory().total / 2**20
+    private_mb = sum(worker.private_mb for worker in workers if math.isfinite(worker.private_mb))
+    return len(workers) > MAX_HELD or private_mb > HOLD_MEMORY_SHARE * psutil.virtual_memory().total / 2**20
 
 
 class _Waiting:
@@ -612,11 +612,24 @@ def _run_tasks(
     todo = [t for t in tasks if t.key not in done]
     two_windows = windows_of(measurer.settings, measurer.kind) == 2
     held: list[tuple[Task, dict[str, Any], HeldWorker]] = []
+    retiming: dict[str, HeldWorker] = {}  # held workers whose second window waits for its re-timing
     waiting = _Waiting()
 
     def record(task: Task, entry: dict[str, Any]) -> None:
         journal.append(entry)
         done[task.key] = entry
+
+    def time_again(task: Task, entry: dict[str, Any], worker: HeldWorker) -> None:
+        retiming[task.key] = worker
+
+        def finish(kept: dict[str, Any]) -> None:
+            del retiming[task.key]
+            record(task, kept)
+
+        waiting.start(measurer.later_window_steps(entry, worker), finish)
+
+    def holding_too_much() -> bool:
+        return _holding_too_much([*(worker for _, _, worker in held), *retiming.values()])
 
     def hold(task: Task, first: tuple[dict[str, Any], HeldWorker | None]) -> None:
         entry, worker = first
@@ -624,9 +637,10 @@ def _run_tasks(
             record(task, entry)
             return
         held.append((task, entry, worker))
-        while len(held) > 1 and _holding_too_much(held):
-            oldest, oldest_entry, oldest_worker = held.pop(0)
-            record(oldest, measurer.later_window(oldest_entry, oldest_worker))
+        while len(held) > 1 and holding_too_much():
+            time_again(*held.pop(0))
+        if retiming and holding_too_much():
+            waiting.finish_all()  # the workers that wait to be re-timed keep memory too
 
     try:
         for i, task in enumerate(tqdm(todo, desc=desc, disable=not progress, file=sys.stderr, mininterval=1)):
@@ -642,8 +656,7 @@ def _run_tasks(
                 time.sleep(measurer.settings["cooldown_s"])
         waiting.finish_all()
         while held:
-            task, entry, worker = held.pop(0)
-            waiting.start(measurer.later_window_steps(entry, worker), lambda kept, t=task: record(t, kept))
+            time_again(*held.pop(0))
             waiting.resume_due()
         waiting.finish_all()
     finally:
