@@ -275,20 +275,29 @@ class ScriptedWindows:
         self.closed = True
 
 
+def finished(steps):
+    """The result of a paused measurement, its pauses slept through (as the runner does at the end of a pass)."""
+    results = []
+    waiting = runner._Waiting()
+    waiting.start(steps, results.append)
+    waiting.finish_all()
+    return results[0]
+
+
 def test_a_second_window_is_retimed_while_disturbed_and_its_reasons_join_the_entrys() -> None:
     measurer = runner.Measurer("cpu", PACED_SETTINGS)
     entry = {"key": "k", "status": "ok", "assessment": {"interference": ""}}
     slow_half, steady = [10.0] * 3 + [40.0] * 5, [10.0] * 8
     # disturbed, then clean: re-timed once, the clean window kept, nothing flagged
     held = ScriptedWindows(slow_half, steady)
-    kept = measurer.later_window(entry, held)
+    kept = finished(measurer.later_window_steps(entry, held))
     window = kept["later_windows"][0]
     assert [bool(a["interference"]) for a in window["attempts"]] == [True, False]
     assert window["measurement"]["times_ms"] == steady and kept["assessment"]["interference"] == ""
     assert held.closed and measurer.still_disturbed == 0
     # disturbed in every attempt (retries: 1): the last attempt is kept and the entry says so
     held = ScriptedWindows(slow_half, slow_half)
-    kept = measurer.later_window(entry, held)
+    kept = finished(measurer.later_window_steps(entry, held))
     assert len(kept["later_windows"][0]["attempts"]) == 2 and held.closed
     assert kept["assessment"]["interference"].startswith("second window: median ")
     assert measurer.still_disturbed == 1 and entry["assessment"]["interference"] == ""  # the first window's own

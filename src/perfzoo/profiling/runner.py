@@ -78,16 +78,8 @@ NOT_ASSESSED = Assessment(math.nan, "not assessed (measured before interference 
 T = TypeVar("T")
 Paused = Generator[float, None, T]
 """A measurement that pauses between a disturbed attempt and the next: each ``next`` runs it to its next pause and
-yields the earliest ``time.time()`` at which it may go on; it returns its result (``StopIteration.value``)."""
-
-
-def run_paused(steps: Paused[T]) -> T:
-    """A paused measurement's result, sleeping through each of its pauses."""
-    try:
-        while True:
-            time.sleep(max(0.0, next(steps) - time.time()))
-    except StopIteration as stop:
-        return stop.value
+yields the earliest ``time.time()`` at which it may go on; it returns its result (``StopIteration.value``).
+:class:`_Waiting` runs them."""
 
 
 @dataclass(frozen=True)
@@ -281,20 +273,13 @@ class Measurer:
     memory_reference_mb: float = math.nan
     """The reference step's peak memory measured before this shard's tasks (journalled with each entry)."""
 
-    def entry(self, task: Task) -> dict[str, Any]:
-        """The journal entry of ``task``: re-measured ``wait_s`` after each disturbed attempt, up to ``retries``
-        times (none after :data:`BUSY_STREAK` configs in a row stayed disturbed); the last attempt is kept,
-        with its interference reasons when it is still disturbed."""
-        return run_paused(self.window_steps(task, hold=False))[0]
-
-    def first_window(self, task: Task) -> tuple[dict[str, Any], HeldWorker | None]:
-        """:meth:`entry` of ``task``'s first window, and the kept attempt's worker, held for
-        :meth:`later_window` (None when the config failed)."""
-        return run_paused(self.window_steps(task, hold=True))
-
     def window_steps(self, task: Task, hold: bool) -> Paused[tuple[dict[str, Any], HeldWorker | None]]:
-        """:meth:`entry` (``hold`` false) or :meth:`first_window` (``hold`` true) as a paused measurement
-        (:data:`Paused`): it pauses after each disturbed attempt, its worker ended, until ``wait_s`` later."""
+        """The journal entry of ``task``'s measurement (``hold`` false) or first window (``hold`` true), and the
+        kept attempt's worker held for :meth:`later_window_steps` (None when not held or the config failed).
+
+        A paused measurement (:data:`Paused`): after a disturbed attempt it ends that attempt's worker and pauses
+        until ``wait_s`` later, up to ``retries`` times (none after :data:`BUSY_STREAK` configs in a row stayed
+        disturbed); the last attempt is kept, with its interference reasons when it is still disturbed."""
         task_settings = {**(per_window(self.settings) if hold else self.settings),
                          "time_ops": task.repeat == 0}  # per-op times: first measurement
         if task.power_limit_w is not None:
@@ -324,15 +309,11 @@ class Measurer:
                  "worker_server_pid": worker_server_pid()}
         return entry, held
 
-    def later_window(self, entry: dict[str, Any], held: HeldWorker) -> dict[str, Any]:
-        """``entry`` with its second window, timed by ``held`` (re-timed ``wait_s`` after each disturbed attempt,
-        as a first window is); a second window still disturbed adds its reasons to the entry's, one that failed
-        leaves the first window alone, with the reason in ``later_windows``. The worker is ended."""
-        return run_paused(self.later_window_steps(entry, held))
-
     def later_window_steps(self, entry: dict[str, Any], held: HeldWorker) -> Paused[dict[str, Any]]:
-        """:meth:`later_window` as a paused measurement (:data:`Paused`; the worker is kept while it pauses, and
-        ended however the measurement ends, abandoned included)."""
+        """``entry`` with its second window, timed by ``held``, a paused measurement as :meth:`window_steps` is
+        (the worker is kept while it pauses, and ended however the measurement ends, abandoned included); a second
+        window still disturbed adds its reasons to the entry's, one that failed leaves the first window alone,
+        with the reason in ``later_windows``."""
 
         def take() -> tuple[Outcome, Sequence[str], float]:
             started = time.time()
