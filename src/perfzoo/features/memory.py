@@ -287,9 +287,9 @@ def _opaque() -> tuple[type, ...]:
 
 def _held(value: Any, depth: int = _HELD_DEPTH) -> Any:
     """The identities of what ``value`` holds, ``depth`` levels down: the items of lists, tuples, sets and dicts,
-    the attributes of a plain object (a config, a counter object); tensors, modules, classes, functions and
-    immutable scalars are compared by identity alone. Mutating a held list or object in place leaves its own
-    identity, not this."""
+    the attributes of a plain object (a config, a counter object); tensors, modules, classes, callables (a
+    callable object's own attributes included) and immutable scalars are compared by identity alone. Mutating a
+    held list or object in place leaves its own identity, not this."""
     kind = type(value)
     if kind in _ATOMS or depth == 0 or (kind is tuple and all(type(item) in _ATOMS for item in value)):
         return None
