@@ -48,8 +48,8 @@ from perfzoo.profiling.runner import per_window, worker_settings  # noqa: E402
 from perfzoo.profiling.worker import start_held  # noqa: E402
 
 
-def windows_of(config: dict[str, Any], settings: dict[str, Any], n: int, baseline: dict[str, Any] | None,
-               policy: Policy) -> list[dict[str, Any]]:
+def back_to_back_windows(config: dict[str, Any], settings: dict[str, Any], n: int,
+                         baseline: dict[str, Any] | None, policy: Policy) -> list[dict[str, Any]]:
     """``n`` windows of one config's step in one held worker, back to back, each with its verdict."""
     rows: list[dict[str, Any]] = []
     started = time.time()
@@ -122,7 +122,7 @@ def main() -> None:
     picked = manifest_frame(expand_zoo(config)).iloc[::args.every]
     started = time.perf_counter()
     windows = pd.DataFrame([row for spec in picked.to_dict("records")
-                            for row in windows_of(spec, settings, args.windows, baseline, policy)])
+                            for row in back_to_back_windows(spec, settings, args.windows, baseline, policy)])
     print(f"{len(picked)} configs x {args.windows} back-to-back windows, wait_s {policy.wait_s:g}; "
           f"{time.perf_counter() - started:.0f} s in all\n")
     ok = windows[windows["status"] == "ok"]

@@ -613,6 +613,8 @@ def _run_tasks(
         return _holding_too_much([*(worker for _, _, worker in held), *retiming.values()])
 
     def hold(task: Task, first: tuple[dict[str, Any], HeldWorker | None]) -> None:
+        """Keep a first window's worker for the second pass; a task without one (a single window, a failed
+        config) is journalled now."""
         entry, worker = first
         if worker is None:
             record(task, entry)
@@ -628,10 +630,7 @@ def _run_tasks(
             if i and todo[i - 1].repeat == 0 < task.repeat:
                 waiting.finish_all()  # every first measurement from the current server
                 restart_worker_server()
-            if not two_windows:
-                waiting.start(measurer.window_steps(task, hold=False), lambda first, t=task: record(t, first[0]))
-            else:
-                waiting.start(measurer.window_steps(task, hold=True), lambda first, t=task: hold(t, first))
+            waiting.start(measurer.window_steps(task, hold=two_windows), lambda first, t=task: hold(t, first))
             waiting.resume_due()
             if measurer.settings.get("cooldown_s"):
                 time.sleep(measurer.settings["cooldown_s"])
