@@ -1,17 +1,23 @@
 rule fit:
-    """Fit one regressor on one target for every fold of one split; predict the held-out rows."""
+    """Fit one regressor on one target for every fold of every split; predict the held-out rows.
+
+    One job per target and regressor, for all splits: a job's fixed cost (a Python process importing pandas,
+    scikit-learn and the regressors) is paid once, not once per split."""
     input:
         pkg("fit.py"),
         dataset="results/dataset/dataset.parquet",
-        split="results/splits/{split}.parquet",
+        splits=split_files,
         extra=regressor_input_files,
     output:
-        predictions="results/fit/{target}/{regressor}/{split}.predictions.parquet",
-        models="results/fit/{target}/{regressor}/{split}.models.json",
+        predictions=expand(
+            "results/fit/{{target}}/{{regressor}}/{split}.predictions.parquet",
+            split=SPLITS,
+        ),
+        models=expand("results/fit/{{target}}/{{regressor}}/{split}.models.json", split=SPLITS),
     log:
-        "logs/fit/{target}/{regressor}/{split}.log",
+        "logs/fit/{target}/{regressor}.log",
     benchmark:
-        "benchmarks/fit/{target}/{regressor}/{split}.tsv"
+        "benchmarks/fit/{target}/{regressor}.tsv"
     localrule: True
     conda:
         "../envs/perfzoo.yaml"
