@@ -380,3 +380,17 @@ def test_the_targets_a_method_models_come_from_its_class_and_a_blend_takes_its_m
     assert unsupported_reason("composed_blend", "peak_mem_mb", {"members": ["linear", "xgboost"]}) is None
     assert "peak memory" in unsupported_reason("composed_blend", "latency_ms", {"members": ["memory_sim", "linear"]})
     assert "no target" in unsupported_reason("composed_blend", "latency_ms", {"members": ["memory_sim", "composed"]})
+
+
+def test_a_fit_cell_is_skipped_with_its_reason_or_fitted():
+    from perfzoo.fitting import PREDICTION_COLUMNS, fit_cell
+
+    empty = pd.DataFrame()
+    predictions, models, notes = fit_cell(empty, empty, "random", "peak_mem_mb", "composed")
+    assert predictions.empty and list(predictions.columns) == PREDICTION_COLUMNS and models == {}
+    assert "execution time" in notes["skipped_folds"]["all"]
+    _, models, notes = fit_cell(empty, empty, "batch_extrapolation", "latency_ms", "xgboost_grid",
+                                grid_search_splits=["random"])
+    assert models == {} and notes == {"skipped_folds": {"all": "grid search runs on splits ['random']"}}
+    with pytest.raises(InputError, match="no target column 'latency_ms'"):  # on a grid-search split it is fitted
+        fit_cell(empty, empty, "random", "latency_ms", "xgboost_grid", grid_search_splits=["random"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,20 @@ def fit_split(
     frame = (pd.concat(predictions, ignore_index=True) if predictions
              else pd.DataFrame(columns=PREDICTION_COLUMNS))
     return frame[PREDICTION_COLUMNS], models, notes
+
+
+def fit_cell(
+    data: pd.DataFrame, split: pd.DataFrame, split_name: str, target: str, regressor: str,
+    params: dict[str, Any] | None = None, grid_search_splits: Sequence[str] = (),
+) -> tuple[pd.DataFrame, dict[str, Regressor], dict[str, Any]]:
+    """The fit rule's cell (target, regressor, split): :func:`fit_split`, or :func:`skipped_fit` with the reason
+    when the regressor does not model the target (:func:`unsupported_reason`) or is ``xgboost_grid`` on a split
+    outside ``grid_search_splits``."""
+    if reason := unsupported_reason(regressor, target, params):
+        return skipped_fit(reason)
+    if regressor == "xgboost_grid" and split_name not in grid_search_splits:
+        return skipped_fit(f"grid search runs on splits {grid_search_splits}")
+    return fit_split(data, split, target, regressor, params)
 
 
 def own_intervals(model: Regressor, inputs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

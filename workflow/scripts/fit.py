@@ -1,7 +1,7 @@
 """Rule fit: one regressor, one target, every fold of every split (one output pair per split)."""
 from pathlib import Path
 
-from perfzoo.fitting import fit_split, save_models, skipped_fit, unsupported_reason
+from perfzoo.fitting import fit_cell, save_models
 from perfzoo.io import read_parquet
 from perfzoo.provenance import provenance, write_table
 from perfzoo.workflow import run_step
@@ -15,18 +15,12 @@ def split_name(path: str) -> str:
 def main() -> None:
     wc, params = snakemake.wildcards, snakemake.params
     data = read_parquet(snakemake.input.dataset)
-    unsupported = unsupported_reason(wc.regressor, wc.target, params.regressor)
     outputs = zip(snakemake.input.splits, snakemake.output.predictions, snakemake.output.models, strict=True)
     for split_path, predictions_path, models_path in outputs:
         split = split_name(split_path)
         assert split == split_name(predictions_path) == split_name(models_path), (split_path, predictions_path)
-        if unsupported:
-            predictions, models, notes = skipped_fit(unsupported)
-        elif wc.regressor == "xgboost_grid" and split not in params.grid_search_splits:
-            predictions, models, notes = skipped_fit(f"grid search runs on splits {params.grid_search_splits}")
-        else:
-            predictions, models, notes = fit_split(data, read_parquet(split_path), wc.target, wc.regressor,
-                                                   params.regressor)
+        predictions, models, notes = fit_cell(data, read_parquet(split_path), split, wc.target, wc.regressor,
+                                              params.regressor, params.grid_search_splits)
         prov = provenance([snakemake.input.dataset, split_path, *snakemake.input.extra],
                           {"target": wc.target, "regressor": wc.regressor, "split": split, "notes": notes})
         save_models(models_path, models, prov)
