@@ -31,9 +31,6 @@ from perfzoo.fitting import (  # noqa: E402
     regressor_inputs,
 )
 
-SPLITS = ("leave_one_family_out", "batch_extrapolation", "random", "family_monte_carlo", "stratified_kfold")
-
-
 def shrunk_means(resid: np.ndarray, groups: np.ndarray) -> dict[str, float]:
     """Per group the empirical-Bayes shrunk mean of ``resid`` (method of moments for tau^2 and sigma^2)."""
     frame = pd.DataFrame({"r": resid, "g": groups})
@@ -58,8 +55,8 @@ def run(results: Path, members: list[str], by_options: list[tuple[str, ...]]) ->
         d = data[usable].set_index("row_id", drop=False)
         ops = member in OPERATOR_FEATURE_REGRESSORS
         calib = applies_device_calibration(member)
-        for split_name in SPLITS:
-            split = pd.read_parquet(results / "splits" / f"{split_name}.parquet")
+        for split_path in sorted((results / "splits").glob("*.parquet")):  # the run's own splits
+            split_name, split = split_path.stem, pd.read_parquet(split_path)
             out = {"base": [], **{"+".join(by): [] for by in by_options}}
             for _, fold in split.groupby("fold", sort=True):
                 train = d.loc[fold.loc[fold["set"] == "train", "row_id"]]
