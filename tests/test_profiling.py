@@ -248,6 +248,14 @@ def test_collecting_stopped_worker_servers_returns_while_one_still_runs() -> Non
             _LINGERING_SERVERS.remove(server.pid)
 
 
+def test_a_worker_starts_with_its_servers_imports_frozen_for_the_collector() -> None:
+    """The worker server freezes what its imports made (perfzoo.profiling.frozen_heap), so a worker's collections
+    walk only its own objects (and copy none of the server's pages): torch's objects are frozen in every worker."""
+    outcome = run_isolated("cpu", faulty_spec("report_frozen_objects"), SETTINGS)
+    assert outcome.status == "error" and "frozen objects: " in outcome.message, outcome.message
+    assert int(outcome.message.rsplit(" ", 1)[1]) > 100_000
+
+
 def test_a_held_worker_times_the_same_step_again_and_survives_a_new_worker_server() -> None:
     from perfzoo.profiling.core import _LINGERING_SERVERS, reap_worker_servers, restart_worker_server
     from perfzoo.profiling.worker import start_held

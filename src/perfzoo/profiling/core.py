@@ -23,8 +23,9 @@ from perfzoo.models.builders import VOCAB_SIZE
 from perfzoo.hardware import BUILD_DTYPES
 from perfzoo.stats import relative_ci_halfwidth
 
-PRELOAD = ["torch", "torchvision", "timm", "perfzoo.profiling.measure"]
-"""Modules the forkserver imports once, so each worker starts in a fraction of a second."""
+PRELOAD = ["torch", "torchvision", "timm", "perfzoo.profiling.measure", "perfzoo.profiling.frozen_heap"]
+"""Modules the forkserver imports once, so each worker starts in a fraction of a second; the last freezes what the
+others made for the garbage collector (:mod:`perfzoo.profiling.frozen_heap`)."""
 _CONTEXT: Any = None
 
 
