@@ -59,7 +59,8 @@ def open_cpu_measurement(spec: dict[str, Any], settings: dict[str, Any]
     """Measure one config on the CPU, and a function that times the same step again in a later window.
 
     Peak memory = the worker's peak resident set without file-backed pages, above its baseline
-    (:class:`perfzoo.profiling.core.ResidentPeak`; a phase per warm-up step and one for the timed steps). The
+    (:class:`perfzoo.profiling.core.ResidentPeak`; a phase per configured warm-up step, one for any steps
+    :func:`warm_up` adds, and one for the timed steps). The
     later window runs :data:`REWARM_ITERS` step(s) again (the worker waited while others ran: its caches are
     cold), then times iterations as the first did; its measurement has no memory label (NaN: the first
     window's is the config's). Either window warms up for longer where it would otherwise end before the CPU
