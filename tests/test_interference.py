@@ -138,8 +138,8 @@ def paced_zoo(tmp_path) -> dict:
     module = tmp_path / "paced.py"
     module.write_text(PACED)
     paces = {"steady": {"fast_calls": 10**6},
-             "slows_once": {"fast_calls": 23, "marker": str(tmp_path / "slowed")},
-             "slows_always": {"fast_calls": 23}}
+             "slows_once": {"fast_calls": FAST_CALLS, "marker": str(tmp_path / "slowed")},
+             "slows_always": {"fast_calls": FAST_CALLS}}
     models = [{"name": f"{module}:build", "variant": variant,
                "kwargs": {"fast_ms": 10, "slow_ms": 40, **pace}} for variant, pace in paces.items()]
     family = {"builder": "python", "input_shape": [4], "batch_sizes": [1], "modes": ["inference"],
@@ -154,6 +154,7 @@ def paced_zoo(tmp_path) -> dict:
 PACED_SETTINGS = {**SETTINGS, "threads": 1, "num_classes": 2, "ci_target": 1e-9, "max_time_s": 5.0, "warmup_iters": 20,
                   "interference": {"load_tolerance": 1000.0, "steal_tolerance": 1.0, "spread_tolerance": 0.5,
                                    "retries": 1, "wait_s": 0.1}}
+FAST_CALLS = PACED_SETTINGS["warmup_iters"] + 3  # the warm-up steps and 3 timed iterations at 10 ms
 
 
 def assert_slow_halves_remeasured(configs: pd.DataFrame, traces: pd.DataFrame, meta: dict, journal) -> None:
