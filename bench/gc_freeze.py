@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
+from this_checkout import use_this_checkout  # noqa: E402
+
+ROOT = use_this_checkout()
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402

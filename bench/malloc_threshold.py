@@ -27,9 +27,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "src"), str(ROOT / "bench")]
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
+from this_checkout import use_this_checkout  # noqa: E402
+
+ROOT = use_this_checkout()
 
 import pandas as pd  # noqa: E402
 

@@ -68,15 +68,13 @@ from dataclasses import dataclass
 import math
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-# the workers (forkserver children) must import this checkout's perfzoo too, not an installed one
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
+from this_checkout import use_this_checkout  # noqa: E402
+
+ROOT = use_this_checkout()
 
 import pandas as pd  # noqa: E402
 import psutil  # noqa: E402

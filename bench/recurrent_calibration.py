@@ -19,7 +19,6 @@ this process only). The calibration files name their step by ``cal_<builder>_<in
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -53,8 +52,9 @@ def wide() -> nn.Module:
 
 
 def main() -> None:
-    sys.path.insert(0, str(ROOT / "src"))
-    os.environ["PYTHONPATH"] = str(ROOT / "src")
+    from this_checkout import use_this_checkout
+
+    use_this_checkout()
     import numpy as np
     import pandas as pd
     from scipy.optimize import nnls

@@ -44,10 +44,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-# the workers (forkserver children) must import this checkout's perfzoo too, not an installed one
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
+from this_checkout import use_this_checkout  # noqa: E402
+
+ROOT = use_this_checkout()
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
