@@ -467,6 +467,10 @@ def test_composed_falls_back_for_a_config_without_operator_trace():
     reason = new.loc[2, OP_ERROR_COLUMN]
     assert report.to_dict("records") == [{"row": 2, "fallback": "linear", "reason": reason}]
     assert any("aten.nonzero" in note and "'linear'" in note for note in reg.prediction_notes(new))
+    new.loc[2, "flops"] = np.nan  # the fallback's own feature: the row rests on a median unless named
+    assert reg.missing_features(new) == [[], [], ["flops"]]
+    new.loc[0, "flops"] = np.nan  # a composed row does not use it
+    assert reg.missing_features(new)[0] == []
 
 
 def test_composed_falls_back_naming_a_missing_step_feature():

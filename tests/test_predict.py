@@ -763,3 +763,44 @@ def test_fold_notes_that_differ_in_a_share_are_given_once_with_its_range() -> No
              fallback]
     assert merge_fold_notes(notes) == [unseen.format("89-92"), fallback, "kind 'attention': 4 % of conv2d"]
     assert merge_fold_notes([unseen.format(7), unseen.format(7.0)]) == [unseen.format(7)]
+
+
+def _linear_predictor(regressor: str, features: list[str], mape: float) -> Any:
+    """A :class:`Predictor` of one linear fold model fitted on ``features`` of a synthetic latency table."""
+    from perfzoo.evaluate import Calibration
+    from perfzoo.prediction.predictors import Predictor
+    from perfzoo.regressors import REGISTRY
+
+    rng = np.random.default_rng(0)
+    train = pd.DataFrame({"flops": rng.uniform(1e6, 1e8, 40), "graph_nodes": rng.uniform(10, 200, 40)})
+    y = 1e-6 * train["flops"] + 0.05 * train["graph_nodes"]
+    model = REGISTRY["linear"](features=features).fit(train, y)
+    return Predictor("latency_ms", regressor, "leave_one_family_out", Path(f"{regressor}.models.json"),
+                     {"0": model}, {}, mape, 40, Calibration(0.2, 40))
+
+
+def test_a_row_missing_a_feature_is_predicted_by_the_next_best_predictor_that_has_its_features() -> None:
+    chosen = _linear_predictor("with_graph", ["flops", "graph_nodes"], 10.0)
+    fallback = _linear_predictor("flops_only", ["flops"], 20.0)
+    chosen.alternatives = (lambda: None, lambda: fallback)  # an unreadable file is passed over
+    X = pd.DataFrame({"flops": [5e7, 5e7], "graph_nodes": [np.nan, 100.0],
+                      "graph_error": ["TraceError: symbolically traced variables cannot be used as inputs to "
+                                      "control flow", ""]})
+    point, lo, hi, method = chosen.predict(X)
+    assert point[0] == pytest.approx(fallback.predict_own(X.iloc[[0]])[0][0])  # the fallback's number, not a median's
+    assert point[1] == pytest.approx(chosen.predict_own(X.iloc[[1]])[0][0])
+    assert chosen.row_sources == ["flops_only/leave_one_family_out", "with_graph/leave_one_family_out"]
+    assert chosen.used_alternatives == [fallback]
+    assert ("with_graph/leave_one_family_out gives no prediction where graph_nodes is missing (graph_error: "
+            "TraceError: symbolically traced variables") in method
+    assert "1 row(s) predicted by the fallback flops_only/leave_one_family_out" in method
+    assert lo[0] < point[0] < hi[0]
+
+
+def test_a_row_missing_a_feature_no_alternative_has_gets_no_number() -> None:
+    chosen = _linear_predictor("with_graph", ["flops", "graph_nodes"], 10.0)
+    X = pd.DataFrame({"flops": [5e7], "graph_nodes": [np.nan]})
+    point, lo, hi, method = chosen.predict(X)
+    assert np.isnan(point[0]) and np.isnan(lo[0]) and np.isnan(hi[0])
+    assert "graph_nodes is missing (graph_* not computed; a training median is never filled in)" in method
+    assert chosen.used_alternatives == []

@@ -394,3 +394,19 @@ def test_a_fit_cell_is_skipped_with_its_reason_or_fitted():
     assert models == {} and notes == {"skipped_folds": {"all": "grid search runs on splits ['random']"}}
     with pytest.raises(InputError, match="no target column 'latency_ms'"):  # on a grid-search split it is fitted
         fit_cell(empty, empty, "random", "latency_ms", "xgboost_grid", grid_search_splits=["random"])
+
+
+def test_missing_features_names_the_fitted_columns_a_row_has_no_value_for() -> None:
+    from perfzoo.regressors.blend import BlendRegressor
+
+    rng = np.random.default_rng(1)
+    X = pd.DataFrame({"flops": rng.uniform(1e6, 1e8, 30), "graph_nodes": rng.uniform(10, 200, 30),
+                      "params": rng.uniform(1e3, 1e6, 30)})
+    y = 1e-6 * X["flops"] + 0.01 * X["graph_nodes"]
+    new = pd.DataFrame({"flops": [2e7, 3e7, np.inf], "graph_nodes": [np.nan, 50.0, 60.0], "params": [1e4] * 3})
+    linear = REGISTRY["linear"]().fit(X, y)
+    assert linear.missing_features(new) == [["graph_nodes"], [], ["flops"]]
+    assert linear.missing_features(new.drop(columns="params")) == [["graph_nodes", "params"], ["params"],
+                                                                   ["flops", "params"]]
+    blend = BlendRegressor(members=("linear", "random_forest")).fit(X, y)
+    assert blend.missing_features(new) == [["graph_nodes"], [], ["flops"]]

@@ -348,7 +348,6 @@ def predict(
     )
     feats, class_name, spec.dtype = featurised["features"], featurised["class_name"], featurised["dtype"]
     choice = _choose_predictors(spec, class_name, w)
-    sources = prediction_provenance(results, w.workdir, w.predictors, w.hw_files, w.names, spec)
     rows, device_missing = _device_rows(w, feats, batch, mode, spec.text, precision)
     X = with_roofline(pd.DataFrame(list(rows.values())))
     ctx = PredictionContext(
@@ -356,6 +355,7 @@ def predict(
         range_check(feats, batch, mode, w.data),
     )  # fmt: skip
     entries = device_entries(w, rows, device_missing, X, ctx)
+    sources = prediction_provenance(results, w.workdir, w.predictors, w.hw_files, w.names, spec)  # + fallbacks used
     opts = Options(batch, mode, objective, latency_target_ms, num_classes, precision)
     feature_rows = {d: dict(X.iloc[i].items()) for i, d in enumerate(rows)}
     record = _record(opts, spec, featurised, method, w, sources, entries, feature_rows, choice)

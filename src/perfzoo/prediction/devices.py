@@ -111,6 +111,8 @@ def device_row(
     from perfzoo.dataset.build import MODEL_FEATURES, precision_hardware
     from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURES
 
+    FEATURE_ERROR_COLUMNS = ("graph_error", "sim_error", OP_ERROR_COLUMN)  # why a group of features is missing
+
     if hw is None:
         return (
             f"no results/hardware/{device}.json (run `snakemake --cores all results/hardware/{device}.json`)"
@@ -119,7 +121,7 @@ def device_row(
         hw_cols = {**hardware_features(hw), **hardware_calibration(hw)}
     except (KeyError, TypeError, ValueError) as exc:
         return f"results/hardware/{device}.json lacks hardware feature {exc}"
-    row = {k: feats[k] for k in (*MODEL_FEATURES, *OP_FEATURES, OP_ERROR_COLUMN) if k in feats}
+    row = {k: feats[k] for k in (*MODEL_FEATURES, *OP_FEATURES, *FEATURE_ERROR_COLUMNS) if k in feats}
     row.update(batch=batch, is_training=float(mode == "training"), **hw_cols)
     at_precision = precision_hardware(hw, precision)
     peak = at_precision.get("hw_peak_gflops")  # absent at fp32: the device's fp32 rate above stands

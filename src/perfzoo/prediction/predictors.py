@@ -9,7 +9,10 @@ that file's fold models and residuals (else the lowest MAPE of any split with a 
 family was never profiled, the lowest MAPE on the ``leave_one_family_out`` split instead (the score of
 predicting families held out of training), with that split's fitted models and residuals. The prediction is
 the mean of that file's fold models, over those that give one (a fold model whose training rows never exercised
-a term the model needs gives none: ``memory_sim``); the record says how many did not.
+a term the model needs gives none: ``memory_sim``); the record says how many did not. A row without a value
+for a feature the chosen predictor uses (its fx graph, memory simulation or operator trace failed) gets no number
+from it, never the training median a regressor would fill in: the next predictor of the same ranking whose
+features the row has predicts it, named (:meth:`Predictor.predict`).
 
 Intervals (nominal 90 %). Regressors with their own calibrated intervals (``device_transfer``): those
 (mean over folds). Every other regressor: ``p × exp(±q)``, ``q`` the conformal quantile
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,6 +106,17 @@ class Predictor:
     coverage: MeasuredCoverage = field(default_factory=MeasuredCoverage)
     scored_on: tuple[str, ...] = ()
     """The splits whose held-out rows ``mape`` pools (empty: ``split`` alone)."""
+    alternatives: tuple[Callable[[], Predictor | None], ...] = ()
+    """Loaders of the next-best predictors of the target, in order of their score: for rows this one cannot
+    predict because a feature it uses is missing (:meth:`predict`)."""
+    row_sources: list[str] = field(default_factory=list)
+    """Per row of the last :meth:`predict`, the ``regressor/split`` whose number it is."""
+    used_alternatives: list[Predictor] = field(default_factory=list)
+    """The :attr:`alternatives` the last :meth:`predict` took numbers from (the prediction record names them)."""
+
+    @property
+    def source(self) -> str:
+        return f"{self.regressor}/{self.split}"
 
     @property
     def score_text(self) -> str:
@@ -136,7 +151,52 @@ class Predictor:
                 f"conformal quantile of |log(measured/predicted)| over {cal.n} held-out rows of split "
                 f"{self.split}; {self.coverage.text(self.split)}")
 
+    def missing_features(self, X: pd.DataFrame) -> list[list[str]]:
+        """Per row of ``X``, the features some fold model uses and the row has no value for."""
+        per_fold = [m.missing_features(X) if hasattr(m, "missing_features") else [[] for _ in range(len(X))]
+                    for m in self.folds.values()]
+        return [sorted({name for names in row for name in names}) for row in zip(*per_fold, strict=True)]
+
     def predict(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+        """(point, lo, hi, interval method): :meth:`predict_own` where every feature the fold models use is
+        present. A row without one of them gets no number from this predictor (a regressor would fill in the
+        training median: another model's value); it is predicted by the first of :attr:`alternatives` whose
+        features it has, named in the method text and in :attr:`row_sources`, else left NaN with the reason."""
+        gaps = self.missing_features(X)
+        point, lo, hi, method = self.predict_own(X)
+        self.row_sources, self.used_alternatives = [self.source] * len(X), []
+        blocked = np.array([bool(g) for g in gaps], dtype=bool)
+        if not blocked.any():
+            return point, lo, hi, method
+        point, lo, hi = (np.where(blocked, np.nan, a) for a in (point, lo, hi))
+        notes = list(dict.fromkeys(
+            f"{self.source} gives no prediction where {', '.join(g)} {'is' if len(g) == 1 else 'are'} missing "
+            f"({missing_feature_reasons(X.iloc[i], g)}; a training median is never filled in)"
+            for i, g in enumerate(gaps) if g))
+        for load in self.alternatives:
+            rows = np.flatnonzero(blocked)
+            if not len(rows):
+                break
+            alternative = load()
+            if alternative is None:
+                continue
+            sub = X.iloc[rows]
+            covered = np.array([not g for g in alternative.missing_features(sub)], dtype=bool)
+            if not covered.any():
+                continue
+            a_point, a_lo, a_hi, a_method = alternative.predict_own(sub.iloc[np.flatnonzero(covered)])
+            self.used_alternatives.append(alternative)
+            for k, row in enumerate(rows[covered]):
+                point[row], lo[row], hi[row] = a_point[k], a_lo[k], a_hi[k]
+                self.row_sources[row] = alternative.source
+                blocked[row] = False
+            score = "" if alternative.mape is None else f", {alternative.mape:.3g} % MAPE on {alternative.score_text}"
+            notes.append(f"{int(covered.sum())} row(s) predicted by the fallback {alternative.source} (the next "
+                         f"best whose features are present{score}): {a_method}")
+        own = [method] if (~np.array([bool(g) for g in gaps])).any() else []  # some row is this predictor's
+        return point, lo, hi, "; ".join([*own, *notes])
+
+    def predict_own(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
         """(point, lo, hi, interval method): mean of the fold predictions and its nominal 90 % interval; per row,
         the mean over the fold models that give one (NaN where none does), noted where some do not."""
         point, missing = mean_of_finite([np.asarray(m.predict(X), float) for m in self.folds.values()])
@@ -155,6 +215,24 @@ class Predictor:
                   for k in missing if 0 < k < len(self.folds)]
         method = "; ".join([method, *merge_fold_notes(notes)])  # e.g. composed: unseen operator kinds, fallback
         return point, np.minimum(lo, point), np.maximum(hi, point), method  # a missing interval stays NaN
+
+
+#: where a feature row says why a group of its features is missing
+_REASON_COLUMNS = (("graph_", "graph_error"), ("sim_", "sim_error"), ("op_", "op_trace_error"))
+
+
+def missing_feature_reasons(row: pd.Series, names: list[str]) -> str:
+    """Why ``names`` are missing in the feature ``row``: the reason its featurisation recorded for their group
+    (the fx trace, the memory simulation, the operator trace), else "not computed"."""
+    reasons = []
+    for prefix, column in _REASON_COLUMNS:
+        if any(name.startswith(prefix) for name in names):
+            why = str(row.get(column) or "").strip()
+            reasons.append(f"{column}: {why}" if why else f"{prefix}* not computed")
+    rest = [n for n in names if not any(n.startswith(p) for p, _ in _REASON_COLUMNS)]
+    if rest:
+        reasons.append(f"{', '.join(rest)} not computed")
+    return "; ".join(reasons)
 
 
 def mean_of_finite(predictions: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -201,12 +279,24 @@ def require_outputs(results: Path) -> None:
 NEEDS_PROFILED_LAYERS = ("gianniti_layer",)
 
 
+Choice = tuple[str, str, float | None, int | None, tuple[str, ...]]
+"""(regressor, split, mape, n, splits scored on) of a predictor file."""
+
+
 def choose_file(
     metrics: pd.DataFrame, results: Path, target: str, preferred_split: str = PREFERRED_SPLIT
-) -> tuple[str, str, float | None, int | None, tuple[str, ...]]:
+) -> Choice:
     """(regressor, split, mape, n, splits scored on) of the best-scored existing predictor file of ``target``:
     by its score on ``preferred_split`` where that split was evaluated, for :data:`PREFERRED_SPLIT` pooled over
     :data:`IN_FAMILY_SPLITS` (:func:`_in_family_scores`)."""
+    return ranked_files(metrics, results, target, preferred_split)[0]
+
+
+def ranked_files(
+    metrics: pd.DataFrame, results: Path, target: str, preferred_split: str = PREFERRED_SPLIT
+) -> list[Choice]:
+    """Every scored existing predictor file of ``target`` as :func:`choose_file` ranks them, best first (one
+    file with no held-out score where none is scored; ``("", "", None, None, ())`` where none exists)."""
     rows = metrics[
         (metrics["target"] == target)
         & np.isfinite(pd.to_numeric(metrics["mape"], errors="coerce"))
@@ -223,10 +313,13 @@ def choose_file(
         scored_on: tuple[str, ...] = ()
         if preferred_split == PREFERRED_SPLIT and len(preferred):
             preferred, scored_on = _in_family_scores(metrics, target, preferred)
-        best = (preferred if len(preferred) else rows).sort_values(["mape", "regressor", "split"]).iloc[0]
-        n = pd.to_numeric(best.get("n"), errors="coerce")
-        return (str(best["regressor"]), str(best["split"]), float(best["mape"]), None if pd.isna(n) else int(n),
-                scored_on)
+        ranked = (preferred if len(preferred) else rows).sort_values(["mape", "regressor", "split"])
+        choices = []
+        for _, row in ranked.iterrows():
+            n = pd.to_numeric(row.get("n"), errors="coerce")
+            choices.append((str(row["regressor"]), str(row["split"]), float(row["mape"]),
+                            None if pd.isna(n) else int(n), scored_on))
+        return choices
     files = sorted(
         (
             p
@@ -236,8 +329,8 @@ def choose_file(
         key=lambda p: (p.name != f"{preferred_split}.models.json", str(p)),
     )
     if files:  # fitted, but no held-out score (e.g. a split without test rows)
-        return files[0].parent.name, files[0].name.removesuffix(".models.json"), None, None, ()
-    return "", "", None, None, ()
+        return [(files[0].parent.name, files[0].name.removesuffix(".models.json"), None, None, ())]
+    return [("", "", None, None, ())]
 
 
 def _in_family_scores(metrics: pd.DataFrame, target: str, candidates: pd.DataFrame
@@ -274,27 +367,47 @@ def load_predictors(
     found: dict[str, Predictor] = {}
     missing: dict[str, str] = {}
     for target in TARGETS:
-        regressor, split, score, n, scored_on = (
-            choose_file(metrics, results, target, preferred_split) if len(metrics) else ("", "", None, None, ())
-        )
-        if not regressor:
+        choices = ranked_files(metrics, results, target, preferred_split) if len(metrics) else []
+        if not choices or not choices[0][0]:
             missing[target] = _no_predictor_reason(results, data, target)
             continue
-        path = results / "fit" / target / regressor / f"{split}.models.json"
-        try:
-            folds, meta = load_models(path)
-        except InputError as exc:  # one unreadable predictor file: that target is missing, the rest stand
-            missing[target] = str(exc)
+        loaded = _load_predictor(results, metrics, target, choices[0], load_models)
+        if isinstance(loaded, str):  # one unreadable predictor file: that target is missing, the rest stand
+            missing[target] = loaded
             continue
-        if not folds:
-            missing[target] = f"{path} holds no fitted fold ({meta.get('config', {}).get('notes', '')})"
-            continue
-        calibration = held_out_calibration(path.with_name(f"{split}.predictions.parquet"))
-        coverage = measured_coverage(metrics, target, regressor, split)
-        found[target] = Predictor(
-            target, regressor, split, path, folds, meta, score, n, calibration, coverage, scored_on
-        )
+        loaded.alternatives = tuple(_lazily(results, metrics, target, choice, load_models) for choice in choices[1:])
+        found[target] = loaded
     return found, missing
+
+
+def _load_predictor(results: Path, metrics: pd.DataFrame, target: str, choice: Choice,
+                    load_models: Callable[[Path], tuple[dict[str, Any], dict[str, Any]]]) -> Predictor | str:
+    """The :class:`Predictor` of ``choice``, or why its file cannot be used."""
+    regressor, split, score, n, scored_on = choice
+    path = results / "fit" / target / regressor / f"{split}.models.json"
+    try:
+        folds, meta = load_models(path)
+    except InputError as exc:
+        return str(exc)
+    if not folds:
+        return f"{path} holds no fitted fold ({meta.get('config', {}).get('notes', '')})"
+    calibration = held_out_calibration(path.with_name(f"{split}.predictions.parquet"))
+    coverage = measured_coverage(metrics, target, regressor, split)
+    return Predictor(target, regressor, split, path, folds, meta, score, n, calibration, coverage, scored_on)
+
+
+def _lazily(results: Path, metrics: pd.DataFrame, target: str, choice: Choice,
+            load_models: Callable[[Path], tuple[dict[str, Any], dict[str, Any]]]) -> Callable[[], Predictor | None]:
+    """A loader of ``choice``'s predictor, read at its first call (None: its file cannot be used)."""
+    cached: list[Predictor | None] = []
+
+    def load() -> Predictor | None:
+        if not cached:
+            loaded = _load_predictor(results, metrics, target, choice, load_models)
+            cached.append(None if isinstance(loaded, str) else loaded)
+        return cached[0]
+
+    return load
 
 
 def _no_predictor_reason(results: Path, data: pd.DataFrame, target: str) -> str:

@@ -45,7 +45,7 @@ def _inputs(
     """Every file a prediction reads, by its recorded path."""
     metrics, dataset = results / "evaluate" / "metrics.parquet", results / "dataset" / "dataset.parquet"
     inputs = {record_key(metrics, workdir): metrics, record_key(dataset, workdir): dataset}
-    for p in predictors.values():
+    for p in (p for chosen in predictors.values() for p in (chosen, *chosen.used_alternatives)):
         inputs[record_key(p.path, workdir)] = p.path
         held = p.path.with_name(f"{p.split}.predictions.parquet")
         if held.is_file():
@@ -90,7 +90,7 @@ def prediction_provenance(
     chain = provenance_chain(inputs, workdir)
     dataset_key = record_key(results / "dataset" / "dataset.parquet", workdir)
     records, warnings = {}, []
-    for target, p in predictors.items():
+    def record(p: Predictor) -> dict[str, Any]:
         key = record_key(p.path, workdir)
         fitted_on = dict(p.meta.get("inputs", {}))
         dataset_sha = next((v for k, v in fitted_on.items() if k.endswith("dataset.parquet")), None)
@@ -99,5 +99,10 @@ def prediction_provenance(
                 f"{key} was fitted on a different {dataset_key} than the current one; "
                 f"{RUN_WORKFLOW.replace('first', 'to refit')}"
             )
-        records[target] = _predictor_record(p, key, hashes[key], fitted_on, dataset_sha)
+        return _predictor_record(p, key, hashes[key], fitted_on, dataset_sha)
+
+    for target, p in predictors.items():
+        records[target] = record(p)
+        if p.used_alternatives:  # predicted rows its own features could not: named, hashed, audited alike
+            records[target]["fallbacks"] = [record(a) for a in p.used_alternatives]
     return Sources(hashes, chain, records, warnings)

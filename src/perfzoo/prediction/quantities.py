@@ -106,7 +106,8 @@ def _predicted(
                 why += "" if math.isfinite(point[i]) else " outside the profiled range)"
                 q[target] = missing(f"{p.path} predicted {point[i]:.4g} instead of {why}")
             else:
-                q[target] = quantity(point[i], lo[i], hi[i], f"{p.regressor}/{p.split}", method)
+                source = p.row_sources[i] if i < len(p.row_sources) else p.source  # a fallback's, for its rows
+                q[target] = quantity(point[i], lo[i], hi[i], source, method)
     return q
 
 

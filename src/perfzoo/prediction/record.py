@@ -108,15 +108,18 @@ def _recommendation_lines(rec: Mapping[str, Any]) -> list[str]:
     return lines + [f"  excluded {d}: {why}" for d, why in rec["excluded"].items()]
 
 
+def _score_text(p: Mapping[str, Any]) -> str:
+    if p["validation_mape"] is None:
+        return "no held-out score"
+    return f"MAPE {p['validation_mape']:.3g} % on {p.get('validation_splits') or p['split']}"
+
+
 def _predictor_lines(r: Mapping[str, Any]) -> list[str]:
     lines = [f"predictors ({r.get('predictor_choice', '')}):"]
     for target, p in r["predictors"].items():
-        score = (
-            f"MAPE {p['validation_mape']:.3g} % on {p.get('validation_splits') or p['split']}"
-            if p["validation_mape"] is not None
-            else "no held-out score"
-        )
-        lines.append(f"  {target:<20} {p['path']} ({score}; sha256 {p['sha256'][:12]}…)")
+        lines.append(f"  {target:<20} {p['path']} ({_score_text(p)}; sha256 {p['sha256'][:12]}…)")
+        lines += [f"  {'':<20} fallback where a feature it uses is missing: {f['path']} ({_score_text(f)}; "
+                  f"sha256 {f['sha256'][:12]}…)" for f in p.get("fallbacks", [])]
     lines += [f"  {target:<20} missing: {why}" for target, why in r["missing_targets"].items()]
     if r["warnings"]:
         lines += ["warnings:", *(f"  - {w}" for w in r["warnings"])]

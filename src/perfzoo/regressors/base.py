@@ -221,6 +221,17 @@ class Regressor(RegressorMixin, BaseEstimator):
         self.medians_ = column_medians(A)
         return impute(A, self.medians_)
 
+    def missing_features(self, X: pd.DataFrame) -> list[list[str]]:
+        """Per row of ``X``, the fitted feature columns it has no value for (NaN or ±inf; a column ``X`` lacks
+        counts as missing): what :meth:`predict` would fill in with the training median. A prediction for such a
+        row rests on another model's features, so the prediction stage gives none from this model there."""
+        names = list(getattr(self, "feature_names_", []))
+        present = np.zeros((len(X), len(names)), dtype=bool)
+        held = [j for j, name in enumerate(names) if name in X.columns]
+        if held:
+            present[:, held] = np.isfinite(numeric_matrix(X, [names[j] for j in held]))
+        return [[name for name, ok in zip(names, row, strict=True) if not ok] for row in present]
+
     def _matrix(self, X: pd.DataFrame) -> np.ndarray:
         """Imputed feature matrix of ``X`` in the fitted column order."""
         check_is_fitted(self, "feature_names_")

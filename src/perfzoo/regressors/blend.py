@@ -87,6 +87,12 @@ class BlendRegressor(Regressor):
         X = check_frame(X)
         return np.column_stack([np.asarray(m.predict(self._inputs(m, X)), dtype=float) for m in self.members_])
 
+    def missing_features(self, X: pd.DataFrame) -> list[list[str]]:
+        """Per row of ``X``, the features some member needs and the row lacks (every member's number is needed)."""
+        check_is_fitted(self, "members_")
+        per_member = [m.missing_features(self._inputs(m, X)) for m in self.members_]
+        return [list(dict.fromkeys(name for names in row for name in names)) for row in zip(*per_member, strict=True)]
+
     def predict(self, X: pd.DataFrame) -> np.ndarray:
         predictions = self.member_predictions(X)
         usable = (np.isfinite(predictions) & (predictions > 0)).all(axis=1)

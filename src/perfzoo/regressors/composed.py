@@ -406,6 +406,13 @@ class ComposedRegressor(Regressor):
         return pd.DataFrame({"row": X.index[rows], "kind": np.asarray(COSTED_KINDS)[kinds],
                              "share": costs[rows, kinds] / total[rows]})
 
+    def missing_features(self, X: pd.DataFrame) -> list[list[str]]:
+        """Per row of ``X``, the features it lacks that its prediction needs: none for a row composed from its
+        operator trace, the fallback regressor's missing features for the others."""
+        composable = self._design(check_frame(X)).composable
+        fallback = self.fallback_model_.missing_features(without_operator_features(X))
+        return [[] if ok else names for ok, names in zip(composable, fallback, strict=True)]
+
     def fallback_rows(self, X: pd.DataFrame) -> pd.DataFrame:
         """Rows predicted by the fallback regressor (no operator trace, or a ``step_terms`` feature
         missing): ``row``, ``fallback``, ``reason``."""
