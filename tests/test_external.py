@@ -9,6 +9,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -298,6 +299,24 @@ def test_fitting_leaves_unfeaturisable_rows_out_and_counts_them(tmp_path: Path) 
     assert notes["excluded_unfeaturised_rows"] == 1 and notes["unfeaturised_models"] == [f"{UNKNOWN}@amp"]
     assert UNKNOWN not in set(predictions["label"].str.split("@").str[0])
     assert len(predictions) == int((data["feature_missing_reason"] == "").sum())
+
+
+def test_a_row_missing_a_feature_is_neither_fitted_on_nor_predicted_with_a_median(tmp_path: Path) -> None:
+    data = pd.concat([import_external(p, options=ImportOptions(fmt="timm"))[0]
+                      for p in (TIMM_3090, timm_4090_with_an_unknown_model(tmp_path))], ignore_index=True)
+    featurised = data["feature_missing_reason"] == ""
+    assert data.loc[featurised, "flops"].notna().all()
+    gap = data.index[featurised & (data["name"] == data.loc[featurised, "name"].iloc[0])]  # one model, both GPUs
+    data.loc[gap, "flops"] = np.nan  # as a feature a featurisation could not compute
+    split = make_split("leave_one_device_out", data, {"seed": 1337})
+    predictions, models, notes = fit_split(data, split, "latency_ms", "linear")
+    trained_on = {fold: int((data.loc[gap, "device"] != fold).sum()) for fold in models}  # the held device is the fold
+    assert set(trained_on.values()) != {0}
+    assert notes["excluded_rows_missing_features"] == {fold: {"rows": n, "features": ["flops"]}
+                                                       for fold, n in trained_on.items() if n}
+    missing = predictions["row_id"].isin(data.loc[gap, "row_id"])
+    assert missing.sum() == len(gap) and predictions.loc[missing, "y_pred"].isna().all()
+    assert np.isfinite(predictions.loc[~missing, "y_pred"]).all()
 
 
 def test_timm_benchmark_files_are_read_with_device_precision_software_and_timm_family() -> None:

@@ -66,8 +66,11 @@ def test_import_only_config_runs_to_the_report(run: Path) -> None:
     assert set(metrics["split"]) == {"leave_one_device_out", "leave_one_family_out"}
     by_device = metrics[metrics["split"] == "leave_one_device_out"].set_index("regressor")
     lodo = by_device.loc["linear"]
-    featurised = int((data["feature_missing_reason"] == "").sum())
-    assert lodo["n"] == featurised and lodo["folds"] == 4  # every featurised row held out once
+    featurised = data["feature_missing_reason"] == ""
+    untraced = featurised & data["graph_nodes"].isna()  # models torch.fx cannot trace: no graph size, no median
+    assert 0 < untraced.sum() < 10
+    assert lodo["n"] + lodo["n_missing"] == featurised.sum() and lodo["folds"] == 4  # every row held out once
+    assert lodo["n_missing"] == untraced.sum()  # linear uses the graph size: those rows are not predicted
     # a workload no other GPU ran (most of the H200's): "same workload on the nearest device" has no number for it
     devices_of = data.groupby("model_id")["device"].nunique()
     alone = int((data["model_id"].map(devices_of) == 1).sum())

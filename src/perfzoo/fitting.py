@@ -123,12 +123,14 @@ def fit_split(
         try:
             inputs = regressor_inputs(test, feature_set, ops, calibration)
             train_inputs = regressor_inputs(train, feature_set, ops, calibration)
-            model = build_regressor(regressor, params).fit(train_inputs, train[target])
-            pred = model.predict(inputs)
+            model = fit_on_complete_rows(regressor, params, train_inputs, train[target], notes, str(fold))
+            pred = np.asarray(model.predict(inputs), float)
             lo, hi = own_intervals(model, inputs)
         except InputError as exc:  # e.g. a fold without the per-layer timings a method needs
             notes["skipped_folds"][str(fold)] = str(exc)
             continue
+        incomplete = rows_missing_features(model, inputs)
+        pred[incomplete], lo[incomplete], hi[incomplete] = np.nan, np.nan, np.nan  # counted as n_missing
         predictions.append(test[ID_COLUMNS].assign(
             split=split["split"].iloc[0], fold=str(fold), set=held["set"].to_numpy(), target=target,
             regressor=regressor, y_true=test[target].to_numpy(dtype=float), y_pred=np.asarray(pred, float),
@@ -137,6 +139,31 @@ def fit_split(
     frame = (pd.concat(predictions, ignore_index=True) if predictions
              else pd.DataFrame(columns=PREDICTION_COLUMNS))
     return frame[PREDICTION_COLUMNS], models, notes
+
+
+def rows_missing_features(model: Regressor, X: pd.DataFrame) -> np.ndarray:
+    """Rows of ``X`` without a value for a feature ``model`` uses (:meth:`Regressor.missing_features`): a
+    regressor would fill in its training median there, so they are neither fitted on nor predicted."""
+    if not hasattr(model, "missing_features") or X.empty:
+        return np.zeros(len(X), dtype=bool)
+    return np.array([bool(names) for names in model.missing_features(X)], dtype=bool)
+
+
+def fit_on_complete_rows(regressor: str, params: dict[str, Any] | None, X: pd.DataFrame, y: pd.Series,
+                         notes: dict[str, Any], fold: str) -> Regressor:
+    """``regressor`` fitted on the training rows that have every feature it uses (fitted once on all rows to
+    learn which features those are, then again without the incomplete rows, counted and named in ``notes``)."""
+    model = build_regressor(regressor, params).fit(X, y)
+    incomplete = rows_missing_features(model, X)
+    if not incomplete.any():
+        return model
+    missing = sorted({name for names in model.missing_features(X[incomplete]) for name in names})
+    notes.setdefault("excluded_rows_missing_features", {})[fold] = {"rows": int(incomplete.sum()),
+                                                                    "features": missing}
+    if (~incomplete).sum() < MIN_TRAIN_ROWS:
+        raise InputError(f"{int((~incomplete).sum())} training rows have every feature {regressor} uses "
+                         f"({', '.join(missing)} missing on the others)")
+    return build_regressor(regressor, params).fit(X[~incomplete], y[~incomplete])
 
 
 def fit_cell(

@@ -222,14 +222,12 @@ class Regressor(RegressorMixin, BaseEstimator):
         return impute(A, self.medians_)
 
     def missing_features(self, X: pd.DataFrame) -> list[list[str]]:
-        """Per row of ``X``, the fitted feature columns it has no value for (NaN or ±inf; a column ``X`` lacks
-        counts as missing): what :meth:`predict` would fill in with the training median. A prediction for such a
-        row rests on another model's features, so the prediction stage gives none from this model there."""
-        names = list(getattr(self, "feature_names_", []))
-        present = np.zeros((len(X), len(names)), dtype=bool)
-        held = [j for j, name in enumerate(names) if name in X.columns]
-        if held:
-            present[:, held] = np.isfinite(numeric_matrix(X, [names[j] for j in held]))
+        """Per row of ``X``, the fitted feature columns of ``X`` it has no value for (NaN or ±inf): what
+        :meth:`predict` would fill in with the training median, another model's value. Such rows are neither
+        fitted on nor predicted (:func:`perfzoo.fitting.fit_split`, the prediction stage). A fitted column ``X``
+        lacks altogether is :meth:`predict`'s error, not a row's gap."""
+        names = [name for name in getattr(self, "feature_names_", []) if name in X.columns]
+        present = np.isfinite(numeric_matrix(X, names)) if names else np.ones((len(X), 0), dtype=bool)
         return [[name for name, ok in zip(names, row, strict=True) if not ok] for row in present]
 
     def _matrix(self, X: pd.DataFrame) -> np.ndarray:

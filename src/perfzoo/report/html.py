@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from perfzoo.evaluate import comparison_table, error_quantiles, family_table
@@ -148,7 +149,14 @@ def hidden_family_table(predictions: pd.DataFrame, best: pd.DataFrame) -> pd.Dat
     for b in lofo.itertuples():
         held = predictions[(predictions["split"] == b.split) & (predictions["regressor"] == b.regressor)
                            & (predictions["target"] == b.target) & (predictions["set"] == "test")]
-        for family, g in held.groupby("family", sort=True):
+        for family, all_rows in held.groupby("family", sort=True):
+            g = all_rows[np.isfinite(all_rows["y_pred"].to_numpy(dtype=float))]  # rows lacking a feature: none
+            if g.empty:
+                rows.append({"target": b.target, "family": family, "regressor": b.regressor,
+                             "config": f"none of its {len(all_rows)} held-out configs predicted (a feature the "
+                                       "regressor uses is missing)", "mode": "", "batch": None,
+                             "measured": np.nan, "predicted": np.nan, "error_pct": np.nan, "family_mape": np.nan})
+                continue
             err = (g["y_pred"] - g["y_true"]) / g["y_true"]
             pick = g.loc[(err.abs() - err.abs().median()).abs().idxmin()]
             rows.append({"target": b.target, "family": family, "regressor": b.regressor, "config": pick["label"],
