@@ -804,3 +804,58 @@ def test_a_row_missing_a_feature_no_alternative_has_gets_no_number() -> None:
     assert np.isnan(point[0]) and np.isnan(lo[0]) and np.isnan(hi[0])
     assert "graph_nodes is missing (graph_* not computed; a training median is never filled in)" in method
     assert chosen.used_alternatives == []
+
+
+GATED = '''import torch
+from torch import nn
+
+
+class Gated(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(64, 32)
+        self.b = nn.Linear(32, 10)
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.sum() > 0:  # control flow on tensor values: the meta device has none
+            h = torch.relu(h)
+        return self.b(h)
+
+
+def build():
+    return Gated()
+'''
+
+
+def test_a_step_whose_control_flow_depends_on_values_is_counted_on_the_cpu_and_names_the_line(tmp_path) -> None:
+    from perfzoo.prediction.metamodel import featurise_model
+    from perfzoo.prediction.spec import resolve_model
+
+    model_file = tmp_path / "gated.py"
+    model_file.write_text(GATED)
+    spec = resolve_model(f"{model_file}:build", "64")
+    features = featurise_model(spec, 8, "training", 10)["features"]
+    assert features["params"] == 64 * 32 + 32 + 32 * 10 + 10
+    assert features["flops_fw"] >= 2 * 8 * (64 * 32 + 32 * 10)  # the two products of the path taken
+    assert features["featurised_on"].startswith("CPU, one seeded random input: its control flow depends on")
+    assert f"{model_file}:13" in features["featurised_on"]  # the `if` on a tensor's value
+    for group in ("sim_peak_bytes", "graph_nodes", "op_matmul_flops"):
+        assert features[group] is None  # missing (NaN in the record), never a zero or another model's value
+    assert f"{model_file}:13" in features["sim_error"] and f"{model_file}:13" in features["graph_error"]
+
+
+def test_a_value_dependent_model_is_predicted_only_by_predictors_whose_features_it_has(run_dir: Path,
+                                                                                        tmp_path: Path) -> None:
+    model_file = tmp_path / "gated.py"
+    model_file.write_text(GATED)
+    out = tmp_path / "prediction.json"
+    proc = perfzoo_cli("predict", f"{model_file}:build", "--input", "64", "--batch", "8", "--output", str(out),
+                       cwd=run_dir)
+    assert proc.returncode == 0, proc.stderr
+    assert "features (CPU, one seeded random input: its control flow depends on tensor values" in proc.stdout
+    latency = json.loads(out.read_text())["devices"]["cpu"]["quantities"]["latency_ms"]
+    # linear and random_forest use the fx graph and the memory simulation, which the step has not: no number,
+    # rather than one with the training medians filled in
+    assert latency["value"] is None and "graph_nodes" in latency["missing"]
+    assert "a training median is never filled in" in latency["missing"]

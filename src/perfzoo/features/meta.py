@@ -920,6 +920,48 @@ def _separate_passes(build: Callable[[], nn.Module], x: torch.Tensor, mode: str,
     return _Recorded(model, recorder, flops, flops_fw, loss_values, op_features, op_table, memory)
 
 
+DATA_DEPENDENT_MARKERS = ("cannot be called on meta tensors", "depends on tensor values", "data-dependent",
+                          "_local_scalar_dense", "Cannot copy out of meta tensor")
+"""Text of a meta-device step failure whose cause is control flow on tensor values (``Tensor.item()``,
+``if tensor:``, ``nonzero``): values the meta device does not have."""
+
+
+def depends_on_values(error: BaseException) -> bool:
+    """Whether the meta-device step failed because its control flow depends on tensor values."""
+    return any(marker in str(error) for marker in DATA_DEPENDENT_MARKERS)
+
+
+def featurise_on_cpu(build: Callable[[], nn.Module], input_shape: tuple[int, ...], batch: int, mode: str,
+                     input_dtype: str = "float32", model_id: str = "", reason: str = "") -> dict[str, Any]:
+    """Model-level features (:data:`MODEL_COLUMNS`) of a step the meta device cannot follow because its control
+    flow depends on tensor values (``reason``: where and why the meta step stopped), counted in one real step on
+    the CPU on the profiler's seeded random input: the FLOPs, layer rows, parameters and activation bytes of the
+    path that input takes. The fx graph size, the memory simulation and the operator trace follow the step on
+    the meta device, so they are missing with the reason (never zeros, never another model's values), and the
+    predictors that need them give no number (:meth:`perfzoo.prediction.predictors.Predictor.predict`)."""
+    from perfzoo.profiling.core import synthetic_batch  # lazy: only a model the meta device cannot follow
+
+    with torch.device("cpu"):
+        try:
+            model = build()
+        except Exception as exc:  # noqa: BLE001 - any builder error becomes a one-line InputError
+            raise InputError(f"model {model_id}: build failed on the CPU: {one_line(exc)}") from None
+        spec = {"batch": batch, "input_shape": json.dumps(list(input_shape)), "dtype": input_dtype}
+        x = synthetic_batch(spec, 2, "cpu")[0].to(getattr(torch, input_dtype))
+        try:
+            _, recorder, (flops, flops_fw, output) = _counted_step(model, x, mode)
+        except Exception as exc:  # noqa: BLE001 - any model error becomes a one-line InputError
+            raise InputError(f"model {model_id}: {mode} step failed on the CPU too: {one_line(exc)}") from None
+    loss_values = _loss_values(output, int(batch)) if mode == "training" else None
+    table = _layer_table(recorder.rows, loss_values, mode, int(batch), model_id)
+    why = f"not followed on the meta device ({reason})"
+    counted = {"model_id": model_id, "mode": mode, "batch": int(batch), "flops": flops, "flops_fw": flops_fw,
+               **dict.fromkeys(SIM_COLUMNS, math.nan), "sim_error": why}
+    graph = {"graph_nodes": math.nan, "graph_edges": math.nan, "graph_error": why,
+             **dict.fromkeys(OP_FEATURES, math.nan), OP_ERROR_COLUMN: why}
+    return _model_features(model, x, recorder, table, counted, graph)
+
+
 def _model_features(model: nn.Module, x: torch.Tensor, recorder: _Recorder, table: pd.DataFrame,
                     counted: dict[str, Any], graph: dict[str, Any]) -> dict[str, Any]:
     """The model-level features (:data:`MODEL_COLUMNS`, in that order) of one traced step."""

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from perfzoo.models.builders import build_model
-from perfzoo.features.meta import featurise
+from perfzoo.features.meta import depends_on_values, featurise, featurise_on_cpu
 from perfzoo.io import InputError, one_line
 from perfzoo.prediction.record import clean
 from perfzoo.prediction.spec import ModelSpec
@@ -77,6 +77,16 @@ def _meta_copy(module: Any) -> Any:
     return copy.deepcopy(module, memo)
 
 
+def _builder(spec: ModelSpec, num_classes: int) -> Any:
+    """A function that builds ``spec``'s model on the current default device (an instance: a copy of it)."""
+    if spec.builder == "instance":
+        return partial(copy.deepcopy, spec.obj)
+    if spec.builder == "callable":
+        return spec.obj
+    name = f"{spec.file}:{spec.name}" if spec.builder == "python" else spec.name
+    return partial(build_model, spec.builder, name, spec.kwargs, num_classes, spec.input_shape)
+
+
 def _build_meta_model(spec: ModelSpec, num_classes: int) -> Any:
 
     if spec.builder == "instance":
@@ -88,15 +98,9 @@ def _build_meta_model(spec: ModelSpec, num_classes: int) -> Any:
                 "pass a function that builds it instead"
             ) from None
     else:
-        name = f"{spec.file}:{spec.name}" if spec.builder == "python" else spec.name
-        build = (
-            spec.obj
-            if spec.builder == "callable"
-            else partial(build_model, spec.builder, name, spec.kwargs, num_classes, spec.input_shape)
-        )
         try:
             with torch.device("meta"):
-                model = build()
+                model = _builder(spec, num_classes)()
         except InputError:
             raise
         except Exception as exc:  # noqa: BLE001 - any error in user or library code: one line, located
@@ -119,11 +123,17 @@ def featurise_model(spec: ModelSpec, batch: int, mode: str, num_classes: int) ->
     dtype = spec.dtype or _auto_dtype(model, spec.input_shape)
     try:
         feats, _ = featurise(lambda: model, spec.input_shape, batch, mode, dtype, model_id=spec.text)
+        feats["featurised_on"] = "meta device"
     except InputError as exc:
         cause = exc.__context__
-        if cause is not None and user_location(cause, spec.file) is not None:
-            raise _failure(cause, spec, f"in the {mode} step on the meta device of") from None
-        raise
+        located = (_failure(cause, spec, f"in the {mode} step on the meta device of")
+                   if cause is not None and user_location(cause, spec.file) is not None else exc)
+        if not depends_on_values(exc):
+            raise located from None
+        feats = featurise_on_cpu(_builder(spec, num_classes), spec.input_shape, batch, mode, dtype,
+                                 model_id=spec.text, reason=str(located))
+        feats["featurised_on"] = ("CPU, one seeded random input: its control flow depends on tensor values "
+                                  f"({located})")
     return {"features": clean(feats), "class_name": type(model).__name__, "dtype": dtype}
 
 

@@ -111,6 +111,9 @@ class Predictor:
     predict because a feature it uses is missing (:meth:`predict`)."""
     row_sources: list[str] = field(default_factory=list)
     """Per row of the last :meth:`predict`, the ``regressor/split`` whose number it is."""
+    row_missing: list[str] = field(default_factory=list)
+    """Per row of the last :meth:`predict`, why it has no number ("" where it has one or the fold models gave
+    none on their own)."""
     used_alternatives: list[Predictor] = field(default_factory=list)
     """The :attr:`alternatives` the last :meth:`predict` took numbers from (the prediction record names them)."""
 
@@ -166,13 +169,14 @@ class Predictor:
         point, lo, hi, method = self.predict_own(X)
         self.row_sources, self.used_alternatives = [self.source] * len(X), []
         blocked = np.array([bool(g) for g in gaps], dtype=bool)
+        self.row_missing = [
+            f"{self.source} gives no prediction where {', '.join(g)} {'is' if len(g) == 1 else 'are'} missing "
+            f"({missing_feature_reasons(X.iloc[i], g)}; a training median is never filled in)" if g else ""
+            for i, g in enumerate(gaps)]
         if not blocked.any():
             return point, lo, hi, method
         point, lo, hi = (np.where(blocked, np.nan, a) for a in (point, lo, hi))
-        notes = list(dict.fromkeys(
-            f"{self.source} gives no prediction where {', '.join(g)} {'is' if len(g) == 1 else 'are'} missing "
-            f"({missing_feature_reasons(X.iloc[i], g)}; a training median is never filled in)"
-            for i, g in enumerate(gaps) if g))
+        notes = list(dict.fromkeys(why for why in self.row_missing if why))
         for load in self.alternatives:
             rows = np.flatnonzero(blocked)
             if not len(rows):
@@ -188,7 +192,7 @@ class Predictor:
             self.used_alternatives.append(alternative)
             for k, row in enumerate(rows[covered]):
                 point[row], lo[row], hi[row] = a_point[k], a_lo[k], a_hi[k]
-                self.row_sources[row] = alternative.source
+                self.row_sources[row], self.row_missing[row] = alternative.source, ""
                 blocked[row] = False
             score = "" if alternative.mape is None else f", {alternative.mape:.3g} % MAPE on {alternative.score_text}"
             notes.append(f"{int(covered.sum())} row(s) predicted by the fallback {alternative.source} (the next "

@@ -101,7 +101,9 @@ def _predicted(
         else:
             point, lo, hi, method = tp[target]
             p = predictors[target]
-            if not (math.isfinite(point[i]) and point[i] > 0):
+            if i < len(p.row_missing) and p.row_missing[i]:  # a feature it uses is missing, no fallback has them
+                q[target] = missing(p.row_missing[i] + "; no other fitted predictor has every feature it uses")
+            elif not (math.isfinite(point[i]) and point[i] > 0):
                 why = "a number > 0" if math.isfinite(point[i]) else "a finite number (it overflows this far"
                 why += "" if math.isfinite(point[i]) else " outside the profiled range)"
                 q[target] = missing(f"{p.path} predicted {point[i]:.4g} instead of {why}")

@@ -67,8 +67,9 @@ def _head_lines(r: Mapping[str, Any]) -> list[str]:
         f"perfzoo predict {m['text']}: batch {m['batch']}, input {'x'.join(map(str, m['input_shape']))} "
         f"({m['dtype']}), {m['mode']}, {_precision_text(m)}, objective {r['objective']}"
     )
+    where = f.get("featurised_on") or "meta device"  # a record written before the key: the meta device
     summary = (
-        f"  features (meta device): {_fmt(_float(f.get('flops')))} FLOPs per step, "
+        f"  features ({where}): {_fmt(_float(f.get('flops')))} FLOPs per step, "
         f"{_fmt(_float(f.get('params')))} parameters, {f.get('n_layers')} layers"
     )
     return [head, summary]
