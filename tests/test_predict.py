@@ -859,3 +859,20 @@ def test_a_value_dependent_model_is_predicted_only_by_predictors_whose_features_
     # rather than one with the training medians filled in
     assert latency["value"] is None and "graph_nodes" in latency["missing"]
     assert "a training median is never filled in" in latency["missing"]
+
+
+def test_a_value_dependent_model_too_large_for_this_machine_is_not_built_on_the_cpu(tmp_path) -> None:
+    from perfzoo.hardware import total_memory_gb
+    from perfzoo.io import InputError
+    from perfzoo.prediction.metamodel import featurise_model
+    from perfzoo.prediction.spec import resolve_model
+
+    width = int((total_memory_gb() * 1024**3 / 4) ** 0.5) + 1024  # one weight matrix over all of the memory
+    model_file = tmp_path / "huge.py"
+    model_file.write_text(GATED.replace("nn.Linear(64, 32)", f"nn.Linear(64, {width})").replace(
+        "nn.Linear(32, 10)", f"nn.Linear({width}, {width})"))
+    spec = resolve_model(f"{model_file}:build", "64")
+    with pytest.raises(InputError, match=r"huge.py:13: RuntimeError: Tensor.item\(\) cannot be called on "
+                                         r"meta tensors .*; counting the step on the CPU instead would need .* GB of "
+                                         r"weights, over the .* GB \(50%\) of this machine's memory"):
+        featurise_model(spec, 8, "inference", 10)

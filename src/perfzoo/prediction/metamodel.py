@@ -23,6 +23,7 @@ from torch import nn
 
 from perfzoo.models.builders import build_model
 from perfzoo.features.meta import depends_on_values, featurise, featurise_on_cpu
+from perfzoo.hardware import total_memory_gb
 from perfzoo.io import InputError, one_line
 from perfzoo.prediction.record import clean
 from perfzoo.prediction.spec import ModelSpec
@@ -116,6 +117,23 @@ def _auto_dtype(model: Any, shape: tuple[int, ...]) -> str:
     return "int64" if tokens else "float32"
 
 
+CPU_FALLBACK_MEMORY_SHARE = 0.5
+"""The share of this machine's memory a model's weights (and their gradients in training) may take for its step
+to be counted on the CPU when the meta device cannot follow it."""
+
+
+def _check_fits_in_memory(meta_model: nn.Module, mode: str, spec: ModelSpec, located: BaseException) -> None:
+    """Refuse the CPU count of a model too large for this machine (its activations come on top)."""
+    tensors = {id(t): t for t in (*meta_model.parameters(), *meta_model.buffers())}.values()
+    weight_gb = sum(t.numel() * t.element_size() for t in tensors) / 1024**3
+    needed_gb = weight_gb * (2 if mode == "training" else 1)
+    budget_gb = CPU_FALLBACK_MEMORY_SHARE * total_memory_gb()
+    if needed_gb > budget_gb:
+        raise InputError(f"{located}; counting the step on the CPU instead would need {needed_gb:.3g} GB of "
+                         f"weights{' and gradients' if mode == 'training' else ''}, over the {budget_gb:.3g} GB "
+                         f"({CPU_FALLBACK_MEMORY_SHARE:.0%}) of this machine's memory it may take: no prediction")
+
+
 def featurise_model(spec: ModelSpec, batch: int, mode: str, num_classes: int) -> dict[str, Any]:
     """Model-level features of ``spec`` on the meta device, with the class name and input dtype used."""
 
@@ -130,6 +148,7 @@ def featurise_model(spec: ModelSpec, batch: int, mode: str, num_classes: int) ->
                    if cause is not None and user_location(cause, spec.file) is not None else exc)
         if not depends_on_values(exc):
             raise located from None
+        _check_fits_in_memory(model, mode, spec, located)
         feats = featurise_on_cpu(_builder(spec, num_classes), spec.input_shape, batch, mode, dtype,
                                  model_id=spec.text, reason=str(located))
         feats["featurised_on"] = ("CPU, one seeded random input: its control flow depends on tensor values "
