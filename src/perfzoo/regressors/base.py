@@ -226,7 +226,8 @@ class Regressor(RegressorMixin, BaseEstimator):
         :meth:`predict` would fill in with the training median, another model's value. Such rows are neither
         fitted on nor predicted (:func:`perfzoo.fitting.fit_split`, the prediction stage). A fitted column ``X``
         lacks altogether is :meth:`predict`'s error, not a row's gap."""
-        names = [name for name in getattr(self, "feature_names_", []) if name in X.columns]
+        numeric = set(numeric_columns(X))  # a key column among the fitted names (model_id) is not a value to fill
+        names = [name for name in getattr(self, "feature_names_", []) if name in numeric]
         present = np.isfinite(numeric_matrix(X, names)) if names else np.ones((len(X), 0), dtype=bool)
         return [[name for name, ok in zip(names, row, strict=True) if not ok] for row in present]
 
