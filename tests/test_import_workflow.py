@@ -71,6 +71,9 @@ def test_import_only_config_runs_to_the_report(run: Path) -> None:
     assert 0 < untraced.sum() < 10
     assert lodo["n"] + lodo["n_missing"] == featurised.sum() and lodo["folds"] == 4  # every row held out once
     assert lodo["n_missing"] == untraced.sum()  # linear uses the graph size: those rows are not predicted
+    ablation = pd.read_parquet(run / "results/evaluate/ablation.parquet")
+    assert ablation["mape"].notna().all()  # a row without a prediction is counted, not scored as NaN
+    assert ablation.loc[ablation["split"] == "leave_one_device_out", "n_missing"].max() == untraced.sum()
     # a workload no other GPU ran (most of the H200's): "same workload on the nearest device" has no number for it
     devices_of = data.groupby("model_id")["device"].nunique()
     alone = int((data["model_id"].map(devices_of) == 1).sum())

@@ -214,8 +214,10 @@ def ablation(data: pd.DataFrame, split: pd.DataFrame, target: str, regressor: st
     rows = []
     for feature_set in FEATURE_SETS:
         predictions, _, notes = fit_split(data, split, target, regressor, feature_set=feature_set)
-        test = predictions[predictions["set"] == "test"]
+        held = predictions[predictions["set"] == "test"]
+        test = held[np.isfinite(held["y_pred"].to_numpy(dtype=float))]  # a row lacking a feature: not predicted
+        missing = {"n_missing": len(held) - len(test)} if len(test) < len(held) else {}
         rows.append({"target": target, "regressor": regressor, "split": split["split"].iloc[0] if len(split) else "",
                      "features": "model + hardware" if feature_set == "all" else "model only", "n": len(test),
-                     **all_metrics(test["y_true"].to_numpy(), test["y_pred"].to_numpy())})
+                     **all_metrics(test["y_true"].to_numpy(), test["y_pred"].to_numpy()), **missing})
     return pd.DataFrame(rows)
