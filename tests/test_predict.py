@@ -854,11 +854,21 @@ def test_a_value_dependent_model_is_predicted_only_by_predictors_whose_features_
                        cwd=run_dir)
     assert proc.returncode == 0, proc.stderr
     assert "features (CPU, one seeded random input: its control flow depends on tensor values" in proc.stdout
-    latency = json.loads(out.read_text())["devices"]["cpu"]["quantities"]["latency_ms"]
-    # linear and random_forest use the fx graph and the memory simulation, which the step has not: no number,
-    # rather than one with the training medians filled in
-    assert latency["value"] is None and "graph_nodes" in latency["missing"]
-    assert "a training median is never filled in" in latency["missing"]
+    from perfzoo.fitting import load_models
+
+    record = json.loads(out.read_text())
+    assert record["features"]["graph_nodes"] is None and record["features"]["sim_peak_bytes"] is None
+    for target, quantity in record["devices"]["cpu"]["quantities"].items():
+        if quantity["value"] is None:  # no predictor had every feature: said so, or nothing fitted for it
+            assert "a training median is never filled in" in quantity["missing"] or target not in (
+                "latency_ms", "peak_mem_mb")
+            continue
+        if "/" not in quantity["source"] or quantity["source"].startswith("derived"):
+            continue
+        regressor, split = quantity["source"].split("/")
+        folds, _ = load_models(run_dir / "results" / "fit" / target / regressor / f"{split}.models.json")
+        used = {name for model in folds.values() for name in model.feature_names_}
+        assert not [name for name in used if name.startswith(("graph_", "sim_", "op_"))], (target, regressor)
 
 
 def test_a_value_dependent_model_too_large_for_this_machine_is_not_built_on_the_cpu(tmp_path) -> None:

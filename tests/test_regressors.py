@@ -407,6 +407,8 @@ def test_missing_features_names_the_fitted_columns_a_row_has_no_value_for() -> N
     linear = REGISTRY["linear"]().fit(X, y)
     assert linear.missing_features(new) == [["graph_nodes"], [], ["flops"]]
     assert linear.missing_features(new.drop(columns="params")) == [["graph_nodes"], [], ["flops"]]  # predict's error
+    as_record = new.astype(object).where(new.notna(), None)  # a JSON record's None makes an object column
+    assert linear.missing_features(as_record) == [["graph_nodes"], [], ["flops"]]
     keyed = clone(linear).set_params().fit(X, y)
     keyed.feature_names_ = [*keyed.feature_names_, "model_id"]  # the per-layer regressor keys its rows so
     assert keyed.missing_features(new.assign(model_id="m")) == [["graph_nodes"], [], ["flops"]]

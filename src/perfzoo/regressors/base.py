@@ -86,6 +86,16 @@ def numeric_columns(X: pd.DataFrame) -> list[str]:
     return [str(c) for c in X.columns if pd.api.types.is_numeric_dtype(X[c])]
 
 
+def _holds_values(column: pd.Series) -> bool:
+    """Whether ``column`` holds feature values: numbers, some or all of them missing (a JSON record's ``None``), as
+    :func:`numeric_matrix` reads them; not a key column of text (``model_id``), which no regressor fills in."""
+    try:
+        pd.to_numeric(column, errors="raise")
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def numeric_matrix(X: pd.DataFrame, columns: Sequence[str]) -> np.ndarray:
     """Columns of ``X`` as a float64 matrix with ±inf turned into NaN."""
     out = np.empty((len(X), len(columns)), dtype=np.float64)
@@ -226,8 +236,7 @@ class Regressor(RegressorMixin, BaseEstimator):
         :meth:`predict` would fill in with the training median, another model's value. Such rows are neither
         fitted on nor predicted (:func:`perfzoo.fitting.fit_split`, the prediction stage). A fitted column ``X``
         lacks altogether is :meth:`predict`'s error, not a row's gap."""
-        numeric = set(numeric_columns(X))  # a key column among the fitted names (model_id) is not a value to fill
-        names = [name for name in getattr(self, "feature_names_", []) if name in numeric]
+        names = [name for name in getattr(self, "feature_names_", []) if name in X.columns and _holds_values(X[name])]
         present = np.isfinite(numeric_matrix(X, names)) if names else np.ones((len(X), 0), dtype=bool)
         return [[name for name, ok in zip(names, row, strict=True) if not ok] for row in present]
 
