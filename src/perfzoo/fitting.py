@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURES
 from perfzoo.hardware import CALIBRATION_COLUMNS
 from perfzoo.io import InputError, write_text
 from perfzoo.regressors import REGISTRY, Regressor, make_regressor, regressor_from_document
+from perfzoo.regressors.base import fit_on_complete_rows, incomplete_rows
 from perfzoo.stats import all_metrics
 
 MIN_TRAIN_ROWS = 3
@@ -123,13 +125,13 @@ def fit_split(
         try:
             inputs = regressor_inputs(test, feature_set, ops, calibration)
             train_inputs = regressor_inputs(train, feature_set, ops, calibration)
-            model = fit_on_complete_rows(regressor, params, train_inputs, train[target], notes, str(fold))
+            model = fit_complete_rows(regressor, params, train_inputs, train[target], notes, str(fold))
             pred = np.asarray(model.predict(inputs), float)
             lo, hi = own_intervals(model, inputs)
         except InputError as exc:  # e.g. a fold without the per-layer timings a method needs
             notes["skipped_folds"][str(fold)] = str(exc)
             continue
-        incomplete = rows_missing_features(model, inputs)
+        incomplete = incomplete_rows(model, inputs)
         pred[incomplete], lo[incomplete], hi[incomplete] = np.nan, np.nan, np.nan  # counted as n_missing
         predictions.append(test[ID_COLUMNS].assign(
             split=split["split"].iloc[0], fold=str(fold), set=held["set"].to_numpy(), target=target,
@@ -141,20 +143,12 @@ def fit_split(
     return frame[PREDICTION_COLUMNS], models, notes
 
 
-def rows_missing_features(model: Regressor, X: pd.DataFrame) -> np.ndarray:
-    """Rows of ``X`` without a value for a feature ``model`` uses (:meth:`Regressor.missing_features`): a
-    regressor would fill in its training median there, so they are neither fitted on nor predicted."""
-    if not hasattr(model, "missing_features") or X.empty:
-        return np.zeros(len(X), dtype=bool)
-    return np.array([bool(names) for names in model.missing_features(X)], dtype=bool)
-
-
-def fit_on_complete_rows(regressor: str, params: dict[str, Any] | None, X: pd.DataFrame, y: pd.Series,
-                         notes: dict[str, Any], fold: str) -> Regressor:
-    """``regressor`` fitted on the training rows that have every feature it uses (fitted once on all rows to
-    learn which features those are, then again without the incomplete rows, counted and named in ``notes``)."""
-    model = build_regressor(regressor, params).fit(X, y)
-    incomplete = rows_missing_features(model, X)
+def fit_complete_rows(regressor: str, params: dict[str, Any] | None, X: pd.DataFrame, y: pd.Series,
+                      notes: dict[str, Any], fold: str) -> Regressor:
+    """``regressor`` fitted on the training rows that have every feature it uses
+    (:func:`perfzoo.regressors.base.fit_on_complete_rows`), the others counted and named in ``notes``: a
+    regressor would fill in its training median there."""
+    model, incomplete = fit_on_complete_rows(partial(build_regressor, regressor, params), X, y)
     if not incomplete.any():
         return model
     missing = sorted({name for names in model.missing_features(X[incomplete]) for name in names})
@@ -163,7 +157,7 @@ def fit_on_complete_rows(regressor: str, params: dict[str, Any] | None, X: pd.Da
     if (~incomplete).sum() < MIN_TRAIN_ROWS:
         raise InputError(f"{int((~incomplete).sum())} training rows have every feature {regressor} uses "
                          f"({', '.join(missing)} missing on the others)")
-    return build_regressor(regressor, params).fit(X[~incomplete], y[~incomplete])
+    return model
 
 
 def fit_cell(

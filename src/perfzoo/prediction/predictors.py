@@ -157,7 +157,7 @@ class Predictor:
     def missing_features(self, X: pd.DataFrame) -> list[list[str]]:
         """Per row of ``X``, the features some fold model uses and the row has no value for."""
         per_fold = [m.missing_features(X) if hasattr(m, "missing_features") else [[] for _ in range(len(X))]
-                    for m in self.folds.values()]
+                    for m in self.folds.values()]  # a fold model need only predict (a stand-in has no features)
         return [sorted({name for names in row for name in names}) for row in zip(*per_fold, strict=True)]
 
     def predict(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
@@ -169,6 +169,7 @@ class Predictor:
         point, lo, hi, method = self.predict_own(X)
         self.row_sources, self.used_alternatives = [self.source] * len(X), []
         blocked = np.array([bool(g) for g in gaps], dtype=bool)
+        own = [method] if not blocked.all() else []  # some row is this predictor's
         self.row_missing = [
             f"{self.source} gives no prediction where {', '.join(g)} {'is' if len(g) == 1 else 'are'} missing "
             f"({missing_feature_reasons(X.iloc[i], g)}; a training median is never filled in)" if g else ""
@@ -197,7 +198,6 @@ class Predictor:
             score = "" if alternative.mape is None else f", {alternative.mape:.3g} % MAPE on {alternative.score_text}"
             notes.append(f"{int(covered.sum())} row(s) predicted by the fallback {alternative.source} (the next "
                          f"best whose features are present{score}): {a_method}")
-        own = [method] if (~np.array([bool(g) for g in gaps])).any() else []  # some row is this predictor's
         return point, lo, hi, "; ".join([*own, *notes])
 
     def predict_own(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:

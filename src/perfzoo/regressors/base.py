@@ -32,7 +32,7 @@ import json
 import math
 import os
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -84,6 +84,25 @@ def without_operator_features(X: pd.DataFrame) -> pd.DataFrame:
 def numeric_columns(X: pd.DataFrame) -> list[str]:
     """Names of the numeric (including boolean) columns of ``X``, in order."""
     return [str(c) for c in X.columns if pd.api.types.is_numeric_dtype(X[c])]
+
+
+def incomplete_rows(model: Regressor, X: pd.DataFrame) -> np.ndarray:
+    """Rows of ``X`` without a value for a feature ``model`` uses (:meth:`Regressor.missing_features`)."""
+    return np.array([bool(names) for names in model.missing_features(X)], dtype=bool)
+
+
+def fit_on_complete_rows(make: Callable[[], Regressor], X: pd.DataFrame, y: pd.Series | np.ndarray
+                         ) -> tuple[Regressor, np.ndarray]:
+    """(``make()`` fitted on the rows of ``X`` that have every feature it uses, the incomplete rows left out): fitted
+    once on all rows to learn which features those are, again without the incomplete rows where there are any, so no
+    training row has a median filled in. With no complete row at all the first fit stands (its predictions for rows
+    lacking a feature are refused all the same)."""
+    model = make().fit(X, y)
+    incomplete = incomplete_rows(model, X)
+    if not incomplete.any() or incomplete.all():
+        return model, incomplete
+    target = np.asarray(y, dtype=float)
+    return make().fit(X[~incomplete], target[~incomplete]), incomplete
 
 
 def _holds_values(column: pd.Series) -> bool:

@@ -103,6 +103,7 @@ from perfzoo.regressors.base import (
     REGISTRY,
     Regressor,
     check_frame,
+    fit_on_complete_rows,
     group_labels,
     numeric_matrix,
     register_regressor,
@@ -305,15 +306,8 @@ class ComposedRegressor(Regressor):
             self.coef_[group], self.pooled_coef_[group], self.seen_kinds_[group] = self._group_costs(
                 group, data, rows, strength)
             self.shrinkage_[group] = strength
-        self.fallback_model_ = self._fit_fallback(without_operator_features(X), np.asarray(y, dtype=float))
-
-    def _fit_fallback(self, X: pd.DataFrame, y: np.ndarray) -> Regressor:
-        """The fallback regressor, never on the operator features, fitted on the rows that have every feature it
-        uses (fitted once to learn which; a row it would fill in a median for is left out)."""
-        model = REGISTRY[self.fallback]().fit(X, y)
-        complete = np.array([not names for names in model.missing_features(X)], dtype=bool)
-        return model if complete.all() or not complete.any() else REGISTRY[self.fallback]().fit(X[complete],
-                                                                                                  y[complete])
+        # never on the operator features; a row it would fill in a median for is left out
+        self.fallback_model_ = fit_on_complete_rows(REGISTRY[self.fallback], without_operator_features(X), y)[0]
 
     def _group_costs(self, group: str, data: _FitData, rows: np.ndarray, strength: float
                      ) -> tuple[np.ndarray, np.ndarray, list[str]]:
