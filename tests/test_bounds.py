@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from perfzoo.prediction.bounds import RangeCheck, bound_predictions, memory_floor_mb, time_floor_ms
+from perfzoo.prediction.predictors import TargetPrediction
 from perfzoo.prediction import predict
 
 from test_predict import _mlp, run_dir, workflow_dir  # noqa: F401 - the fixtures
@@ -52,11 +53,11 @@ def test_memory_above_the_device_capacity_says_it_would_not_fit() -> None:
     """The ceiling: peak memory is capped at the device's memory and a point above it is named as not fitting."""
     X = pd.DataFrame({"input_bytes": [2**20], "weight_bytes": [2**20], "flops": [1e9], "hw_peak_gflops": [100.0],
                       "hw_mem_gb": [1.0], "batch": [4]})
-    tp = {"peak_mem_mb": (np.array([5000.0]), np.array([3000.0]), np.array([8000.0]), "random_forest")}
+    tp = {"peak_mem_mb": TargetPrediction(np.array([5000.0]), np.array([3000.0]), np.array([8000.0]), "random_forest")}
     point, lo, hi, method = bound_predictions(tp, X, RangeCheck())["peak_mem_mb"]
     assert hi[0] == lo[0] == 1024.0 and point[0] == 5000.0
     assert "would not fit" in method and "1 GiB" in method
-    fits = {"peak_mem_mb": (np.array([500.0]), np.array([300.0]), np.array([800.0]), "random_forest")}
+    fits = {"peak_mem_mb": TargetPrediction(np.array([500.0]), np.array([300.0]), np.array([800.0]), "random_forest")}
     point, lo, hi, method = bound_predictions(fits, X, RangeCheck())["peak_mem_mb"]
     assert (lo[0], hi[0]) == (300.0, 800.0) and "would not fit" not in method
 

@@ -131,3 +131,12 @@ def test_predict_prints_the_calibration_and_coverage_of_the_metrics_table(
     predictor = load_predictors(tmp_path, pd.DataFrame())[0]["latency_ms"]
     point, _, hi, _ = predictor.predict(X.iloc[:1])
     assert hi[0] / point[0] == pytest.approx(math.exp(0.5))
+
+
+def test_rows_a_regressor_gave_no_prediction_are_counted_without_baselines_too() -> None:
+    """A held-out row missing a feature the regressor uses gets no prediction; the table counts it whether or not
+    the run has baselines to compare with."""
+    rows = held_out(np.zeros(10), list("ab" * 5))
+    rows.loc[[2, 7], "y_pred"] = np.nan
+    row = metrics_table(rows, NOISE).iloc[0]
+    assert row["n"] == 8 and row["n_missing"] == 2

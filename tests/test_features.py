@@ -386,6 +386,29 @@ def test_forward_failure_and_bad_arguments_raise_input_error() -> None:
         featurise(tiny_cnn, (3, 8, 8), 1, "inference", input_dtype="float99", model_id="m")
 
 
+class _ValueGated(nn.Module):
+    """Branches on a tensor's value: the meta device has none."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return h.relu() if h.sum() > 0 else h
+
+
+def test_a_step_branching_on_a_tensor_value_raises_the_data_dependent_error_others_do_not() -> None:
+    """The prediction counts such a step on the CPU instead; it tells it apart by the error's type, not its text."""
+    from perfzoo.features.ops import DataDependentError
+
+    with pytest.raises(DataDependentError, match="model gated: inference step failed on meta device: .*meta"):
+        featurise(_ValueGated, (8,), 2, "inference", model_id="gated")
+    with pytest.raises(InputError, match="model wrong-shape: inference step failed") as err:
+        featurise(tiny_cnn, (3, 10, 10), 1, "inference", model_id="wrong-shape")
+    assert not isinstance(err.value, DataDependentError)
+
+
 class _Token(nn.Module):
     """Returns a view of its parameter: made under no_grad, it needs a gradient and has no gradient function."""
 

@@ -333,15 +333,15 @@ def test_predictor_choice_and_fold_average(run_dir: Path) -> None:
     from perfzoo.fitting import regressor_inputs
     from perfzoo.prediction import predict
 
-    from perfzoo.prediction.predictors import IN_FAMILY_SPLITS, NEEDS_PROFILED_LAYERS
+    from perfzoo.prediction.predictors import IN_FAMILY_SPLITS, NEEDS_PROFILED_LAYERS, UNSEEN_FAMILY_SPLITS
 
     metrics = pd.read_parquet("results/evaluate/metrics.parquet")
     metrics = metrics[np.isfinite(metrics["mape"]) & ~metrics["regressor"].isin(NEEDS_PROFILED_LAYERS)]
     # a profiled family: the best score over the held-out rows of the within-family splits every candidate was
     # scored on, with the random split's models; an anonymous module (no family to match): the best score with
-    # whole families held out
+    # whole families or batches held out, with the leave-one-family-out split's models
     for model, split, scored in (("mlp:mlp_small", "random", IN_FAMILY_SPLITS),
-                                 (_mlp(), "leave_one_family_out", ("leave_one_family_out",))):
+                                 (_mlp(), "leave_one_family_out", UNSEEN_FAMILY_SPLITS)):
         chosen_all = predict(model, batch=4, input_shape=64).record["predictors"]
         for target, chosen in chosen_all.items():
             rows = metrics[metrics["target"] == target]
@@ -731,6 +731,22 @@ def test_fold_average_conformal_interval_and_split_choice(tmp_path: Path) -> Non
     # a split some candidate lacks is not pooled: the random split alone decides again
     lacking = within[~((within["regressor"] == "random_forest") & (within["split"] == "family_monte_carlo"))]
     assert choose_file(lacking, tmp_path, "latency_ms")[0] == "random_forest"
+    # a family never profiled: leave-one-family-out and batch extrapolation pooled, with the former's models;
+    # xgboost is best on whole families held out (10 rows), linear over both (40 rows)
+    unseen = pd.DataFrame({"target": "latency_ms", "regressor": ["linear", "xgboost"] * 2,
+                           "split": ["leave_one_family_out"] * 2 + ["batch_extrapolation"] * 2,
+                           "mape": [3.0, 1.0, 10.0, 30.0], "n": [10, 10, 30, 30]})
+    for regressor in ("linear", "xgboost"):
+        path = tmp_path / "fit" / "latency_ms" / regressor / "leave_one_family_out.models.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}")
+    regressor, split, score, n, scored_on = choose_file(unseen, tmp_path, "latency_ms", "leave_one_family_out")
+    assert (regressor, split, n, scored_on) == ("linear", "leave_one_family_out", 40,
+                                                ("leave_one_family_out", "batch_extrapolation"))
+    assert score == pytest.approx((3.0 * 10 + 10.0 * 30) / 40)
+    only_families = unseen[unseen["split"] == "leave_one_family_out"]
+    assert choose_file(only_families, tmp_path, "latency_ms", "leave_one_family_out")[:2] == (
+        "xgboost", "leave_one_family_out")
 
 
 def test_model_names_are_cached_per_user_not_per_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -786,24 +802,46 @@ def test_a_row_missing_a_feature_is_predicted_by_the_next_best_predictor_that_ha
     X = pd.DataFrame({"flops": [5e7, 5e7], "graph_nodes": [np.nan, 100.0],
                       "graph_error": ["TraceError: symbolically traced variables cannot be used as inputs to "
                                       "control flow", ""]})
-    point, lo, hi, method = chosen.predict(X)
+    answer = chosen.predict(X)
+    point, lo, hi, method = answer
     assert point[0] == pytest.approx(fallback.predict_own(X.iloc[[0]])[0][0])  # the fallback's number, not a median's
     assert point[1] == pytest.approx(chosen.predict_own(X.iloc[[1]])[0][0])
-    assert chosen.row_sources == ["flops_only/leave_one_family_out", "with_graph/leave_one_family_out"]
-    assert chosen.used_alternatives == [fallback]
+    assert answer.sources == ("flops_only/leave_one_family_out", "with_graph/leave_one_family_out")
+    assert answer.fallbacks == (fallback,)
     assert ("with_graph/leave_one_family_out gives no prediction where graph_nodes is missing (graph_error: "
             "TraceError: symbolically traced variables") in method
     assert "1 row(s) predicted by the fallback flops_only/leave_one_family_out" in method
     assert lo[0] < point[0] < hi[0]
 
 
+def test_an_answer_names_its_fallback_after_the_predictor_is_asked_again() -> None:
+    """The power-cap sweep asks the predictors again between the devices' rows: each answer keeps whose numbers
+    its rows hold (they were once the predictor's state, which the second call overwrote)."""
+    from perfzoo.prediction import DeviceSettings, row_quantities
+
+    chosen = _linear_predictor("with_graph", ["flops", "graph_nodes"], 10.0)
+    fallback = _linear_predictor("flops_only", ["flops"], 20.0)
+    chosen.alternatives = (lambda: fallback,)
+    X = pd.DataFrame({"flops": [5e7, 5e7], "graph_nodes": [np.nan, 100.0]})
+    first = chosen.predict(X)
+    again = chosen.predict(X.iloc[[1, 1]])  # e.g. power caps: every row has the graph
+    predictors = {"latency_ms": chosen}
+    q = [row_quantities(i, "gpu", {"latency_ms": first}, predictors, {}, {}, 4, DeviceSettings(kind="cuda"), None)
+         for i in (0, 1)]
+    assert [x["latency_ms"]["source"] for x in q] == ["flops_only/leave_one_family_out",
+                                                      "with_graph/leave_one_family_out"]
+    assert first.fallbacks == (fallback,) and again.fallbacks == ()
+
+
 def test_a_row_missing_a_feature_no_alternative_has_gets_no_number() -> None:
     chosen = _linear_predictor("with_graph", ["flops", "graph_nodes"], 10.0)
     X = pd.DataFrame({"flops": [5e7], "graph_nodes": [np.nan]})
-    point, lo, hi, method = chosen.predict(X)
+    answer = chosen.predict(X)
+    point, lo, hi, method = answer
     assert np.isnan(point[0]) and np.isnan(lo[0]) and np.isnan(hi[0])
     assert "graph_nodes is missing (graph_* not computed; a training median is never filled in)" in method
-    assert chosen.used_alternatives == []
+    assert answer.fallbacks == ()
+    assert answer.missing[0].startswith("with_graph/leave_one_family_out gives no prediction where graph_nodes")
 
 
 GATED = '''import torch

@@ -414,3 +414,17 @@ def test_missing_features_names_the_fitted_columns_a_row_has_no_value_for() -> N
     assert keyed.missing_features(new.assign(model_id="m")) == [["graph_nodes"], [], ["flops"]]
     blend = BlendRegressor(members=("linear", "random_forest")).fit(X, y)
     assert blend.missing_features(new) == [["graph_nodes"], [], ["flops"]]
+
+
+def test_a_fit_where_no_row_has_a_used_feature_is_refused_naming_it() -> None:
+    """Fitted on filled-in values alone it would answer from them; it is refused instead."""
+    from perfzoo.regressors.base import fit_on_complete_rows
+
+    rng = np.random.default_rng(1)
+    X = pd.DataFrame({"flops": rng.uniform(1e6, 1e8, 30), "graph_nodes": np.nan})
+    y = 1e-6 * X["flops"]
+    with pytest.raises(InputError, match=r"no training row has every feature .* uses \(graph_nodes missing\)"):
+        fit_on_complete_rows(lambda: REGISTRY["linear"](features=["flops", "graph_nodes"]), X, y)
+    X.loc[:9, "graph_nodes"] = 50.0  # ten complete rows: fitted on those
+    model, incomplete = fit_on_complete_rows(lambda: REGISTRY["linear"](features=["flops", "graph_nodes"]), X, y)
+    assert int(incomplete.sum()) == 20 and model.missing_features(X.iloc[:10]) == [[]] * 10

@@ -159,9 +159,10 @@ def outside_coverage_band(coverage: float) -> bool:
 def metrics_table(predictions: pd.DataFrame, noise: pd.DataFrame) -> pd.DataFrame:
     """MAPE, RMSE, Kendall tau, R2, share within 10 %, pooled over folds, with the noise floor.
 
-    Rows without a prediction (a baseline without a source row) are left out and counted in
-    ``n_missing``; ``coverage90`` is the empirical coverage of the 90 % intervals (:func:`with_intervals`)
-    on the ``n_interval`` test rows that have one, ``interval_missing`` says why others have none.
+    Rows without a prediction (a baseline without a source row, a row without a feature the regressor uses) are
+    left out and counted in ``n_missing``; ``coverage90`` is the empirical coverage of the 90 % intervals
+    (:func:`with_intervals`) on the ``n_interval`` test rows that have one, ``interval_missing`` says why others
+    have none.
     With baseline rows present (regressor ``baseline:*``), every other row
     names the best baseline of its (target, split) and whether it beats it (``beats_baseline``).
     """
@@ -174,9 +175,7 @@ def metrics_table(predictions: pd.DataFrame, noise: pd.DataFrame) -> pd.DataFram
     if not rows:  # no held-out predictions at all (every family failed): an empty, well-formed table
         return pd.DataFrame(columns=METRIC_COLUMNS)
     table = pd.DataFrame(rows)
-    if not table["regressor"].str.startswith(BASELINE_PREFIX).any():
-        table = table.drop(columns=["n_missing"])
-    else:
+    if table["regressor"].str.startswith(BASELINE_PREFIX).any():
         table = compare_with_baselines(table)
     floor = noise.groupby("target")["noise_mape"].mean().rename("noise_floor_mape")
     return table.merge(floor, left_on="target", right_index=True, how="left")

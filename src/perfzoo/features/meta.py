@@ -118,6 +118,7 @@ from perfzoo.features.memory import (
 from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURES
 from perfzoo.features.ops import (
     CACHE_BYTES,
+    DataDependentError,
     MetaKernelCache,
     OpRecorder,
     class_targets,
@@ -910,9 +911,7 @@ def _separate_passes(build: Callable[[], nn.Module], x: torch.Tensor, mode: str,
         try:
             counter, recorder, (flops, flops_fw, output) = _counted_step(model, x, mode)
         except Exception as exc:  # noqa: BLE001 - any model error becomes a one-line InputError
-            raise InputError(
-                f"model {model_id}: {mode} step failed on meta device: {one_line(exc)}"
-            ) from None
+            raise _step_failure(exc, model_id, mode) from None
         op_features, op_table = traced_op_features(lambda: model, x, mode, counter.flop_registry, model_id,
                                                    optimizer, cache_bytes)
     loss_values = _loss_values(output, int(x.shape[0])) if mode == "training" else None
@@ -920,15 +919,18 @@ def _separate_passes(build: Callable[[], nn.Module], x: torch.Tensor, mode: str,
     return _Recorded(model, recorder, flops, flops_fw, loss_values, op_features, op_table, memory)
 
 
-DATA_DEPENDENT_MARKERS = ("cannot be called on meta tensors", "depends on tensor values", "data-dependent",
-                          "_local_scalar_dense", "Cannot copy out of meta tensor")
-"""Text of a meta-device step failure whose cause is control flow on tensor values (``Tensor.item()``,
-``if tensor:``, ``nonzero``): values the meta device does not have."""
+_VALUE_DEPENDENT_TEXT = ("cannot be called on meta tensors", "data-dependent", "_local_scalar_dense",
+                         "Cannot copy out of meta tensor")
+"""PyTorch's own words when a meta-device step needs a tensor's value (``Tensor.item()``, ``if tensor:``,
+``nonzero``): it raises a plain ``RuntimeError``, so its text is all there is to go by."""
 
 
-def depends_on_values(error: BaseException) -> bool:
-    """Whether the meta-device step failed because its control flow depends on tensor values."""
-    return any(marker in str(error) for marker in DATA_DEPENDENT_MARKERS)
+def _step_failure(error: BaseException, model_id: str, mode: str) -> InputError:
+    """The one-line error of a meta-device step that failed with ``error``: a :class:`DataDependentError` where
+    its control flow needs tensor values (the operator recorder's own, or PyTorch's words for it)."""
+    value_dependent = isinstance(error, DataDependentError) or any(t in str(error) for t in _VALUE_DEPENDENT_TEXT)
+    kind = DataDependentError if value_dependent else InputError
+    return kind(f"model {model_id}: {mode} step failed on meta device: {one_line(error)}")
 
 
 def featurise_on_cpu(build: Callable[[], nn.Module], input_shape: tuple[int, ...], batch: int, mode: str,

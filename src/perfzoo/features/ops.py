@@ -154,6 +154,11 @@ class OpTraceError(InputError):
     """An operator of the step could not be followed on the meta device; the message names model and op."""
 
 
+class DataDependentError(OpTraceError):
+    """The step's control flow depends on tensor values (``Tensor.item()``, ``if tensor:``, ``nonzero``), which
+    the meta device does not have; the message names the model and the operator or PyTorch's error."""
+
+
 # Position of ``groups`` in the arguments of the convolution operators.
 _GROUPS_ARG = {"convolution": 8, "_convolution": 8, "convolution_backward": 9}
 
@@ -399,7 +404,7 @@ class OpRecorder(TorchDispatchMode):
         if untraced or isinstance(func, torch._ops.HigherOrderOperator):
             return self.kernel(func, args, kwargs)
         if name in _DATA_DEPENDENT_OPS:
-            error = OpTraceError(
+            error = DataDependentError(
                 f"model {self.model_id}: {func} depends on tensor values (data-dependent control flow, e.g. "
                 "Tensor.item() or `if tensor:`); it cannot be traced on the meta device"
             )

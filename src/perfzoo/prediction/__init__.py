@@ -7,7 +7,13 @@ from perfzoo.prediction.api import predict, predict_to_file, workflow_inputs
 from perfzoo.prediction.bounds import RangeCheck, bound_predictions, range_check
 from perfzoo.prediction.devices import DeviceSettings, device_settings
 from perfzoo.prediction.featurise import Featuriser
-from perfzoo.prediction.predictors import TARGETS, Predictor, choose_file, load_predictors
+from perfzoo.prediction.predictors import (
+    TARGETS,
+    Predictor,
+    TargetPrediction,
+    choose_file,
+    load_predictors,
+)
 from perfzoo.prediction.quantities import QUANTITIES, UNITS, row_quantities, target_predictions, with_roofline
 from perfzoo.prediction.record import Prediction
 from perfzoo.prediction.spec import ModelSpec, parse_input, resolve_model
@@ -24,6 +30,7 @@ __all__ = [
     "PredictionContext",
     "Predictor",
     "RangeCheck",
+    "TargetPrediction",
     "bound_predictions",
     "choose_file",
     "device_settings",

@@ -45,6 +45,7 @@ from perfzoo.prediction.predictors import (
     RUN_WORKFLOW,
     UNSEEN_FAMILY_SPLIT,
     Predictor,
+    TargetPrediction,
     load_predictors,
     require_outputs,
 )
@@ -173,8 +174,10 @@ def _choose_predictors(spec: ModelSpec, class_name: str, w: WorkflowInputs) -> s
     if not swapped:
         return IN_FAMILY_CHOICE
     w.predictors.update(swapped)
+    scored = " + ".join(dict.fromkeys(s for p in swapped.values() for s in (p.scored_on or (p.split,))))
     return (
-        f"best held-out MAPE on the {UNSEEN_FAMILY_SPLIT} split, as the model's family was never "
+        f"best held-out MAPE over the {scored} split{'s' if ' + ' in scored else ''} (where evaluated; their "
+        f"held-out rows pooled), with the {UNSEEN_FAMILY_SPLIT} split's models, as the model's family was never "
         f"profiled ({', '.join(sorted(swapped))})"
     )
 
@@ -201,12 +204,11 @@ def device_entries(
     w: WorkflowInputs,
     rows: Mapping[str, dict[str, Any]],
     device_missing: Mapping[str, str],
-    X: pd.DataFrame,
+    tp: Mapping[str, TargetPrediction | str],
     ctx: PredictionContext,
 ) -> dict[str, Any]:
-    """Quantities, MIG profile and power cap of every device (in the order of ``w.names``)."""
-    assert ctx.out_of_range is not None
-    tp = bound_predictions(target_predictions(X, ctx.predictors), X, ctx.out_of_range) if rows else {}
+    """Quantities, MIG profile and power cap of every device (in the order of ``w.names``); ``tp``: the
+    predictors' answers over the rows of ``rows``, in their order."""
     entries: dict[str, Any] = {}
     for i, d in enumerate(rows):
         settings = device_settings(w.configured.get(d) or {}, w.hardware.get(d))
@@ -350,12 +352,14 @@ def predict(
     choice = _choose_predictors(spec, class_name, w)
     rows, device_missing = _device_rows(w, feats, batch, mode, spec.text, precision)
     X = with_roofline(pd.DataFrame(list(rows.values())))
+    in_range = range_check(feats, batch, mode, w.data)
     ctx = PredictionContext(
-        w.predictors, w.missing_targets, label_gaps(w.data), batch, objective, latency_target_ms,
-        range_check(feats, batch, mode, w.data),
+        w.predictors, w.missing_targets, label_gaps(w.data), batch, objective, latency_target_ms, in_range
     )  # fmt: skip
-    entries = device_entries(w, rows, device_missing, X, ctx)
-    sources = prediction_provenance(results, w.workdir, w.predictors, w.hw_files, w.names, spec)  # + fallbacks used
+    tp = bound_predictions(target_predictions(X, ctx.predictors), X, in_range)
+    entries = device_entries(w, rows, device_missing, tp, ctx)
+    fallbacks = {t: a.fallbacks for t, a in tp.items() if isinstance(a, TargetPrediction) and a.fallbacks}
+    sources = prediction_provenance(results, w.workdir, w.predictors, fallbacks, w.hw_files, w.names, spec)
     opts = Options(batch, mode, objective, latency_target_ms, num_classes, precision)
     feature_rows = {d: dict(X.iloc[i].items()) for i, d in enumerate(rows)}
     record = _record(opts, spec, featurised, method, w, sources, entries, feature_rows, choice)

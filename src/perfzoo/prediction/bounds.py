@@ -27,13 +27,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from perfzoo.features.op_kinds import OP_FEATURE_KINDS
+from perfzoo.prediction.predictors import TargetPrediction
 from perfzoo.prediction.spec import ModelSpec
 
 MIB = float(1 << 20)
@@ -156,7 +157,9 @@ def operator_call_excess(feats: Mapping[str, Any], profiled: pd.DataFrame) -> li
     return excess
 
 
-def bound_predictions(tp: dict[str, Any], X: pd.DataFrame, check: RangeCheck) -> dict[str, Any]:
+def bound_predictions(
+    tp: Mapping[str, TargetPrediction | str], X: pd.DataFrame, check: RangeCheck
+) -> dict[str, TargetPrediction | str]:
     """Raise latency and peak memory (point and interval) to their physical floors, cap throughput at
     the time floor, widen intervals a little outside the profiled range and replace them by
     ``[floor, inf)`` far outside it."""
@@ -169,7 +172,8 @@ def bound_predictions(tp: dict[str, Any], X: pd.DataFrame, check: RangeCheck) ->
     for target, value in tp.items():
         if isinstance(value, str):
             continue
-        point, lo, hi, method = (np.asarray(v, dtype=float) if i < 3 else v for i, v in enumerate(value))
+        point, lo, hi = (np.asarray(v, dtype=float) for v in (value.point, value.lo, value.hi))
+        method = value.method
         floor = floors.get(target)
         if check.widened:
             factor = 10**check.decades
@@ -177,7 +181,7 @@ def bound_predictions(tp: dict[str, Any], X: pd.DataFrame, check: RangeCheck) ->
             method = f"{method}; widened x{factor:.3g} outside the profiled range ({check.text()})"
         if floor is not None:
             point, lo, hi = (_kept_missing(a, np.fmax(a, floor)) for a in (point, lo, hi))
-            method = _floored(method, floor, value[0])
+            method = _floored(method, floor, value.point)
         if target == "throughput":
             ceiling = batch * 1000 / floors["latency_ms"]
             point, lo, hi = (_kept_missing(a, np.fmin(a, ceiling)) for a in (point, lo, hi))
@@ -191,7 +195,7 @@ def bound_predictions(tp: dict[str, Any], X: pd.DataFrame, check: RangeCheck) ->
             method = f"out of range ({check.text()}): the 90 % interval does not hold"
         if target == "peak_mem_mb":
             point, lo, hi, method = _capped_at_device_memory(point, lo, hi, method, X)
-        out[target] = (point, lo, hi, method)
+        out[target] = replace(value, point=point, lo=lo, hi=hi, method=method)
     return out
 
 

@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from perfzoo.models.builders import build_model
-from perfzoo.features.meta import depends_on_values, featurise, featurise_on_cpu
+from perfzoo.features.meta import featurise, featurise_on_cpu
+from perfzoo.features.ops import DataDependentError
 from perfzoo.hardware import total_memory_gb
 from perfzoo.io import InputError, one_line
 from perfzoo.prediction.record import clean
@@ -146,7 +147,7 @@ def featurise_model(spec: ModelSpec, batch: int, mode: str, num_classes: int) ->
         cause = exc.__context__
         located = (_failure(cause, spec, f"in the {mode} step on the meta device of")
                    if cause is not None and user_location(cause, spec.file) is not None else exc)
-        if not depends_on_values(exc):
+        if not isinstance(exc, DataDependentError):
             raise located from None
         _check_fits_in_memory(model, mode, spec, located)
         feats = featurise_on_cpu(_builder(spec, num_classes), spec.input_shape, batch, mode, dtype,

@@ -1,18 +1,19 @@
 """The fitted predictors a prediction uses: for each target, the file with the best held-out score, its
 fold models, and the held-out residuals its interval is calibrated on.
 
-Choice of predictor. For each target, the regressor with the lowest MAPE over the held-out rows of the
-splits within profiled families (:data:`IN_FAMILY_SPLITS`: ``random``, ``family_monte_carlo`` and
-``stratified_kfold``, their rows pooled; the random split alone holds 15 rows in the default run, too few to
-tell regressors apart) among those whose ``results/fit/{target}/{regressor}/random.models.json`` exists, with
-that file's fold models and residuals (else the lowest MAPE of any split with a fitted file); for a model whose
-family was never profiled, the lowest MAPE on the ``leave_one_family_out`` split instead (the score of
-predicting families held out of training), with that split's fitted models and residuals. The prediction is
-the mean of that file's fold models, over those that give one (a fold model whose training rows never exercised
-a term the model needs gives none: ``memory_sim``); the record says how many did not. A row without a value
-for a feature the chosen predictor uses (its fx graph, memory simulation or operator trace failed) gets no number
-from it, never the training median a regressor would fill in: the next predictor of the same ranking whose
-features the row has predicts it, named (:meth:`Predictor.predict`).
+Choice of predictor. For each target, the regressor with the lowest MAPE over the held-out rows of the splits within
+profiled families (:data:`IN_FAMILY_SPLITS`: ``random``, ``family_monte_carlo`` and ``stratified_kfold``, their rows
+pooled; the random split alone holds 15 rows in the default run, too few to tell regressors apart) among those whose
+``results/fit/{target}/{regressor}/random.models.json`` exists, with that file's fold models and residuals (else the
+lowest MAPE of any split with a fitted file); for a model whose family was never profiled, the lowest MAPE over the
+held-out rows of :data:`UNSEEN_FAMILY_SPLITS` pooled instead (``leave_one_family_out``, the score of predicting
+families held out of training, and ``batch_extrapolation``: the user's batch is the user's choice), with the
+``leave_one_family_out`` split's fitted models and residuals. The prediction is the mean of that file's fold models,
+over those that give one (a fold model whose training rows never exercised a term the model needs gives none:
+``memory_sim``); the record says how many did not. A row without a value for a feature the chosen predictor uses
+(its fx graph, memory simulation or operator trace failed) gets no number from it, never the training median a
+regressor would fill in: the next predictor of the same ranking whose features the row has predicts it, named
+(:meth:`Predictor.predict`).
 
 Intervals (nominal 90 %). Regressors with their own calibrated intervals (``device_transfer``): those
 (mean over folds). Every other regressor: ``p × exp(±q)``, ``q`` the conformal quantile
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,13 @@ PREFERRED_SPLIT = "random"
 IN_FAMILY_SPLITS = (PREFERRED_SPLIT, "family_monte_carlo", "stratified_kfold")
 
 
-#: the split whose scores choose the predictors of a model from a family that was never profiled
+#: the split whose fitted files predict a model from a family that was never profiled
 UNSEEN_FAMILY_SPLIT = "leave_one_family_out"
+#: splits whose held-out rows, pooled, choose that predictor: whole families held out, and batches beyond the
+#: profiled ones (a user's model is of a new family, asked at a batch of the user's choice)
+UNSEEN_FAMILY_SPLITS = (UNSEEN_FAMILY_SPLIT, "batch_extrapolation")
+#: the splits pooled to score the files of each split a choice prefers
+POOLED_SPLITS = {PREFERRED_SPLIT: IN_FAMILY_SPLITS, UNSEEN_FAMILY_SPLIT: UNSEEN_FAMILY_SPLITS}
 
 
 RUN_WORKFLOW = (
@@ -90,6 +96,31 @@ class MeasuredCoverage:
                 f"{verdict}")
 
 
+@dataclass(frozen=True)
+class TargetPrediction:
+    """One predictor's answer over the rows of a feature table: the point and its 90 % interval per row, the
+    interval method as printed, and per row whose number it is (``regressor/split``) or why it has none ("" where
+    it has one, or where the fold models gave none on their own). Unpacks as ``(point, lo, hi, method)``."""
+
+    point: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    method: str
+    sources: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+    fallbacks: tuple[Predictor, ...] = ()
+    """The next-best predictors some rows were predicted by (the prediction record names and hashes them)."""
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.point, self.lo, self.hi, self.method))
+
+    def source(self, row: int, default: str) -> str:
+        return self.sources[row] if row < len(self.sources) else default
+
+    def why_missing(self, row: int) -> str:
+        return self.missing[row] if row < len(self.missing) else ""
+
+
 @dataclass
 class Predictor:
     """The fitted models of one (target, regressor, split) file, with the calibration of its intervals."""
@@ -109,13 +140,6 @@ class Predictor:
     alternatives: tuple[Callable[[], Predictor | None], ...] = ()
     """Loaders of the next-best predictors of the target, in order of their score: for rows this one cannot
     predict because a feature it uses is missing (:meth:`predict`)."""
-    row_sources: list[str] = field(default_factory=list)
-    """Per row of the last :meth:`predict`, the ``regressor/split`` whose number it is."""
-    row_missing: list[str] = field(default_factory=list)
-    """Per row of the last :meth:`predict`, why it has no number ("" where it has one or the fold models gave
-    none on their own)."""
-    used_alternatives: list[Predictor] = field(default_factory=list)
-    """The :attr:`alternatives` the last :meth:`predict` took numbers from (the prediction record names them)."""
 
     @property
     def source(self) -> str:
@@ -160,24 +184,25 @@ class Predictor:
                     for m in self.folds.values()]  # a fold model need only predict (a stand-in has no features)
         return [sorted({name for names in row for name in names}) for row in zip(*per_fold, strict=True)]
 
-    def predict(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
-        """(point, lo, hi, interval method): :meth:`predict_own` where every feature the fold models use is
-        present. A row without one of them gets no number from this predictor (a regressor would fill in the
-        training median: another model's value); it is predicted by the first of :attr:`alternatives` whose
-        features it has, named in the method text and in :attr:`row_sources`, else left NaN with the reason."""
+    def predict(self, X: pd.DataFrame) -> TargetPrediction:
+        """:meth:`predict_own` where every feature the fold models use is present. A row without one of them gets
+        no number from this predictor (a regressor would fill in the training median: another model's value); it
+        is predicted by the first of :attr:`alternatives` whose features it has, named in the method text and in
+        the answer's ``sources`` and ``fallbacks``, else left NaN with the reason in its ``missing``. The answer
+        is returned, not kept: a predictor may be asked again (power caps) before the first answer is read."""
         gaps = self.missing_features(X)
         point, lo, hi, method = self.predict_own(X)
-        self.row_sources, self.used_alternatives = [self.source] * len(X), []
-        blocked = np.array([bool(g) for g in gaps], dtype=bool)
-        own = [method] if not blocked.all() else []  # some row is this predictor's
-        self.row_missing = [
+        sources = [self.source] * len(X)
+        missing = [
             f"{self.source} gives no prediction where {', '.join(g)} {'is' if len(g) == 1 else 'are'} missing "
             f"({missing_feature_reasons(X.iloc[i], g)}; a training median is never filled in)" if g else ""
             for i, g in enumerate(gaps)]
+        blocked = np.array([bool(g) for g in gaps], dtype=bool)
         if not blocked.any():
-            return point, lo, hi, method
+            return TargetPrediction(point, lo, hi, method, tuple(sources), tuple(missing))
+        own = [method] if not blocked.all() else []  # some row is this predictor's
         point, lo, hi = (np.where(blocked, np.nan, a) for a in (point, lo, hi))
-        notes = list(dict.fromkeys(why for why in self.row_missing if why))
+        notes, fallbacks = list(dict.fromkeys(why for why in missing if why)), []
         for load in self.alternatives:
             rows = np.flatnonzero(blocked)
             if not len(rows):
@@ -190,15 +215,16 @@ class Predictor:
             if not covered.any():
                 continue
             a_point, a_lo, a_hi, a_method = alternative.predict_own(sub.iloc[np.flatnonzero(covered)])
-            self.used_alternatives.append(alternative)
+            fallbacks.append(alternative)
             for k, row in enumerate(rows[covered]):
                 point[row], lo[row], hi[row] = a_point[k], a_lo[k], a_hi[k]
-                self.row_sources[row], self.row_missing[row] = alternative.source, ""
+                sources[row], missing[row] = alternative.source, ""
                 blocked[row] = False
             score = "" if alternative.mape is None else f", {alternative.mape:.3g} % MAPE on {alternative.score_text}"
             notes.append(f"{int(covered.sum())} row(s) predicted by the fallback {alternative.source} (the next "
                          f"best whose features are present{score}): {a_method}")
-        return point, lo, hi, "; ".join([*own, *notes])
+        return TargetPrediction(point, lo, hi, "; ".join([*own, *notes]), tuple(sources), tuple(missing),
+                                tuple(fallbacks))
 
     def predict_own(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
         """(point, lo, hi, interval method): mean of the fold predictions and its nominal 90 % interval; per row,
@@ -291,8 +317,8 @@ def choose_file(
     metrics: pd.DataFrame, results: Path, target: str, preferred_split: str = PREFERRED_SPLIT
 ) -> Choice:
     """(regressor, split, mape, n, splits scored on) of the best-scored existing predictor file of ``target``:
-    by its score on ``preferred_split`` where that split was evaluated, for :data:`PREFERRED_SPLIT` pooled over
-    :data:`IN_FAMILY_SPLITS` (:func:`_in_family_scores`)."""
+    by its score on ``preferred_split`` where that split was evaluated, pooled over the splits
+    :data:`POOLED_SPLITS` names for it (:func:`_pooled_scores`)."""
     return ranked_files(metrics, results, target, preferred_split)[0]
 
 
@@ -315,8 +341,8 @@ def ranked_files(
     if len(rows):
         preferred = rows[rows["split"] == preferred_split]
         scored_on: tuple[str, ...] = ()
-        if preferred_split == PREFERRED_SPLIT and len(preferred):
-            preferred, scored_on = _in_family_scores(metrics, target, preferred)
+        if preferred_split in POOLED_SPLITS and len(preferred):
+            preferred, scored_on = _pooled_scores(metrics, target, preferred, POOLED_SPLITS[preferred_split])
         ranked = (preferred if len(preferred) else rows).sort_values(["mape", "regressor", "split"])
         choices = []
         for _, row in ranked.iterrows():
@@ -337,26 +363,26 @@ def ranked_files(
     return [("", "", None, None, ())]
 
 
-def _in_family_scores(metrics: pd.DataFrame, target: str, candidates: pd.DataFrame
-                      ) -> tuple[pd.DataFrame, tuple[str, ...]]:
-    """``candidates`` (rows of the preferred split) with ``mape`` and ``n`` pooled over the held-out rows of the
-    :data:`IN_FAMILY_SPLITS` that every candidate was scored on (MAPE weighted by each split's rows), and those
-    splits. A split without row counts is left out, as is a split some candidate lacks."""
-    scores = metrics[(metrics["target"] == target) & metrics["split"].isin(IN_FAMILY_SPLITS)
+def _pooled_scores(metrics: pd.DataFrame, target: str, candidates: pd.DataFrame, pooled: tuple[str, ...]
+                   ) -> tuple[pd.DataFrame, tuple[str, ...]]:
+    """``candidates`` (rows of the preferred split, ``pooled[0]``) with ``mape`` and ``n`` pooled over the held-out
+    rows of the splits of ``pooled`` that every candidate was scored on (MAPE weighted by each split's rows), and
+    those splits. A split without row counts is left out, as is a split some candidate lacks."""
+    scores = metrics[(metrics["target"] == target) & metrics["split"].isin(pooled)
                      & metrics["regressor"].isin(candidates["regressor"])]
     scores = scores.assign(mape=pd.to_numeric(scores["mape"], errors="coerce"),
                            n=pd.to_numeric(scores.get("n"), errors="coerce"))
     scores = scores[np.isfinite(scores["mape"]) & (scores["n"] > 0)]
     per_split = scores.groupby("split")["regressor"].nunique()
-    splits = tuple(s for s in IN_FAMILY_SPLITS if per_split.get(s, 0) == candidates["regressor"].nunique())
-    if PREFERRED_SPLIT not in splits or len(splits) < 2:
+    splits = tuple(s for s in pooled if per_split.get(s, 0) == candidates["regressor"].nunique())
+    if pooled[0] not in splits or len(splits) < 2:
         return candidates, ()
     scores = scores[scores["split"].isin(splits)]
     rows = scores.groupby("regressor")["n"].sum()
-    pooled = pd.DataFrame({"mape": (scores["mape"] * scores["n"]).groupby(scores["regressor"]).sum() / rows,
-                           "n": rows})
+    pooled_scores = pd.DataFrame({"mape": (scores["mape"] * scores["n"]).groupby(scores["regressor"]).sum() / rows,
+                                  "n": rows})
     return candidates.drop(columns=["mape", "n"], errors="ignore").merge(
-        pooled, left_on="regressor", right_index=True), splits
+        pooled_scores, left_on="regressor", right_index=True), splits
 
 
 def load_predictors(

@@ -38,6 +38,7 @@ def _inputs(
     results: Path,
     workdir: Path,
     predictors: Mapping[str, Predictor],
+    fallbacks: Mapping[str, Sequence[Predictor]],
     hw_files: Mapping[str, Path],
     devices: Sequence[str],
     spec: ModelSpec,
@@ -45,7 +46,7 @@ def _inputs(
     """Every file a prediction reads, by its recorded path."""
     metrics, dataset = results / "evaluate" / "metrics.parquet", results / "dataset" / "dataset.parquet"
     inputs = {record_key(metrics, workdir): metrics, record_key(dataset, workdir): dataset}
-    for p in (p for chosen in predictors.values() for p in (chosen, *chosen.used_alternatives)):
+    for p in (*predictors.values(), *(p for used in fallbacks.values() for p in used)):
         inputs[record_key(p.path, workdir)] = p.path
         held = p.path.with_name(f"{p.split}.predictions.parquet")
         if held.is_file():
@@ -79,13 +80,14 @@ def prediction_provenance(
     results: Path,
     workdir: Path,
     predictors: Mapping[str, Predictor],
+    fallbacks: Mapping[str, Sequence[Predictor]],
     hw_files: Mapping[str, Path],
     devices: Sequence[str],
     spec: ModelSpec,
 ) -> Sources:
     """The sha256 of every file read, the recorded chain behind them, the predictor records, and a
     warning for each predictor fitted on another dataset."""
-    inputs = _inputs(results, workdir, predictors, hw_files, devices, spec)
+    inputs = _inputs(results, workdir, predictors, fallbacks, hw_files, devices, spec)
     hashes = {k: sha256_file(p) for k, p in sorted(inputs.items())}
     chain = provenance_chain(inputs, workdir)
     dataset_key = record_key(results / "dataset" / "dataset.parquet", workdir)
@@ -103,6 +105,6 @@ def prediction_provenance(
 
     for target, p in predictors.items():
         records[target] = record(p)
-        if p.used_alternatives:  # predicted rows its own features could not: named, hashed, audited alike
-            records[target]["fallbacks"] = [record(a) for a in p.used_alternatives]
+        if fallbacks.get(target):  # predicted rows its own features could not: named, hashed, audited alike
+            records[target]["fallbacks"] = [record(a) for a in fallbacks[target]]
     return Sources(hashes, chain, records, warnings)

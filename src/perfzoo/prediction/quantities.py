@@ -19,7 +19,7 @@ import pandas as pd
 
 from perfzoo.io import one_line
 from perfzoo.prediction.devices import DeviceSettings
-from perfzoo.prediction.predictors import TARGETS, Predictor
+from perfzoo.prediction.predictors import TARGETS, Predictor, TargetPrediction
 
 Quantities = dict[str, dict[str, Any]]  # quantity name -> {value, lo, hi, source, interval} or {..., missing}
 
@@ -47,9 +47,9 @@ def present(q: dict[str, Any] | None) -> bool:
     return q is not None and "missing" not in q and math.isfinite(q["value"])
 
 
-def target_predictions(X: pd.DataFrame, predictors: Mapping[str, Predictor]) -> dict[str, Any]:
-    """target -> (point, lo, hi, method) arrays over the rows of X, or the reason it failed."""
-    out: dict[str, Any] = {}
+def target_predictions(X: pd.DataFrame, predictors: Mapping[str, Predictor]) -> dict[str, TargetPrediction | str]:
+    """target -> its predictor's answer over the rows of X, or the reason it failed."""
+    out: dict[str, TargetPrediction | str] = {}
     for target, pred in predictors.items():
         try:  # overflow far outside the training range gives inf, reported per quantity
             with np.errstate(all="ignore"), warnings.catch_warnings():
@@ -82,7 +82,7 @@ def label_gaps(data: pd.DataFrame) -> dict[tuple[str, str], str]:
 def _predicted(
     i: int,
     device: str,
-    tp: Mapping[str, Any],
+    tp: Mapping[str, TargetPrediction | str],
     predictors: Mapping[str, Predictor],
     missing_targets: Mapping[str, str],
     gaps: Mapping[tuple[str, str], str],
@@ -96,20 +96,19 @@ def _predicted(
             q[target] = missing(missing_targets[target])
         elif target not in tp:
             q[target] = missing("no fitted predictor")
-        elif isinstance(tp[target], str):
-            q[target] = missing(tp[target])
+        elif isinstance(answer := tp[target], str):
+            q[target] = missing(answer)
         else:
-            point, lo, hi, method = tp[target]
+            point, lo, hi, method = answer
             p = predictors[target]
-            if i < len(p.row_missing) and p.row_missing[i]:  # a feature it uses is missing, no fallback has them
-                q[target] = missing(p.row_missing[i] + "; no other fitted predictor has every feature it uses")
+            if answer.why_missing(i):  # a feature its predictor uses is missing, no fallback has them
+                q[target] = missing(answer.why_missing(i) + "; no other fitted predictor has every feature it uses")
             elif not (math.isfinite(point[i]) and point[i] > 0):
                 why = "a number > 0" if math.isfinite(point[i]) else "a finite number (it overflows this far"
                 why += "" if math.isfinite(point[i]) else " outside the profiled range)"
                 q[target] = missing(f"{p.path} predicted {point[i]:.4g} instead of {why}")
-            else:
-                source = p.row_sources[i] if i < len(p.row_sources) else p.source  # a fallback's, for its rows
-                q[target] = quantity(point[i], lo[i], hi[i], source, method)
+            else:  # a fallback's source for its rows
+                q[target] = quantity(point[i], lo[i], hi[i], answer.source(i, p.source), method)
     return q
 
 
@@ -190,7 +189,7 @@ def _derive_cost_and_carbon(
 def row_quantities(
     i: int,
     device: str,
-    tp: Mapping[str, Any],
+    tp: Mapping[str, TargetPrediction | str],
     predictors: Mapping[str, Predictor],
     missing_targets: Mapping[str, str],
     gaps: Mapping[tuple[str, str], str],

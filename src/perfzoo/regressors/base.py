@@ -95,12 +95,16 @@ def fit_on_complete_rows(make: Callable[[], Regressor], X: pd.DataFrame, y: pd.S
                          ) -> tuple[Regressor, np.ndarray]:
     """(``make()`` fitted on the rows of ``X`` that have every feature it uses, the incomplete rows left out): fitted
     once on all rows to learn which features those are, again without the incomplete rows where there are any, so no
-    training row has a median filled in. With no complete row at all the first fit stands (its predictions for rows
-    lacking a feature are refused all the same)."""
+    training row has a median filled in. Raises ``InputError`` naming the missing features when no row has them all
+    (a fit there would rest on filled-in values alone)."""
     model = make().fit(X, y)
     incomplete = incomplete_rows(model, X)
-    if not incomplete.any() or incomplete.all():
+    if not incomplete.any():
         return model, incomplete
+    if incomplete.all():
+        missing = sorted({name for names in model.missing_features(X) for name in names})
+        raise InputError(f"no training row has every feature {type(model).__name__} uses ({', '.join(missing)} "
+                         "missing); a fit on filled-in values is refused")
     target = np.asarray(y, dtype=float)
     return make().fit(X[~incomplete], target[~incomplete]), incomplete
 

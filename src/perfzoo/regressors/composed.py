@@ -306,7 +306,7 @@ class ComposedRegressor(Regressor):
             self.coef_[group], self.pooled_coef_[group], self.seen_kinds_[group] = self._group_costs(
                 group, data, rows, strength)
             self.shrinkage_[group] = strength
-        # never on the operator features; a row it would fill in a median for is left out
+        # never on the operator features; a row it would fill in a median for is left out (none complete: refused)
         self.fallback_model_ = fit_on_complete_rows(REGISTRY[self.fallback], without_operator_features(X), y)[0]
 
     def _group_costs(self, group: str, data: _FitData, rows: np.ndarray, strength: float
