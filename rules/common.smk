@@ -246,24 +246,47 @@ def external_entry(name):
     return {"path": entry} if isinstance(entry, str) else dict(entry)
 
 
-def external_table(wildcards):
+def external_table_of(name):
     """The entry's table; a relative path is read from `external_dir` (default: the working directory)."""
-    return str(
-        Path(config.get("external_dir") or ".") / os.path.expandvars(external_entry(wildcards.name)["path"])
-    )
+    return str(Path(config.get("external_dir") or ".") / os.path.expandvars(external_entry(name)["path"]))
 
 
-def external_device_map(wildcards):
+def external_table(wildcards):
+    return external_table_of(wildcards.name)
+
+
+def external_device_map_of(name):
     """The entry's device-map file, as an input (an inline mapping needs no file)."""
-    device_map = external_entry(wildcards.name).get("device_map")
+    device_map = external_entry(name).get("device_map")
     return [os.path.expandvars(device_map)] if isinstance(device_map, str) else []
 
 
-def external_options(wildcards):
+def external_device_map(wildcards):
+    return external_device_map_of(wildcards.name)
+
+
+def external_options_of(name):
     """How to read the entry's table (format, device, precision, software, inline device map, strict)."""
-    entry = external_entry(wildcards.name)
+    entry = external_entry(name)
     entry.pop("path")
     return entry
+
+
+def external_options(wildcards):
+    return external_options_of(wildcards.name)
+
+
+EXTERNAL_FEATURE_CACHE = "results/external/feature_cache.jsonl"
+"""Model features of the imported tables, shared by the import jobs (keyed by model, resolution, precision, mode
+and the featuriser's code and library versions: :mod:`perfzoo.features.pool`)."""
+
+
+def external_tables_ahead(wildcards=None):
+    """[table, options, device-map file] of every `external:` entry, whose models an import job featurises ahead."""
+    return [
+        [external_table_of(name), external_options_of(name), (external_device_map_of(name) or [None])[0]]
+        for name in EXTERNAL
+    ]
 
 
 def zoo_files(wildcards=None):

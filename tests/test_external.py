@@ -528,3 +528,45 @@ def test_report_notes_name_the_models_featurised_under_timms_current_name_the_fi
                            "timm:old_00 -> timm:new_00, timm:old_01 -> timm:new_01")
     assert f"timm:old_{RENAMED_NAMED - 1:02d} -> " in note and f"timm:old_{RENAMED_NAMED:02d}" not in note
     assert note.endswith(", and 3 more (each import's log names them)")
+
+
+TIMM_HEADER = "model,infer_img_size,infer_samples_per_sec,infer_step_time,infer_batch_size,param_count\n"
+
+
+def test_the_models_of_every_table_are_featurised_once_for_every_batch_they_list(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workflow's import jobs: the first featurises every table's models, each at every batch any table lists
+    (timm's files: 1,024 on most GPUs, 2,048 on another); a later job, a new process reading the cache file, builds
+    no model; a table that cannot be read is named and left to its own import."""
+    from perfzoo.dataset.external import entry_options, featurise_tables
+
+    monkeypatch.setattr(pool, "_CACHE", {})
+    tables = []
+    for gpu, batch in (("5090", 1024), ("4090", 2048)):
+        path = tmp_path / f"benchmark-infer-amp-nchw-pt291-cu130-{gpu}.csv"
+        path.write_text(TIMM_HEADER + f"resnet18,64,1000.0,{batch / 1000:.3f},{batch},11.69\n")
+        tables.append((path, {"format": "timm"}, None))
+    cache = str(tmp_path / "features.jsonl")
+    missing = (tmp_path / "benchmark-infer-amp-nchw-pt291-cu130-3090.csv", {"format": "timm"}, None)
+    skipped = featurise_tables([*tables, missing], entry_options({"format": "timm"}, None, 1, cache))
+    assert len(skipped) == 1 and skipped[0].startswith(str(missing[0]))
+    assert load_cache(cache) == 1  # one model, one job holding both batches
+
+    def built_again(job: FeatureJob) -> None:
+        raise AssertionError(f"{job.name} at {job.batches} featurised again")
+
+    monkeypatch.setattr(pool, "_CACHE", {})  # a later import job
+    monkeypatch.setattr(pool, "featurise_job", built_again)
+    for path, entry, _ in tables:
+        rows, _ = import_external(path, options=entry_options(entry, None, 1, cache))
+        assert rows["flops"].notna().all() and (rows["featurised_by"] != "").all()
+
+
+def test_a_cache_line_its_writer_left_unfinished_is_passed_over(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "features.jsonl"
+    entry = {"key": ["timm", "resnet18", "fp32", 32, "inference", 100], "reason": "", "probes": None,
+             "features": {"1": {"flops": 1.0}}, "versions": pool._versions()}
+    cache.write_text(json.dumps(entry) + "\n" + json.dumps(entry)[:40])
+    monkeypatch.setattr(pool, "_CACHE", {})
+    assert load_cache(cache) == 1

@@ -56,7 +56,7 @@ import math
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -432,6 +432,44 @@ def _add_model_features(data: pd.DataFrame, options: ImportOptions) -> pd.DataFr
     for col in MODEL_FEATURES:
         table[col] = pd.to_numeric(table[col], errors="coerce").astype("float64")
     return data.merge(table, on=keys, how="left")
+
+
+def table_configs(csv_path: str | Path, options: ImportOptions) -> pd.DataFrame:
+    """(model, precision, resolution, mode, batch) of every measured row of a table, read as :func:`import_external`
+    reads it, without featurising."""
+    rows, _ = import_external(csv_path, options=replace(options, featurise_models=False))
+    return rows[["name", "precision", "resolution", "mode", "batch"]].rename(columns={"name": "model"})
+
+
+def entry_options(entry: dict[str, Any], device_map_file: str | None, workers: int | None = None,
+                  feature_cache: str | None = None) -> ImportOptions:
+    """A workflow config's ``external:`` entry (without its ``path``) as import options: ``format``, ``device``,
+    ``precision``, ``software``, ``strict``, and ``device_map`` inline or from ``device_map_file``."""
+    entry = dict(entry)
+    device_map = entry.pop("device_map", None)
+    mapping = device_map if isinstance(device_map, dict) else load_device_map(device_map_file if device_map else None)
+    return ImportOptions(fmt=entry.pop("format", "long"), device_map=mapping, workers=workers,
+                         feature_cache=feature_cache, **entry)
+
+
+def featurise_tables(tables: Sequence[tuple[str | Path, dict[str, Any], str | None]], options: ImportOptions
+                     ) -> list[str]:
+    """Featurise the models of several tables (``(path, entry, device-map file)``, as :func:`entry_options` reads
+    them) together, into this process's cache and ``options.feature_cache``: one job per model (resolution,
+    precision, mode) with every batch any table lists, so importing each table afterwards, here or in a later
+    process reading the same cache file, builds no model again (timm's files list the same models at other batch
+    sizes: 1,024 on most GPUs, 2,048 on another). A table that cannot be read is left to its own import to report;
+    returns why each such table was skipped."""
+    configs, skipped = [], []
+    for path, entry, device_map_file in tables:
+        try:
+            configs.append(table_configs(path, entry_options(entry, device_map_file)))
+        except (InputError, OSError) as exc:
+            skipped.append(f"{path}: {exc}")
+    if configs:
+        jobs, _ = feature_jobs(pd.concat(configs, ignore_index=True).drop_duplicates())
+        featurise_jobs(jobs, options.workers, options.progress, options.feature_cache)
+    return skipped
 
 
 def unfeaturisable_models(data: pd.DataFrame) -> pd.DataFrame:

@@ -27,6 +27,7 @@ A model that cannot be built or stepped gives no numbers: ``reason`` holds the b
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import json
@@ -108,14 +109,20 @@ def _versions() -> dict[str, str]:
 
 def load_cache(path: str | Path) -> int:
     """Load probe features and directly featurised batches saved by :func:`featurise_jobs` (``cache_path``)
-    for the same library versions; entries of other versions are ignored. Returns the number of entries
-    loaded."""
+    for the same library versions; entries of other versions are ignored, as is a line another process left
+    unfinished. Returns the number of entries loaded."""
     path = Path(path)
     if not path.exists():
         return 0
     versions, loaded = _versions(), 0
-    for line in path.read_text().splitlines():
-        entry = json.loads(line)
+    with path.open() as handle:
+        fcntl.flock(handle, fcntl.LOCK_SH)  # a writer appends whole lines under an exclusive lock (_save)
+        lines = handle.read().splitlines()
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:  # cut short when its writer died: that model is featurised again
+            continue
         if entry["versions"] != versions:
             continue
         key = tuple(entry["key"])
@@ -128,11 +135,17 @@ def load_cache(path: str | Path) -> int:
 
 
 def _save(path: Path, result: FeatureResult) -> None:
+    """Append ``result`` to the cache file as one line, under an exclusive lock: import jobs of one workflow that
+    run at the same time share the file."""
     entry = {"key": list(_cache_key(result.job)), "versions": _versions(), "reason": result.reason,
              "probes": list(result.probes) if result.probes else None,
              "features": {} if result.probes else {str(b): f for b, f in result.features.items()}}
-    with path.open("a") as handle:
-        handle.write(json.dumps(entry, default=float) + "\n")
+    line = (json.dumps(entry, default=float) + "\n").encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("ab") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.write(line)
+        handle.flush()
 
 
 def _remember(result: FeatureResult) -> None:
