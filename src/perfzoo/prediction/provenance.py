@@ -85,8 +85,8 @@ def prediction_provenance(
     devices: Sequence[str],
     spec: ModelSpec,
 ) -> Sources:
-    """The sha256 of every file read, the recorded chain behind them, the predictor records, and a
-    warning for each predictor fitted on another dataset."""
+    """The sha256 of every file read, the recorded chain behind them, the predictor records (with, per target, the
+    ``fallbacks`` some rows were predicted by), and a warning for each predictor fitted on another dataset."""
     inputs = _inputs(results, workdir, predictors, fallbacks, hw_files, devices, spec)
     hashes = {k: sha256_file(p) for k, p in sorted(inputs.items())}
     chain = provenance_chain(inputs, workdir)
