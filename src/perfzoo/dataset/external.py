@@ -280,15 +280,17 @@ def family_from_name(model: str) -> str:
 
 
 def _families(long: pd.DataFrame, path: Path) -> dict[str, str]:
-    families = {}
-    for model, g in long.groupby("model", sort=True):
-        given = g.loc[g["family_given"] != "", ["family_given", "data_row"]].drop_duplicates("family_given")
-        if len(given) > 1:
-            rows = ", ".join(map(str, given["data_row"]))
-            raise InputError(f"{path}: model {model!r} is given different families "
-                             f"{list(given['family_given'])} (rows {rows})")
-        families[model] = given["family_given"].iloc[0] if len(given) else family_from_name(str(model))
-    return families
+    """Each model's family: the one its rows give (one only), else :func:`family_from_name`."""
+    given = long.loc[long["family_given"] != "", ["model", "family_given", "data_row"]]
+    distinct = given.drop_duplicates(["model", "family_given"])  # each family's first row, in the table's order
+    clash = distinct[distinct.duplicated("model", keep=False)]
+    if len(clash):
+        first = clash[clash["model"] == min(clash["model"])]
+        rows = ", ".join(map(str, first["data_row"]))
+        raise InputError(f"{path}: model {first['model'].iloc[0]!r} is given different families "
+                         f"{list(first['family_given'])} (rows {rows})")
+    families = {model: family_from_name(str(model)) for model in long["model"].unique()}
+    return {**families, **dict(zip(distinct["model"], distinct["family_given"], strict=True))}
 
 
 CONFIG = ["model", "precision", "n_gpus", "resolution"]
