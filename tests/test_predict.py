@@ -831,6 +831,16 @@ def test_an_answer_names_its_fallback_after_the_predictor_is_asked_again() -> No
     assert [x["latency_ms"]["source"] for x in q] == ["flops_only/leave_one_family_out",
                                                       "with_graph/leave_one_family_out"]
     assert first.fallbacks == (fallback,) and again.fallbacks == ()
+    # a number a fallback gave that is no time names the fallback's file, not the chosen one's
+    from perfzoo.evaluate import Calibration
+    from perfzoo.prediction.predictors import Predictor
+
+    broken = Predictor("latency_ms", "broken", "leave_one_family_out", Path("broken.models.json"),
+                       {"0": _Stub(lambda w: np.full_like(w, -1.0))}, {}, 30.0, 40, Calibration(0.2, 40))
+    chosen.alternatives = (lambda: broken,)
+    negative = chosen.predict(X.assign(power_limit_w=300.0))
+    q = row_quantities(0, "gpu", {"latency_ms": negative}, predictors, {}, {}, 4, DeviceSettings(kind="cuda"), None)
+    assert q["latency_ms"]["missing"] == "broken.models.json predicted -1 instead of a number > 0"
 
 
 def test_a_row_missing_a_feature_no_alternative_has_gets_no_number() -> None:

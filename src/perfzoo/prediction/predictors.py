@@ -114,8 +114,10 @@ class TargetPrediction:
     def __iter__(self) -> Iterator[Any]:
         return iter((self.point, self.lo, self.hi, self.method))
 
-    def source(self, row: int, default: str) -> str:
-        return self.sources[row] if row < len(self.sources) else default
+    def given_by(self, row: int, chosen: Predictor) -> Predictor:
+        """The predictor whose number row ``row`` holds: ``chosen``, or the fallback that predicted it."""
+        source = self.sources[row] if row < len(self.sources) else chosen.source
+        return next((a for a in self.fallbacks if a.source == source), chosen)
 
     def why_missing(self, row: int) -> str:
         return self.missing[row] if row < len(self.missing) else ""

@@ -100,15 +100,15 @@ def _predicted(
             q[target] = missing(answer)
         else:
             point, lo, hi, method = answer
-            p = predictors[target]
+            given_by = answer.given_by(i, predictors[target])  # the chosen predictor, or a fallback for this row
             if answer.why_missing(i):  # a feature its predictor uses is missing, no fallback has them
                 q[target] = missing(answer.why_missing(i) + "; no other fitted predictor has every feature it uses")
             elif not (math.isfinite(point[i]) and point[i] > 0):
                 why = "a number > 0" if math.isfinite(point[i]) else "a finite number (it overflows this far"
                 why += "" if math.isfinite(point[i]) else " outside the profiled range)"
-                q[target] = missing(f"{p.path} predicted {point[i]:.4g} instead of {why}")
-            else:  # a fallback's source for its rows
-                q[target] = quantity(point[i], lo[i], hi[i], answer.source(i, p.source), method)
+                q[target] = missing(f"{given_by.path} predicted {point[i]:.4g} instead of {why}")
+            else:
+                q[target] = quantity(point[i], lo[i], hi[i], given_by.source, method)
     return q
 
 
