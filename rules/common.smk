@@ -215,12 +215,15 @@ def op_time_targets(wildcards=None):
 def regressor_files(regressor):
     """Files a regressor reads besides the dataset and the split, by its parameter name (one table for the
     fit rule's inputs and the regressor's parameters): per-layer timings and complexities for the per-layer
-    (Gianniti) regressor, measured per-kind operator times for composed_optime."""
+    (Gianniti) regressor, measured per-kind operator times for composed (its per-byte priors) and composed_optime
+    (its per-kind fits). composed_blend's composed member keeps the pooled priors: with the measured ones the
+    blend was worse on the selection splits (bench/RESULTS.md)."""
     return {
         "gianniti_layer": {
             "layers_path": "results/features/layers.parquet",
             "timings_path": layer_timing_files(),
         },
+        "composed": {"op_times_path": OP_TIMES},
         "composed_optime": {"op_times_path": OP_TIMES},
     }.get(regressor, {})
 

@@ -424,6 +424,60 @@ def test_composed_shrinkage_pulls_the_per_kind_costs_to_the_pooled_fit():
     assert ratio[0] > ratio[1] > ratio[2] and ratio[2] == pytest.approx(1.0, rel=0.05)
 
 
+def _with_measured_times(X: pd.DataFrame, per_byte: dict[str, float]) -> pd.DataFrame:
+    """``X`` with each costed kind's measured time: ``per_byte[kind]`` times its bytes (0 for the others)."""
+    from perfzoo.regressors.composed import COSTED_KINDS
+
+    times = {f"optime_{k}_ms": per_byte.get(k, 0.0) * X[f"op_{k}_bytes"] if k in per_byte else 0.0
+             for k in COSTED_KINDS}
+    return X.assign(**times)
+
+
+def test_composed_shrinks_each_per_byte_cost_towards_its_measured_one_where_op_times_exist():
+    # optimizer bytes grow with the elementwise bytes: the latency alone cannot tell their costs apart
+    X, y = synthetic(60)
+    optimizer_per_byte = 5e-8
+    X["op_optimizer_bytes"], X["op_optimizer_count"] = 0.2 * X["op_elementwise_bytes"], 10.0
+    y = y + optimizer_per_byte * X["op_optimizer_bytes"].to_numpy()
+    measured = {"elementwise": TRUE["op_elementwise_bytes"], "optimizer": optimizer_per_byte}
+    gpu = X.assign(device="gpu")  # a device without per-op times: the pooled prior there
+    timed = pd.concat([_with_measured_times(X, measured), gpu.assign(**{f"optime_{k}_ms": np.nan for k in measured})],
+                      ignore_index=True)
+    strong = ComposedRegressor(shrinkage=1e4)
+    with_times = strong.fit(timed, np.concatenate([y, y]))
+    coef = with_times.coefficients("cpu")
+    assert coef["op_optimizer_bytes"] / coef["op_elementwise_bytes"] == pytest.approx(5.0, rel=0.05)
+    assert with_times.measured_prior_kinds_["cpu"] == ["elementwise", "optimizer"]
+    assert with_times.measured_prior_kinds_["gpu"] == []
+    on_gpu = with_times.coefficients("gpu")
+    assert on_gpu["op_optimizer_bytes"] / on_gpu["op_elementwise_bytes"] == pytest.approx(1.0, rel=0.05)
+    without = ComposedRegressor(shrinkage=1e4).fit(X, y).coefficients("cpu")  # pooled prior: one cost per byte
+    assert without["op_optimizer_bytes"] / without["op_elementwise_bytes"] == pytest.approx(1.0, rel=0.05)
+    # the measured times are labels: never a feature, never read to predict
+    assert not [c for c in with_times.feature_names_ + with_times.fallback_model_.feature_names_ if "optime" in c]
+    np.testing.assert_allclose(with_times.predict(X), with_times.predict(_with_measured_times(X, measured)))
+
+
+def test_composed_keeps_the_pooled_prior_for_a_kind_measured_in_too_few_configs():
+    from perfzoo.regressors.composed import MIN_TIMED_ROWS
+
+    X, y = synthetic(40)
+    timed = _with_measured_times(X, {"elementwise": 1e-6})  # 100x the true cost, but in too few configs
+    timed.loc[MIN_TIMED_ROWS - 1:, "optime_elementwise_ms"] = np.nan
+    reg = ComposedRegressor(shrinkage=1e4).fit(timed, y)
+    assert reg.measured_prior_kinds_["cpu"] == []
+    assert reg.coefficients("cpu")["op_elementwise_bytes"] < 1e-7
+
+
+def test_a_blend_gives_its_members_that_take_them_the_measured_op_times():
+    from perfzoo.regressors.blend import BlendRegressor
+
+    blend = BlendRegressor(op_times_path="results/features/op_times.parquet")
+    assert blend._member("composed").op_times_path == "results/features/op_times.parquet"
+    assert "op_times_path" not in blend._member("poly_lasso").get_params()
+    assert BlendRegressor()._member("composed").op_times_path is None
+
+
 def test_composed_inner_cv_needs_model_ids_and_mape_weighting_no_shrinkage():
     X, y = synthetic(20)
     with pytest.raises(InputError, match="model_id"):

@@ -12,7 +12,8 @@ extrapolation it is worse than ``composed`` alone, and the evaluate and predict 
 A member that takes operator features (:attr:`Regressor.uses_operator_features`) is given them; the others are
 fitted and predict without them, as they are when they run on their own. A row where any member predicts no
 positive finite number gets NaN (never a guess from the other members alone); :meth:`prediction_notes` passes
-on each member's notes, naming the member.
+on each member's notes, naming the member. ``op_times_path`` (the measured per-operator times, which the fit
+rule passes) goes to each member that takes it: ``composed``'s per-byte priors.
 """
 
 from __future__ import annotations
@@ -46,9 +47,17 @@ class BlendRegressor(Regressor):
     _required_state: ClassVar[tuple[str, ...]] = ("feature_names_", "member_kinds_")
     _payload_attrs = ("members_",)
 
-    def __init__(self, members: tuple[str, ...] = DEFAULT_MEMBERS, log_target: bool = False) -> None:
+    def __init__(self, members: tuple[str, ...] = DEFAULT_MEMBERS, log_target: bool = False,
+                 op_times_path: str | None = None) -> None:
         self.members = members
         self.log_target = log_target
+        self.op_times_path = op_times_path
+
+    def _member(self, kind: str) -> Regressor:
+        """A new member of ``kind``, given ``op_times_path`` when it takes one (``composed``'s measured priors)."""
+        cls = REGISTRY[kind]
+        takes_times = self.op_times_path is not None and "op_times_path" in cls._get_param_names()
+        return cls(op_times_path=self.op_times_path) if takes_times else cls()
 
     def targets_modelled(self) -> tuple[str, ...] | None:
         """The targets every member models (a blend needs each member's number)."""
@@ -75,7 +84,7 @@ class BlendRegressor(Regressor):
     def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> BlendRegressor:
         self._check_members()
         X = check_frame(X)
-        self.members_ = [REGISTRY[m]().fit(self._inputs(REGISTRY[m], X), y) for m in self.members]
+        self.members_ = [self._member(m).fit(self._inputs(REGISTRY[m], X), y) for m in self.members]
         self.member_kinds_ = list(self.members)
         self.feature_names_ = list(dict.fromkeys(f for m in self.members_ for f in m.feature_names_))
         self.n_features_in_ = len(self.feature_names_)

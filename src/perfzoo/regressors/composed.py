@@ -37,6 +37,20 @@ says how and what it gives). ``shrinkage="cv"`` instead picks the strength per d
 models; needs ``model_id``); it picked no shrinkage for batch extrapolation on both runs, where the fixed
 strength helps. ``weighting="mape"`` takes no shrinkage (``shrinkage=0``).
 
+Per-byte costs shrunk towards the measured ones
+-----------------------------------------------
+Fitted on the end-to-end latency alone, the per-byte costs are shrunk towards the pooled per-byte cost, which
+the zoo's many small operators set (their per-call costs land in it): about 3.7 GB/s on the CPU, where the
+profile rule's per-operator timer measures 15-20 GB/s for operators that stream large tensors (VGG's optimizer
+and fully connected layers, over-predicted by 60-90 % held out). With ``op_times_path`` (the ``op_times``
+rule's table; the fit rule passes it), each kind's per-byte cost is instead shrunk towards the per-byte cost of
+a non-negative fit of that kind's *measured* time on its FLOPs, bytes and calls in the training configs of the
+device (:data:`MIN_TIMED_ROWS` or more configs that ran the kind); its per-FLOP and per-call costs are still
+shrunk towards the pooled fit (the timer adds its own cost per call, and measured per-FLOP priors were worse on
+every split). A device or kind without enough measured times keeps the pooled prior. The measured times are
+labels read in ``fit`` only, never features. Compared side by side on six default runs in ``bench/RESULTS.md``,
+"composed's per-byte costs shrunk towards the measured ones".
+
 ``step_terms`` names model features costed once per step, whatever the batch, each with an extra in
 training (non-negative, like the rest). The default, :data:`DEFAULT_STEP_TERMS`, is ``n_module_calls``: each
 ``nn.Module`` call runs Python outside any operator, which a per-operator call cost would otherwise absorb and
@@ -129,10 +143,20 @@ INNER_CV = "cv"
 """``shrinkage="cv"``: the strength from :data:`SHRINKAGE_GRID` with the lowest leave-one-model-out MAPE on
 the training rows of each device."""
 INNER_GROUP_COLUMN = "model_id"
+COSTED_TIME_LABELS = tuple(f"{OP_TIME_PREFIX}{kind}_ms" for kind in COSTED_KINDS)
+"""Measured time of each costed kind in one step (:func:`perfzoo.features.op_times.kind_time_labels`):
+auxiliary labels that the per-byte priors (and :class:`ComposedOpTimeRegressor`'s per-kind models) are fitted on,
+never features."""
+TIME_LABEL_KEY = ("device", "model_id", "mode", "batch")
+
+MIN_TIMED_ROWS = 3
+"""Training configs with a measured time of a kind needed before that kind's measured per-byte cost is the prior
+its fitted per-byte cost is shrunk towards (fewer: the pooled fit's)."""
 # (operator features x kinds) and (operator features x statistics) indicator matrices
 _KIND_OF = np.array([[OP_FEATURE_KINDS[f][0] == k for k in COSTED_KINDS] for f in OP_FEATURES], dtype=float)
 _STAT_OF = np.array([[OP_FEATURE_KINDS[f][1] == st for st in OP_STATS] for f in OP_FEATURES], dtype=float)
 _COUNT_COLUMN = np.array([OP_FEATURES.index(f"op_{k}_count") for k in COSTED_KINDS])
+_IS_BYTES = np.array([OP_FEATURE_KINDS[f][1] == "bytes" for f in OP_FEATURES])
 
 
 def _nonnegative_fit(A: np.ndarray, y: np.ndarray, weighting: str, prior: np.ndarray | None = None,
@@ -191,12 +215,17 @@ class _Design:
 
 @dataclass(frozen=True)
 class _FitData:
-    """One fit's row-aligned arrays: the design matrix, the target in original units and, for
-    :class:`ComposedOpTimeRegressor`, the measured time of each costed kind (labels, never features)."""
+    """One fit's row-aligned arrays: the design matrix, the target in original units and the measured time of
+    each costed kind (labels, never features; None without ``op_times_path``)."""
 
     design: np.ndarray
     target: np.ndarray
     kind_times: np.ndarray | None = None
+
+    def subset(self, rows: np.ndarray) -> _FitData:
+        """The same arrays for ``rows`` only (a boolean mask)."""
+        times = None if self.kind_times is None else self.kind_times[rows]
+        return _FitData(self.design[rows], self.target[rows], times)
 
 
 @register_regressor
@@ -206,10 +235,13 @@ class ComposedRegressor(Regressor):
     kind = "composed"
     only_targets = ("latency_ms",)
     uses_operator_features = True
+    needs_measured_times = False
+    """Refuse an ``op_times_path`` table without measured times (else: the pooled prior, module docstring)."""
 
     def __init__(self, group_col: str | None = "device", weighting: str = "relative", fallback: str = "linear",
                  log_target: bool = False, step_terms: tuple[str, ...] = DEFAULT_STEP_TERMS,
-                 shrinkage: float | str = DEFAULT_SHRINKAGE, constant_overhead: bool = False) -> None:
+                 shrinkage: float | str = DEFAULT_SHRINKAGE, constant_overhead: bool = False,
+                 op_times_path: str | None = None) -> None:
         self.group_col = group_col
         self.weighting = weighting
         self.fallback = fallback
@@ -217,6 +249,7 @@ class ComposedRegressor(Regressor):
         self.step_terms = step_terms
         self.shrinkage = shrinkage
         self.constant_overhead = constant_overhead
+        self.op_times_path = op_times_path
 
     # -- design
 
@@ -266,8 +299,34 @@ class ComposedRegressor(Regressor):
     # -- fit
 
     def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> ComposedRegressor:
-        self._fit(X, y)
+        X, kind_times = self._split_time_labels(check_frame(X))
+        self._fit(X, y, kind_times)
         return self
+
+    def _split_time_labels(self, X: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray | None]:
+        """(``X`` without any measured-time column, the measured time of each costed kind per row: NaN for a
+        config without per-op times, None without ``op_times_path`` and without such columns in ``X``)."""
+        if self.op_times_path is None and not any(c in X.columns for c in COSTED_TIME_LABELS):
+            return X, None
+        X = self._with_time_labels(X)
+        kind_times = numeric_matrix(X, list(COSTED_TIME_LABELS))
+        return X.drop(columns=[c for c in X.columns if str(c).startswith(OP_TIME_PREFIX)]), kind_times
+
+    def _with_time_labels(self, X: pd.DataFrame) -> pd.DataFrame:
+        """``X`` with the measured per-kind times of its configs joined from ``op_times_path`` (the
+        ``op_times`` rule's table), unless ``X`` carries them already; a config without per-op times gets
+        NaN (never zero)."""
+        if self.op_times_path is None or all(c in X.columns for c in COSTED_TIME_LABELS):
+            return X.assign(**{c: np.nan for c in COSTED_TIME_LABELS if c not in X.columns})
+        require_columns(X, list(TIME_LABEL_KEY), what=f"{self.kind} with op_times_path")
+        path = Path(self.op_times_path)
+        times = _time_labels(str(path), path.stat().st_mtime_ns if path.exists() else 0)
+        if times is None:
+            if self.needs_measured_times:
+                raise InputError(f"{self.kind}: {path} has no measured per-op times")
+            return X.assign(**{c: np.nan for c in COSTED_TIME_LABELS})
+        times = times.reindex(_label_key(X))
+        return X.assign(**{c: times[c].to_numpy(dtype=float) for c in COSTED_TIME_LABELS})
 
     def _fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray, kind_times: np.ndarray | None = None) -> None:
         """Fit on ``X`` and ``y``; ``kind_times`` (rows x costed kinds, :class:`_FitData`) reach
@@ -299,9 +358,10 @@ class ComposedRegressor(Regressor):
         else:
             inner_groups = np.zeros(len(X))
         self.coef_, self.pooled_coef_, self.seen_kinds_, self.shrinkage_ = {}, {}, {}, {}
+        self.measured_prior_kinds_ = {}
         for group in [ALL_DEVICES, *sorted(set(groups[traced]))]:
             rows = traced & ((groups == group) if group != ALL_DEVICES else True)
-            strength = (self._inner_cv_strength(design[rows], target[rows], inner_groups[rows])
+            strength = (self._inner_cv_strength(data.subset(rows), inner_groups[rows])
                         if self.shrinkage == INNER_CV else float(self.shrinkage))
             self.coef_[group], self.pooled_coef_[group], self.seen_kinds_[group] = self._group_costs(
                 group, data, rows, strength)
@@ -312,7 +372,9 @@ class ComposedRegressor(Regressor):
     def _group_costs(self, group: str, data: _FitData, rows: np.ndarray, strength: float
                      ) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """(coefficients, pooled coefficients, kinds seen) of one group's ``rows``, fitted on the latency."""
-        coef, pooled = self._fit_costs(data.design[rows], data.target[rows], strength)
+        pooled, prior, measured = self._prior(data.subset(rows))
+        self.measured_prior_kinds_[group] = measured
+        coef = _nonnegative_fit(data.design[rows], data.target[rows], self.weighting, prior, strength)
         calls = data.design[rows][:, self._n_base:][:, _COUNT_COLUMN].sum(axis=0)
         return coef, pooled, [k for k, n in zip(COSTED_KINDS, calls, strict=True) if n > 0]
 
@@ -323,30 +385,39 @@ class ComposedRegressor(Regressor):
             raise InputError(f"composed: shrinkage {self.shrinkage!r} must be a number >= 0 or {INNER_CV!r}, "
                              "and 0 with weighting 'mape'")
 
-    def _fit_costs(self, design: np.ndarray, target: np.ndarray, strength: float
-                   ) -> tuple[np.ndarray, np.ndarray]:
-        """(coefficients, pooled coefficients) of one device's rows: the pooled fit first, then the per-kind
-        fit, each operator coefficient pulled towards its statistic's pooled one with ``strength``."""
-        pooled, prior = self._pooled_prior(design, target)
-        return _nonnegative_fit(design, target, self.weighting, prior, strength), pooled
-
-    def _pooled_prior(self, design: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(pooled coefficients, the value each coefficient is shrunk towards: NaN for the per-step terms)."""
+    def _prior(self, data: _FitData) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """(pooled coefficients, the value each coefficient is shrunk towards: NaN for the per-step terms, the
+        kinds whose per-byte prior is their measured per-byte cost) of one fit's rows (module docstring)."""
         nb = self._n_base
-        pooled = _nonnegative_fit(self._pooled(design), target, self.weighting)
-        return pooled, np.concatenate([np.full(nb, np.nan), _STAT_OF @ pooled[nb:]])
+        pooled = _nonnegative_fit(self._pooled(data.design), data.target, self.weighting)
+        prior = np.concatenate([np.full(nb, np.nan), _STAT_OF @ pooled[nb:]])
+        measured = []
+        if data.kind_times is None:
+            return pooled, prior, measured
+        ops = data.design[:, nb:]
+        for j, kind in enumerate(COSTED_KINDS):
+            timed = (ops[:, _COUNT_COLUMN[j]] > 0) & (np.nan_to_num(data.kind_times[:, j]) > 0)
+            if timed.sum() < MIN_TIMED_ROWS:
+                continue
+            columns = _KIND_OF[:, j] > 0
+            costs = _nonnegative_fit(ops[timed][:, columns], data.kind_times[timed, j], self.weighting)
+            per_byte = np.flatnonzero(columns & _IS_BYTES)
+            prior[nb + per_byte] = costs[_IS_BYTES[columns]]
+            measured.append(kind)
+        return pooled, prior, measured
 
-    def _inner_cv_strength(self, design: np.ndarray, target: np.ndarray, models: np.ndarray) -> float:
+    def _inner_cv_strength(self, data: _FitData, models: np.ndarray) -> float:
         """The shrinkage strength of :data:`SHRINKAGE_GRID` with the lowest MAPE when each model's rows are
         predicted by a fit on the other models' rows (kinds the others never ran costed by the pooled fit);
         the first of the grid with one model only."""
         if len(set(models)) < 2:
             return SHRINKAGE_GRID[0]
+        design, target = data.design, data.target
         nb = self._n_base
         predicted = np.zeros((len(SHRINKAGE_GRID), len(target)))
         for model in sorted(set(models)):
             held, train = models == model, models != model
-            pooled, prior = self._pooled_prior(design[train], target[train])  # once per held-out model
+            pooled, prior, _ = self._prior(data.subset(train))  # once per held-out model
             never_ran = design[train][:, nb:][:, _COUNT_COLUMN].sum(axis=0) == 0
             of_unseen = _KIND_OF[:, never_ran].any(axis=1)
             for i, strength in enumerate(SHRINKAGE_GRID):
@@ -463,19 +534,14 @@ class ComposedRegressor(Regressor):
         self.fallback_model_ = regressor_from_document(json.loads(payload["data"]), f"{source} (fallback)")
 
 
-COSTED_TIME_LABELS = tuple(f"{OP_TIME_PREFIX}{kind}_ms" for kind in COSTED_KINDS)
-"""Measured time of each costed kind in one step (:func:`perfzoo.features.op_times.kind_time_labels`):
-auxiliary labels that :class:`ComposedOpTimeRegressor` fits its per-kind models on, never features."""
-TIME_LABEL_KEY = ("device", "model_id", "mode", "batch")
-
 
 @functools.lru_cache(maxsize=4)
-def _time_labels(path: str, mtime_ns: int) -> pd.DataFrame:
-    """Measured per-kind times of the ``op_times`` table at ``path``, indexed by :data:`TIME_LABEL_KEY`: read
-    once per file version, not once per fold (``mtime_ns`` keys the version)."""
+def _time_labels(path: str, mtime_ns: int) -> pd.DataFrame | None:
+    """Measured per-kind times of the ``op_times`` table at ``path``, indexed by :data:`TIME_LABEL_KEY` (None when
+    it has none): read once per file version, not once per fold (``mtime_ns`` keys the version)."""
     labels = kind_time_labels(read_parquet(path))
     if labels.empty:
-        raise InputError(f"composed_optime: {path} has no measured per-op times")
+        return None
     times = labels.set_axis(_label_key(labels))[list(COSTED_TIME_LABELS)]
     return times[~times.index.duplicated()]
 
@@ -501,29 +567,19 @@ class ComposedOpTimeRegressor(ComposedRegressor):
 
     kind = "composed_optime"
 
+    needs_measured_times = True
+
     def __init__(self, group_col: str | None = "device", weighting: str = "relative", fallback: str = "linear",
                  log_target: bool = False, op_times_path: str | None = None) -> None:
         super().__init__(group_col, weighting, fallback, log_target, step_terms=(), shrinkage=0.0,
-                         constant_overhead=True)
-        self.op_times_path = op_times_path
-
-    def _with_time_labels(self, X: pd.DataFrame) -> pd.DataFrame:
-        """``X`` with the measured per-kind times of its configs joined from ``op_times_path`` (the
-        ``op_times`` rule's table), unless ``X`` carries them already; a config without per-op times gets
-        NaN (left out of the per-kind fits, never zero)."""
-        if self.op_times_path is None or all(c in X.columns for c in COSTED_TIME_LABELS):
-            return X
-        require_columns(X, list(TIME_LABEL_KEY), what="composed_optime")
-        path = Path(self.op_times_path)
-        times = _time_labels(str(path), path.stat().st_mtime_ns if path.exists() else 0).reindex(_label_key(X))
-        return X.assign(**{c: times[c].to_numpy(dtype=float) for c in COSTED_TIME_LABELS})
+                         constant_overhead=True, op_times_path=op_times_path)
 
     def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> ComposedOpTimeRegressor:
-        X = self._with_time_labels(check_frame(X))
-        require_columns(X, COSTED_TIME_LABELS, what="measured per-kind time (results/features/op_times.parquet)")
-        kind_times = numeric_matrix(X, list(COSTED_TIME_LABELS))  # labels: read by _group_costs only
-        # the checks and the fallback never see a label
-        self._fit(X.drop(columns=[c for c in X.columns if str(c).startswith(OP_TIME_PREFIX)]), y, kind_times)
+        X = check_frame(X)
+        if self.op_times_path is None:
+            require_columns(X, COSTED_TIME_LABELS, what="measured per-kind time (results/features/op_times.parquet)")
+        X, kind_times = self._split_time_labels(X)
+        self._fit(X, y, kind_times)  # the checks and the fallback never see a label
         return self
 
     def _group_costs(self, group: str, data: _FitData, rows: np.ndarray, strength: float
