@@ -133,7 +133,9 @@ ALL_DEVICES = "*"
 OVERHEAD_TERMS = ("overhead", "overhead_training")
 DEFAULT_SHRINKAGE = 5.0
 """Chosen on the selection splits (family_monte_carlo, stratified_kfold) of two default runs:
-``bench/RESULTS.md``, "Composed with per-kind costs shrunk towards the pooled fit"."""
+``bench/RESULTS.md``, "Composed with per-kind costs shrunk towards the pooled fit". On six later runs those splits
+prefer 1 (with either prior) at a cost in batch extrapolation; not re-chosen yet (``bench/RESULTS.md``,
+"composed's per-byte costs shrunk towards the measured ones")."""
 DEFAULT_STEP_TERMS = ("n_module_calls",)
 """A per-module-call cost: the Python each ``nn.Module`` call runs outside any operator. Chosen for that reason;
 on the zoo's splits it is better on three default runs of five (``bench/RESULTS.md``, "Composed with a cost per
