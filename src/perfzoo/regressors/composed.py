@@ -42,7 +42,7 @@ Per-byte costs shrunk towards the measured ones
 Fitted on the end-to-end latency alone, the per-byte costs are shrunk towards the pooled per-byte cost, which
 the zoo's many small operators set (their per-call costs land in it): about 3.7 GB/s on the CPU, where the
 profile rule's per-operator timer measures 15-20 GB/s for operators that stream large tensors (VGG's optimizer
-and fully connected layers, over-predicted by 60-90 % held out). With ``op_times_path`` (the ``op_times``
+and fully connected layers: VGG held out was over-predicted by 74-95 %). With ``op_times_path`` (the ``op_times``
 rule's table; the fit rule passes it), each kind's per-byte cost is instead shrunk towards the per-byte cost of
 a non-negative fit of that kind's *measured* time on its FLOPs, bytes and calls in the training configs of the
 device (:data:`MIN_TIMED_ROWS` or more configs that ran the kind); its per-FLOP and per-call costs are still
@@ -536,7 +536,6 @@ class ComposedRegressor(Regressor):
         self.fallback_model_ = regressor_from_document(json.loads(payload["data"]), f"{source} (fallback)")
 
 
-
 @functools.lru_cache(maxsize=4)
 def _time_labels(path: str, mtime_ns: int) -> pd.DataFrame | None:
     """Measured per-kind times of the ``op_times`` table at ``path``, indexed by :data:`TIME_LABEL_KEY` (None when
@@ -568,7 +567,6 @@ class ComposedOpTimeRegressor(ComposedRegressor):
     """
 
     kind = "composed_optime"
-
     needs_measured_times = True
 
     def __init__(self, group_col: str | None = "device", weighting: str = "relative", fallback: str = "linear",
