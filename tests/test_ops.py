@@ -449,6 +449,9 @@ def test_composed_shrinks_each_per_byte_cost_towards_its_measured_one_where_op_t
     assert coef["op_optimizer_bytes"] / coef["op_elementwise_bytes"] == pytest.approx(5.0, rel=0.05)
     assert with_times.measured_prior_kinds_["cpu"] == ["elementwise", "optimizer"]
     assert with_times.measured_prior_kinds_["gpu"] == []
+    assert with_times.measured_prior_kinds_["*"] == []  # two devices together: not one device's measured costs
+    one_device = ComposedRegressor(shrinkage=1e4).fit(_with_measured_times(X, measured), y)
+    assert one_device.measured_prior_kinds_["*"] == ["elementwise", "optimizer"]
     on_gpu = with_times.coefficients("gpu")
     assert on_gpu["op_optimizer_bytes"] / on_gpu["op_elementwise_bytes"] == pytest.approx(1.0, rel=0.05)
     without = ComposedRegressor(shrinkage=1e4).fit(X, y).coefficients("cpu")  # pooled prior: one cost per byte

@@ -45,7 +45,8 @@ profile rule's per-operator timer measures 15-20 GB/s for operators that stream 
 and fully connected layers: VGG held out was over-predicted by 74-95 %). With ``op_times_path`` (the ``op_times``
 rule's table; the fit rule passes it), each kind's per-byte cost is instead shrunk towards the per-byte cost of
 a non-negative fit of that kind's *measured* time on its FLOPs, bytes and calls in the training configs of the
-device (:data:`MIN_TIMED_ROWS` or more configs that ran the kind); its per-FLOP and per-call costs are still
+device (:data:`MIN_TIMED_ROWS` or more configs that ran the kind; the fit of several devices together, used for a
+device not seen in training, takes no device's measured costs); its per-FLOP and per-call costs are still
 shrunk towards the pooled fit (the timer adds its own cost per call, and measured per-FLOP priors were worse on
 every split). A device or kind without enough measured times keeps the pooled prior. The measured times are
 labels read in ``fit`` only, never features. Compared side by side on six default runs in ``bench/RESULTS.md``,
@@ -361,7 +362,9 @@ class ComposedRegressor(Regressor):
             inner_groups = np.zeros(len(X))
         self.coef_, self.pooled_coef_, self.seen_kinds_, self.shrinkage_ = {}, {}, {}, {}
         self.measured_prior_kinds_ = {}
-        for group in [ALL_DEVICES, *sorted(set(groups[traced]))]:
+        devices = sorted(set(groups[traced]))
+        self._one_device = len(devices) == 1  # read by _group_costs during this fit only
+        for group in [ALL_DEVICES, *devices]:
             rows = traced & ((groups == group) if group != ALL_DEVICES else True)
             strength = (self._inner_cv_strength(data.subset(rows), inner_groups[rows])
                         if self.shrinkage == INNER_CV else float(self.shrinkage))
@@ -373,8 +376,12 @@ class ComposedRegressor(Regressor):
 
     def _group_costs(self, group: str, data: _FitData, rows: np.ndarray, strength: float
                      ) -> tuple[np.ndarray, np.ndarray, list[str]]:
-        """(coefficients, pooled coefficients, kinds seen) of one group's ``rows``, fitted on the latency."""
-        pooled, prior, measured = self._prior(data.subset(rows))
+        """(coefficients, pooled coefficients, kinds seen) of one group's ``rows``, fitted on the latency; the fit of
+        several devices together (a device not seen in training) takes no device's measured costs as its priors."""
+        own = data.subset(rows)
+        if group == ALL_DEVICES and not self._one_device:
+            own = _FitData(own.design, own.target)
+        pooled, prior, measured = self._prior(own)
         self.measured_prior_kinds_[group] = measured
         coef = _nonnegative_fit(data.design[rows], data.target[rows], self.weighting, prior, strength)
         calls = data.design[rows][:, self._n_base:][:, _COUNT_COLUMN].sum(axis=0)
