@@ -200,6 +200,24 @@ def _shrinkage_rows(weighted: np.ndarray, prior: np.ndarray, strength: float) ->
     return rows, rows[np.arange(len(columns)), columns] * prior[columns]
 
 
+def _measured_kind_costs(ops: np.ndarray, kind_times: np.ndarray, weighting: str, min_rows: int
+                         ) -> tuple[np.ndarray, list[str]]:
+    """(per operator feature, the cost fitted on its kind's measured time: NaN for a kind not fitted; the kinds
+    fitted) of ``ops`` (rows x operator features) and ``kind_times`` (rows x costed kinds): per kind, a
+    non-negative fit of its measured time on its FLOPs, bytes and calls, over the rows that ran it and timed it
+    above 0 (a NaN time: not timed), when there are ``min_rows`` or more."""
+    costs = np.full(ops.shape[1], np.nan)
+    fitted = []
+    for j, kind in enumerate(COSTED_KINDS):
+        timed = (ops[:, _COUNT_COLUMN[j]] > 0) & (np.nan_to_num(kind_times[:, j]) > 0)
+        if timed.sum() < max(min_rows, 1):
+            continue
+        columns = _KIND_OF[:, j] > 0
+        costs[columns] = _nonnegative_fit(ops[timed][:, columns], kind_times[timed, j], weighting)
+        fitted.append(kind)
+    return costs, fitted
+
+
 @dataclass(frozen=True)
 class _Design:
     """The design of the rows of a frame: ``matrix`` ([base terms..., op features...] per row, a missing value
@@ -400,19 +418,11 @@ class ComposedRegressor(Regressor):
         nb = self._n_base
         pooled = _nonnegative_fit(self._pooled(data.design), data.target, self.weighting)
         prior = np.concatenate([np.full(nb, np.nan), _STAT_OF @ pooled[nb:]])
-        measured = []
         if data.kind_times is None:
-            return pooled, prior, measured
-        ops = data.design[:, nb:]
-        for j, kind in enumerate(COSTED_KINDS):
-            timed = (ops[:, _COUNT_COLUMN[j]] > 0) & (np.nan_to_num(data.kind_times[:, j]) > 0)
-            if timed.sum() < MIN_TIMED_ROWS:
-                continue
-            columns = _KIND_OF[:, j] > 0
-            costs = _nonnegative_fit(ops[timed][:, columns], data.kind_times[timed, j], self.weighting)
-            per_byte = np.flatnonzero(columns & _IS_BYTES)
-            prior[nb + per_byte] = costs[_IS_BYTES[columns]]
-            measured.append(kind)
+            return pooled, prior, []
+        costs, measured = _measured_kind_costs(data.design[:, nb:], data.kind_times, self.weighting, MIN_TIMED_ROWS)
+        per_byte = _IS_BYTES & np.isfinite(costs)
+        prior[nb:][per_byte] = costs[per_byte]
         return pooled, prior, measured
 
     def _inner_cv_strength(self, data: _FitData, models: np.ndarray) -> float:
@@ -609,17 +619,8 @@ class ComposedOpTimeRegressor(ComposedRegressor):
         all_design, all_target = design[traced], target[traced]
         nb = self._n_base
         ops, kind_times = design[timed, nb:], kind_times[timed]
-        per_feature = np.zeros(ops.shape[1])
-        seen = []
-        for j, kind in enumerate(COSTED_KINDS):
-            columns = _KIND_OF[:, j] > 0
-            ran = ops[:, _COUNT_COLUMN[j]] > 0
-            positive = ran & (kind_times[:, j] > 0)
-            if not positive.any():
-                continue
-            seen.append(kind)
-            per_feature[columns] = _nonnegative_fit(ops[positive][:, columns], kind_times[positive, j],
-                                                    self.weighting)
+        costs, seen = _measured_kind_costs(ops, kind_times, self.weighting, min_rows=1)
+        per_feature = np.nan_to_num(costs, nan=0.0)  # placeholder: a kind not in ``seen`` is costed by the pooled fit
         total = kind_times.sum(axis=1)
         pooled_ops = _nonnegative_fit(ops @ _STAT_OF, total, self.weighting)
         predicted = all_design[:, nb:] @ per_feature
