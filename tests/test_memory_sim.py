@@ -509,6 +509,76 @@ def test_memory_sim_predicts_peak_memory_only() -> None:
     assert "peak memory" in unsupported_reason("memory_sim", "latency_ms")
 
 
+# --------------------------------------------------------------------------- memory_sim blended with poly_lasso
+
+
+def blend_frame(n: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
+    """:func:`sim_frame`'s rows at batches 2-16, the label a little off memory_sim's model (so that the two members
+    differ), and each device's measured depthwise factor."""
+    X, y = sim_frame(n, seed)
+    rng = np.random.default_rng(seed + 10)
+    X["batch"] = rng.choice([2, 4, 8, 16], n).astype(float)
+    X[DEPTHWISE_TEMPORARY_FACTOR] = np.where(X["device"] == "cpu", COEF["cpu"][-1], np.nan)
+    return X, y * (1 + 0.05 * np.sin(np.arange(n)))
+
+
+def test_memory_blend_is_the_geometric_mean_within_the_fitted_batches_and_memory_sim_outside(tmp_path: Path) -> None:
+    X, y = blend_frame(120)
+    blend = make_regressor("memory_blend").fit(X, y)
+    sim = MemorySimRegressor().fit(X, y)
+    poly = make_regressor("poly_lasso").fit(X.drop(columns=DEPTHWISE_TEMPORARY_FACTOR), y)
+    assert DEPTHWISE_TEMPORARY_FACTOR not in blend.members_[1].feature_names_  # poly_lasso as on its own
+    new, _ = blend_frame(8, seed=1)
+    new["batch"] = [2, 16, 8, 4, 1, 32, 8, 8]  # 1 and 32 lie outside the fitted batches 2-16
+    new.loc[6, "device"], new.loc[7, "mode"] = "npu", "serving"  # a device and a mode never fitted
+    inside = np.array([True, True, True, True, False, False, False, False])
+    np.testing.assert_array_equal(blend.inside_fitted_batches(new), inside)
+    np.testing.assert_array_equal(blend.member_predictions(new), np.column_stack([sim.predict(new),
+                                                                                 poly.predict(new)]))
+    pred = blend.predict(new)
+    np.testing.assert_allclose(pred[inside], np.sqrt(sim.predict(new) * poly.predict(new))[inside], rtol=1e-12)
+    np.testing.assert_allclose(pred[~inside], sim.predict(new)[~inside], rtol=1e-14)  # exp(log(p)): one ulp
+    assert not np.allclose(pred[inside], sim.predict(new)[inside], rtol=1e-3)  # poly_lasso had its say there
+    blend.save(tmp_path / "blend.json")
+    loaded = load_regressor(tmp_path / "blend.json")
+    assert loaded.batch_ranges_ == blend.batch_ranges_ == {"cpu|inference": [2.0, 16.0], "cpu|training": [2.0, 16.0],
+                                                           "gpu|inference": [2.0, 16.0], "gpu|training": [2.0, 16.0]}
+    np.testing.assert_array_equal(loaded.predict(new), pred)
+
+
+def test_memory_blend_gives_no_number_where_memory_sim_gives_none_even_outside_the_batches() -> None:
+    X, y = blend_frame(120)
+    blend = make_regressor("memory_blend").fit(X, y)
+    new, _ = blend_frame(4, seed=2)
+    new["batch"] = [4, 64, 4, 64]
+    new.loc[[0, 1], "sim_peak_bytes"] = np.nan  # the simulation failed on this model
+    pred = blend.predict(new)
+    assert np.isnan(pred[:2]).all() and np.isfinite(pred[2:]).all()
+
+
+def test_a_blend_refuses_within_batches_that_names_no_member() -> None:
+    X, y = blend_frame(40)
+    with pytest.raises(InputError, match="within_batches names \\['linear'\\], which are not among the members"):
+        make_regressor("memory_blend", within_batches=("linear",)).fit(X, y)
+    with pytest.raises(InputError, match="missing .*batch"):
+        make_regressor("memory_blend").fit(X.drop(columns="batch"), y)
+
+
+def test_the_fit_rule_fits_memory_blend_on_peak_memory_with_the_measured_factor() -> None:
+    from perfzoo.fitting import OPERATOR_FEATURE_REGRESSORS, applies_device_calibration
+
+    assert unsupported_reason("memory_blend", "peak_mem_mb") is None
+    assert "peak memory" in unsupported_reason("memory_blend", "latency_ms")
+    assert applies_device_calibration("memory_blend") and "memory_blend" not in OPERATOR_FEATURE_REGRESSORS
+    X, y = blend_frame(60)
+    data = X.assign(peak_mem_mb=y, row_id=[f"r{i}" for i in range(60)], model_id="m", family="f", label="m",
+                    is_training=0.0)
+    split = pd.DataFrame({"split": "s", "fold": 0, "row_id": data["row_id"], "set": ["train"] * 40 + ["test"] * 20})
+    _, models, _ = fit_split(data, split, "peak_mem_mb", "memory_blend")
+    sim = next(iter(models.values())).members_[0]
+    assert sim.row_coefficients(data[data["device"] == "cpu"])[0, -1] == COEF["cpu"][-1]
+
+
 def test_a_step_the_profiled_loss_cannot_take_leaves_the_columns_missing_with_the_reason() -> None:
     def backbone() -> nn.Module:  # no classifier head: cross-entropy against class targets does not apply
         return nn.Conv2d(3, 4, 3)

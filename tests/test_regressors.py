@@ -140,7 +140,7 @@ def test_sklearn_contract(name: str) -> None:
     params = reg.get_params()
     assert "log_target" in params
     additive = {"roofline", "gianniti_e2e", "gianniti_layer", "memory_sim", "composed", "composed_optime"}
-    blends = {"composed_blend"}  # each member has its own target transform
+    blends = {"composed_blend", "memory_blend"}  # each member has its own target transform
     assert params["log_target"] is (name not in additive | blends)  # additive models
     assert clone(reg).get_params() == params
     assert not [k for k in vars(reg) if k.endswith("_")], "constructor must only store parameters"

@@ -11,7 +11,8 @@ The public API of the package, re-exported from its modules:
 - :mod:`~perfzoo.regressors.memory`: peak memory from the meta-device simulation, calibrated per device;
 - :mod:`~perfzoo.regressors.gianniti`: the end-to-end and per-layer models of Gianniti et al.;
 - :mod:`~perfzoo.regressors.composed`: per-kind operator costs summed over a model's meta-device operator trace;
-- :mod:`~perfzoo.regressors.blend`: the geometric mean of several regressors (``composed`` with ``poly_lasso``);
+- :mod:`~perfzoo.regressors.blend`: the geometric mean of several regressors (``composed`` with ``poly_lasso``;
+  ``memory_sim`` with ``poly_lasso`` within the profiled batches);
 - :mod:`~perfzoo.regressors.transfer`: predicting an unprofiled GPU from other GPUs;
 - :mod:`~perfzoo.regressors.selection`: cross-validated grid search;
 - :mod:`~perfzoo.regressors.baselines`: rule-of-thumb baselines scored beside the regressors.
@@ -31,7 +32,7 @@ from perfzoo.regressors.base import (
     save_regressor,
 )
 from perfzoo.regressors.baselines import BASELINES, baseline_predictions
-from perfzoo.regressors.blend import BlendRegressor
+from perfzoo.regressors.blend import BlendRegressor, MemoryBlendRegressor
 from perfzoo.regressors.composed import ComposedRegressor
 from perfzoo.regressors.gianniti import GiannitiE2ERegressor, GiannitiLayerRegressor
 from perfzoo.regressors.linear import LinearRegressor, PolyLassoRegressor, RooflineRegressor
@@ -52,6 +53,7 @@ __all__ = [
     "GiannitiLayerRegressor",
     "LinearRegressor",
     "MLPRegressor",
+    "MemoryBlendRegressor",
     "MemorySimRegressor",
     "PolyLassoRegressor",
     "RandomForestRegressor",
