@@ -10,8 +10,10 @@ every run (``bench/RESULTS.md``, "composed blended with poly_lasso"); on leave-o
 extrapolation it is worse than ``composed`` alone, and the evaluate and predict stages choose per split.
 
 A member that takes operator features (:attr:`Regressor.uses_operator_features`) is given them; the others are
-fitted and predict without them, as they are when they run on their own. A row where any member predicts no
-positive finite number gets NaN (never a guess from the other members alone); :meth:`prediction_notes` passes
+fitted and predict without them, as they are when they run on their own (likewise the devices' measured constants,
+:attr:`Regressor.uses_device_calibration`). A row where any member that counts on it predicts no positive finite
+number gets NaN (never a guess from the other members alone), and so does a row that lacks a feature of any member,
+counted or not (:meth:`missing_features`); :meth:`prediction_notes` passes
 on each member's notes, naming the member. ``op_times_path`` (the measured per-operator times) goes to each
 member that takes it, ``composed``'s per-byte priors; the fit rule does not pass it to the blend, whose ``composed``
 keeps the pooled priors (``bench/RESULTS.md``, "composed's per-byte costs shrunk towards the measured ones").
