@@ -381,23 +381,23 @@ class ComposedRegressor(Regressor):
         self.coef_, self.pooled_coef_, self.seen_kinds_, self.shrinkage_ = {}, {}, {}, {}
         self.measured_prior_kinds_ = {}
         devices = sorted(set(groups[traced]))
-        self._one_device = len(devices) == 1  # read by _group_costs during this fit only
         for group in [ALL_DEVICES, *devices]:
             rows = traced & ((groups == group) if group != ALL_DEVICES else True)
             strength = (self._inner_cv_strength(data.subset(rows), inner_groups[rows])
                         if self.shrinkage == INNER_CV else float(self.shrinkage))
+            # the fit of several devices together (a device not seen in training) takes no device's measured costs
             self.coef_[group], self.pooled_coef_[group], self.seen_kinds_[group] = self._group_costs(
-                group, data, rows, strength)
+                group, data, rows, strength, measured_priors=group != ALL_DEVICES or len(devices) == 1)
             self.shrinkage_[group] = strength
         # never on the operator features; a row it would fill in a median for is left out (none complete: refused)
         self.fallback_model_ = fit_on_complete_rows(REGISTRY[self.fallback], without_operator_features(X), y)[0]
 
-    def _group_costs(self, group: str, data: _FitData, rows: np.ndarray, strength: float
+    def _group_costs(self, group: str, data: _FitData, rows: np.ndarray, strength: float, measured_priors: bool
                      ) -> tuple[np.ndarray, np.ndarray, list[str]]:
-        """(coefficients, pooled coefficients, kinds seen) of one group's ``rows``, fitted on the latency; the fit of
-        several devices together (a device not seen in training) takes no device's measured costs as its priors."""
+        """(coefficients, pooled coefficients, kinds seen) of one group's ``rows``, fitted on the latency; the
+        per-byte priors are the measured ones (where ``data`` has measured kind times) only if ``measured_priors``."""
         own = data.subset(rows)
-        if group == ALL_DEVICES and not self._one_device:
+        if not measured_priors:
             own = _FitData(own.design, own.target)
         pooled, prior, measured = self._prior(own)
         self.measured_prior_kinds_[group] = measured
@@ -599,10 +599,10 @@ class ComposedOpTimeRegressor(ComposedRegressor):
         self._fit(X, y, kind_times)  # the checks and the fallback never see a label
         return self
 
-    def _group_costs(self, group: str, data: _FitData, rows: np.ndarray, strength: float
+    def _group_costs(self, group: str, data: _FitData, rows: np.ndarray, strength: float, measured_priors: bool
                      ) -> tuple[np.ndarray, np.ndarray, list[str]]:
-        """The per-kind fits on the measured kind times of the group's rows that have them; a group without
-        any (a GPU) keeps the end-to-end fit."""
+        """The per-kind fits on the measured kind times of the group's rows that have them, whatever
+        ``measured_priors``; a group without any (a GPU) keeps the end-to-end fit."""
         if data.kind_times is None:  # fit passes them; a caller that does not is a programming error
             raise InputError("composed_optime: fitted without the measured per-kind times (kind_times)")
         timed = rows & ~np.isnan(data.kind_times).any(axis=1)
@@ -610,7 +610,7 @@ class ComposedOpTimeRegressor(ComposedRegressor):
             return self._fit_group(data.design, data.kind_times, data.target, timed, rows)
         if group == ALL_DEVICES:
             raise InputError("composed_optime: no training row has both an operator trace and per-op times")
-        return super()._group_costs(group, data, rows, strength)
+        return super()._group_costs(group, data, rows, strength, measured_priors)
 
     def _fit_group(self, design: np.ndarray, kind_times: np.ndarray, target: np.ndarray, timed: np.ndarray,
                    traced: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str]]:
