@@ -428,3 +428,16 @@ def test_a_fit_where_no_row_has_a_used_feature_is_refused_naming_it() -> None:
     X.loc[:9, "graph_nodes"] = 50.0  # ten complete rows: fitted on those
     model, incomplete = fit_on_complete_rows(lambda: REGISTRY["linear"](features=["flops", "graph_nodes"]), X, y)
     assert int(incomplete.sum()) == 20 and model.missing_features(X.iloc[:10]) == [[]] * 10
+
+
+def test_the_config_schema_accepts_exactly_the_registered_regressors_and_presets() -> None:
+    """The schema's list of regressor names is a second list; it must name every registered regressor and preset,
+    and nothing else."""
+    import yaml
+
+    from perfzoo.fitting import PRESETS
+
+    schema_file = Path(__file__).resolve().parents[1] / "src" / "perfzoo" / "schemas" / "config.schema.yaml"
+    schema = yaml.safe_load(schema_file.read_text())
+    names = schema["properties"]["fit"]["properties"]["regressors"]["items"]["enum"]
+    assert len(names) == len(set(names)) and set(names) == set(REGISTRY) | set(PRESETS)
