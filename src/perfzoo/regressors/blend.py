@@ -127,11 +127,8 @@ class BlendRegressor(Regressor):
     def _batch_ranges(self, X: pd.DataFrame) -> dict[str, list[float]]:
         """Per "device|mode" of the training rows, their smallest and largest batch."""
         groups, batches = self._groups_and_batches(X)
-        ranges: dict[str, list[float]] = {}
-        for group, batch in zip(groups, batches, strict=True):
-            low, high = ranges.get(group, [batch, batch])
-            ranges[group] = [float(min(low, batch)), float(max(high, batch))]
-        return ranges
+        spans = pd.Series(batches, dtype=float).groupby(groups).agg(["min", "max"])
+        return {str(group): [float(low), float(high)] for group, (low, high) in spans.iterrows()}
 
     def inside_fitted_batches(self, X: pd.DataFrame) -> np.ndarray:
         """Per row of ``X``: whether training rows of its device and mode lie at its batch or on both sides of it
