@@ -62,13 +62,14 @@ def with_module_calls(results: Path, data: pd.DataFrame) -> pd.DataFrame:
 
 
 def scores(results: Path, params: dict, splits: tuple[str, ...], data: pd.DataFrame,
-           regressor: str = REGRESSOR) -> pd.DataFrame:
-    """Metrics of ``regressor`` (``composed``) with ``params`` on every split, as the fit and evaluate rules
-    compute them."""
-    predictions = [fit_split(data, pd.read_parquet(results / "splits" / f"{s}.parquet"), TARGET, regressor,
+           regressor: str = REGRESSOR, target: str = TARGET) -> pd.DataFrame:
+    """Metrics of ``regressor`` (``composed``) with ``params`` on ``target`` (latency) on every split, as the fit and
+    evaluate rules compute them."""
+    predictions = [fit_split(data, pd.read_parquet(results / "splits" / f"{s}.parquet"), target, regressor,
                              params)[0] for s in splits]
     noise = pd.read_parquet(results / "dataset" / "noise_floor.parquet")
-    return metrics_table(with_intervals(pd.concat(predictions, ignore_index=True)), noise).set_index("split")
+    table = metrics_table(with_intervals(pd.concat(predictions, ignore_index=True)), noise)
+    return table[table["target"] == target].set_index("split")
 
 
 def reference(results: Path) -> pd.DataFrame:

@@ -4,11 +4,10 @@ members and the ungated geometric mean, offline on finished default runs.
     python bench/memory_blend.py RESULTS [RESULTS ...] [--out CSV]
 
 For every results folder: each regressor fitted on every fold of every split of ``splits/`` on the run's own
-``dataset/dataset.parquet`` exactly as the fit rule does (:func:`perfzoo.fitting.fit_split`, the devices' measured
-constants passed where the regressor applies them), scored on the pooled test rows as the evaluate rule does
-(:func:`perfzoo.evaluate.with_intervals`, :func:`perfzoo.evaluate.metrics_table`): peak-memory MAPE % and, in
-brackets, the coverage % of the cross-conformal 90 % intervals. ``select`` is the mean MAPE of the selection splits
-(family_monte_carlo, stratified_kfold); ``geometric mean, ungated`` is ``memory_blend`` with ``within_batches=()``.
+``dataset/dataset.parquet`` exactly as the fit rule does, the devices' measured constants passed where the regressor
+applies them, and scored on the pooled test rows as the evaluate rule does (``composed_shrinkage.scores``):
+peak-memory MAPE % and, in brackets, the coverage % of the cross-conformal 90 % intervals. ``select`` is the mean
+MAPE of the selection splits (family_monte_carlo, stratified_kfold); ``geometric mean, ungated`` is ``memory_blend`` with ``within_batches=()``.
 The last block is the mean over runs; ``--out`` writes every (run, regressor, split) row.
 """
 
@@ -21,10 +20,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-import pandas as pd  # noqa: E402
+sys.path.insert(0, str(ROOT / "bench"))
 
-from perfzoo.evaluate import metrics_table, with_intervals  # noqa: E402
-from perfzoo.fitting import fit_split  # noqa: E402
+import pandas as pd  # noqa: E402
+from composed_shrinkage import scores as split_scores  # noqa: E402
 
 TARGET = "peak_mem_mb"
 SPLITS = ("leave_one_family_out", "batch_extrapolation", "random", "family_monte_carlo", "stratified_kfold")
@@ -37,14 +36,8 @@ VARIANTS = {"memory_sim": ("memory_sim", {}), "poly_lasso": ("poly_lasso", {}),
 def scores(results: Path) -> pd.DataFrame:
     """One row per (variant, split): MAPE, coverage and the run's noise floor."""
     data = pd.read_parquet(results / "dataset" / "dataset.parquet")
-    noise = pd.read_parquet(results / "dataset" / "noise_floor.parquet")
-    tables = []
-    for name, (regressor, params) in VARIANTS.items():
-        predictions = [fit_split(data, pd.read_parquet(results / "splits" / f"{s}.parquet"), TARGET, regressor,
-                                 params)[0] for s in SPLITS]
-        table = metrics_table(with_intervals(pd.concat(predictions, ignore_index=True)), noise)
-        tables.append(table[table["target"] == TARGET].assign(variant=name, run=results.parent.name))
-    return pd.concat(tables, ignore_index=True)
+    return pd.concat([split_scores(results, params, SPLITS, data, regressor, TARGET).reset_index().assign(
+        variant=name, run=results.parent.name) for name, (regressor, params) in VARIANTS.items()], ignore_index=True)
 
 
 def wide(table: pd.DataFrame) -> pd.DataFrame:
