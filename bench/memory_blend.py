@@ -7,8 +7,8 @@ For every results folder: each regressor fitted on every fold of every split of 
 ``dataset/dataset.parquet`` exactly as the fit rule does, the devices' measured constants passed where the regressor
 applies them, and scored on the pooled test rows as the evaluate rule does (``composed_shrinkage.scores``):
 peak-memory MAPE % and, in brackets, the coverage % of the cross-conformal 90 % intervals. ``select`` is the mean
-MAPE of the selection splits (family_monte_carlo, stratified_kfold); ``geometric mean, ungated`` is ``memory_blend`` with ``within_batches=()``.
-The last block is the mean over runs; ``--out`` writes every (run, regressor, split) row.
+MAPE of the selection splits (family_monte_carlo, stratified_kfold); ``geometric mean, ungated`` is ``memory_blend``
+with ``within_batches=()``. The last block is the mean over runs; ``--out`` writes every (run, regressor, split) row.
 """
 
 from __future__ import annotations
