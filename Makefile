@@ -29,7 +29,7 @@ report: $(STAMP)
 test: $(STAMP)
 	$(BIN)/snakefmt --check Snakefile rules
 	$(BIN)/lint-imports
-	PY=$(BIN)/python bash tests/run_suite.sh
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 
 lock:
 	$(UV) pip compile pyproject.toml --extra test --universal --generate-hashes --python-version 3.11 \

@@ -88,8 +88,8 @@ def _weight(item: pytest.Item) -> int:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Order the test files heaviest first, each file's tests together and in their own order. With
     ``--dist loadfile --no-loadscope-reorder`` the workers take the files in this order, so the many quick tests
-    fill in the end, and the files of the finished run follow one another on the worker that made it
-    (``make test`` runs the SLURM tests in a process of their own beside the workers, ``tests/run_suite.sh``)."""
+    fill in the end, and the files of the finished run follow one another on the worker that made it while the
+    other runs the SLURM tests."""
     weight: dict[Path, int] = {}
     for item in items:
         weight[item.path] = min(weight.get(item.path, 3), _weight(item))

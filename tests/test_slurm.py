@@ -46,7 +46,7 @@ def cluster_config(profiling: dict | None = None, extra_devices: dict | None = N
     }
 
 
-def snakemake(workdir: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+def snakemake(workdir: Path, *args: str, timeout: int = 400) -> subprocess.CompletedProcess[str]:
     cmd = ["timeout", "-s", "INT", "-k", "30", str(timeout), *snakemake_command("--profile", str(PROFILE), *args,
                                                                               cores=None)]
     proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=code_env())
@@ -117,7 +117,7 @@ def test_cancelled_job_resumes_without_lost_or_duplicated_rows(cluster, tmp_path
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     cmd = snakemake_command("--profile", str(PROFILE), "--retries", "1", "profile_cpu", cores=None)
     log = open(tmp_path / "snakemake.log", "w")
-    proc = subprocess.Popen(["timeout", "-s", "INT", "-k", "30", "600", *cmd], cwd=tmp_path, stdout=log,
+    proc = subprocess.Popen(["timeout", "-s", "INT", "-k", "30", "400", *cmd], cwd=tmp_path, stdout=log,
                             stderr=subprocess.STDOUT, env=code_env())
     journal = tmp_path / "results/traces/cpu/s0000.journal.jsonl"
     deadline = time.monotonic() + 240
@@ -130,7 +130,7 @@ def test_cancelled_job_resumes_without_lost_or_duplicated_rows(cluster, tmp_path
     running = [ln.split()[0] for ln in meta_job.splitlines() if ln.strip()]
     subprocess.run(["scancel", *running], check=True)
     print(f"cancelled SLURM job(s) {running} with {rows_at_kill} config(s) in the journal of cpu/s0000")
-    assert proc.wait(timeout=660) == 0, (tmp_path / "snakemake.log").read_text()[-3000:]
+    assert proc.wait(timeout=420) == 0, (tmp_path / "snakemake.log").read_text()[-3000:]
     meta = json.loads((tmp_path / "results/traces/cpu/s0000.meta.json").read_text())
     traces = pd.read_parquet(tmp_path / "results/traces/cpu/s0000.parquet")
     assert meta["attempt"] == 2 and meta["tasks_resumed_from_journal"] >= rows_at_kill >= 1
