@@ -4,6 +4,7 @@
     python bench/allocator_replay.py real RESULTS KEY [KEY ...]         # the real CPU stream of some configs
     python bench/allocator_replay.py heap RESULTS KEY                   # glibc's heap after a measurement
     python bench/allocator_replay.py offline RESULTS OUT.csv            # memory_sim with the replayed peak
+    python bench/allocator_replay.py model RESULTS OUT.csv              # every config: the meta stream, modelled
 
 A KEY is ``<model_id>_<mode>_<batch>`` of ``RESULTS/zoo/manifest.parquet``.
 
@@ -20,8 +21,13 @@ CPU tensors come from glibc's ``posix_memalign``, and a freed block inside the h
   live peak and the meta replay (if ``meta`` wrote ``/tmp/allocator_replay_meta.csv``).
 * ``heap``: a measurement as the profile rule makes it (``measure_on_cpu``, torchvision and timm imported first
   as in the worker), then glibc's ``mallinfo2``: heap size, bytes in use, free bytes kept in the heap.
-* ``offline``: ``memory_sim`` refitted on every split of ``RESULTS/splits/`` with ``sim_peak_bytes`` replaced
-  by the replayed peak of ``OUT.csv`` (and once with the difference also added to the activation term).
+* ``model``: the meta stream of every config through a deterministic model of glibc's footprint instead of the
+  allocator itself (``sim_heap_peak_bytes`` of the simulation, :mod:`perfzoo.features.heap`: no process, so no
+  inherited heap state). CSV as ``meta`` (``replay_mib``: the model's peak), for ``offline``; printed: the label
+  over the live peak and over the model's peak, per family and mode.
+* ``offline``: ``memory_sim`` refitted on every split of ``RESULTS/splits/`` with its peak term on the live peak
+  (``sim_peak_bytes``, as before 2026-11-30) and on the replayed peak of ``OUT.csv`` (and once with the difference
+  also added to the activation term).
 """
 
 from __future__ import annotations
@@ -177,6 +183,26 @@ def meta(results: Path, out: Path) -> None:
     table.to_csv(META_CSV, index=False)
 
 
+def model(results: Path, out: Path) -> None:
+    from perfzoo.features.meta import manifest_builder, simulated_memory
+
+    data = pd.read_parquet(results / "dataset" / "dataset.parquet")
+    data["key"] = data["model_id"] + "_" + data["mode"] + "_" + data["batch"].astype(str)
+    settings, rows = run_settings(results), []
+    for key in sorted(set(data["key"])):
+        row = manifest_row(results, key)
+        build, dtype = manifest_builder(row, settings["num_classes"])
+        sim = simulated_memory(build, tuple(json.loads(row["input_shape"])), int(row["batch"]), row["mode"], dtype,
+                               settings["optimizer"], row["model_id"])
+        rows.append({"key": key, "meta_live_mib": sim.peak_bytes / MIB, "replay_mib": sim.heap_peak_bytes / MIB})
+    table = data[["row_id", "key", "family", "mode", "peak_mem_mb"]].merge(pd.DataFrame(rows), on="key")
+    table.to_csv(out, index=False)
+    ratios = pd.DataFrame({"label / live peak": table["peak_mem_mb"] / table["meta_live_mib"],
+                           "label / heap model's peak": table["peak_mem_mb"] / table["replay_mib"]})
+    print(ratios.groupby([table["family"], table["mode"]]).median().round(3).to_markdown())
+    print(ratios.describe().round(3).to_markdown())
+
+
 def real(results: Path, keys: list[str]) -> None:
     data = pd.read_parquet(results / "dataset" / "dataset.parquet")
     data["key"] = data["model_id"] + "_" + data["mode"] + "_" + data["batch"].astype(str)
@@ -229,9 +255,10 @@ def offline(results: Path, replayed: Path) -> None:
 
     data = pd.read_parquet(results / "dataset" / "dataset.parquet").set_index("row_id")
     replay = pd.read_csv(replayed).set_index("row_id")["replay_mib"]
-    with_replay = data.assign(sim_peak_bytes=replay.reindex(data.index) * MIB)
-    extra = (with_replay["sim_peak_bytes"] - data["sim_peak_bytes"]).clip(lower=0)
-    variants = {"as now": data, "replayed peak": with_replay,
+    live = data.assign(sim_heap_peak_bytes=data["sim_peak_bytes"])  # memory_sim's peak term before 2026-11-30
+    with_replay = data.assign(sim_heap_peak_bytes=replay.reindex(data.index) * MIB)
+    extra = (with_replay["sim_heap_peak_bytes"] - data["sim_peak_bytes"]).clip(lower=0)
+    variants = {"live peak": live, "replayed peak": with_replay,
                 "replayed peak, its excess also as activation":
                     with_replay.assign(sim_activation_bytes=data["sim_activation_bytes"] + extra)}
     table, families = {}, {}
@@ -269,6 +296,8 @@ if __name__ == "__main__":
         real(Path(args[0]), args[1:])
     elif command == "heap" and len(args) == 2:
         heap(Path(args[0]), args[1])
+    elif command == "model" and len(args) == 2:
+        model(Path(args[0]), Path(args[1]))
     elif command == "offline" and len(args) == 2:
         offline(Path(args[0]), Path(args[1]))
     else:

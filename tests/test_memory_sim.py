@@ -201,8 +201,34 @@ def test_convolution_is_flagged_and_columns_reach_the_feature_table() -> None:
     assert list(feats) == MODEL_COLUMNS and set(SIM_COLUMNS) <= set(feats)
     assert feats["sim_onednn_conv"] == 1 and feats["sim_weight_bytes"] == feats["weight_bytes"]
     assert feats["sim_peak_bytes"] > feats["sim_start_bytes"] > feats["weight_bytes"]
+    assert feats["sim_heap_peak_bytes"] >= feats["sim_peak_bytes"]  # the heap holds at least the live bytes
     direct = simulated_memory(cnn, (3, 8, 8), 2, "training", model_id="cnn")
     assert direct.features() == {k: feats[k] for k in SIM_COLUMNS}
+
+
+def test_the_heap_peak_keeps_the_holes_a_training_step_leaves_and_equals_the_heap_model_of_its_stream() -> None:
+    import perfzoo.features.memory as memory
+    from perfzoo.features.heap import footprint_peak
+
+    events: list[tuple] = []
+    add, free = memory._LiveBytes.add, memory._LiveBytes._free
+
+    def recording_add(self, tensor, category):  # noqa: ANN001, ANN202
+        if tensor.untyped_storage()._cdata not in self.live:
+            events.append(("a", tensor.untyped_storage()._cdata, tensor.untyped_storage().nbytes()))
+        return add(self, tensor, category)
+
+    def recording_free(self, key):  # noqa: ANN001, ANN202
+        events.append(("f", key))
+        return free(self, key)
+
+    memory._LiveBytes.add, memory._LiveBytes._free = recording_add, recording_free
+    try:
+        sim = simulate_peak_memory(*two_linear(64), "training", "sgd")
+    finally:
+        memory._LiveBytes.add, memory._LiveBytes._free = add, free
+    assert sim.heap_peak_bytes == footprint_peak(events)
+    assert sim.heap_peak_bytes > sim.peak_bytes  # the backward's freed activations stay resident in the heap
 
 
 def conv1d_front(batch: int, device: str) -> tuple[nn.Module, torch.Tensor]:
@@ -330,7 +356,7 @@ def sim_frame(n: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
     rng = np.random.default_rng(seed)
     frame = pd.DataFrame({
         "device": np.where(np.arange(n) % 2, "cpu", "gpu"), "mode": rng.choice(["inference", "training"], n),
-        "sim_peak_bytes": rng.uniform(1, 3000, n) * 2**20,
+        "sim_heap_peak_bytes": rng.uniform(1, 3000, n) * 2**20,
         "sim_activation_bytes": rng.uniform(0, 200, n) * 2**20,
         "sim_op_kinds": rng.integers(3, 40, n).astype(float),
         "sim_onednn_conv": rng.integers(0, 2, n).astype(float),
@@ -338,7 +364,7 @@ def sim_frame(n: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
         "flops": rng.uniform(1, 2, n)})
     training = (frame["mode"] == "training").to_numpy(dtype=float)
     activation = frame["sim_activation_bytes"] / 2**20
-    terms = np.column_stack([training, frame["sim_peak_bytes"] / 2**20, activation, training * activation,
+    terms = np.column_stack([training, frame["sim_heap_peak_bytes"] / 2**20, activation, training * activation,
                              np.sqrt(frame["sim_op_kinds"]), frame["sim_onednn_conv"],
                              frame["sim_cl_depthwise_weight_bytes"] / 2**20])
     coef = np.array([COEF[d] for d in frame["device"]])
@@ -364,7 +390,7 @@ def test_regressor_recovers_per_device_calibration_and_round_trips(tmp_path: Pat
 def test_a_step_that_allocates_and_runs_nothing_is_predicted_to_add_no_memory() -> None:
     X, y = sim_frame(120)
     reg = MemorySimRegressor().fit(X, y)
-    empty = X.iloc[:2].assign(mode="inference", sim_peak_bytes=0.0, sim_activation_bytes=0.0, sim_op_kinds=0.0,
+    empty = X.iloc[:2].assign(mode="inference", sim_heap_peak_bytes=0.0, sim_activation_bytes=0.0, sim_op_kinds=0.0,
                               sim_onednn_conv=0.0, sim_cl_depthwise_weight_bytes=0.0)
     np.testing.assert_array_equal(reg.predict(empty), [0.0, 0.0])  # no constant term to carry over
 
@@ -492,7 +518,7 @@ def test_coefficients_fitted_on_other_terms_are_refused(tmp_path: Path) -> None:
 
 def test_regressor_gives_no_prediction_without_simulated_features() -> None:
     X, y = sim_frame(60)
-    X.loc[0, "sim_peak_bytes"] = math.nan  # a model the simulation failed on: left out of the fit
+    X.loc[0, "sim_heap_peak_bytes"] = math.nan  # a model the simulation failed on: left out of the fit
     reg = MemorySimRegressor().fit(X, y)
     assert reg.n_unusable_rows_ == 1
     assert np.isnan(reg.predict(X.iloc[:1]))[0] and np.isfinite(reg.predict(X.iloc[1:])).all()
@@ -551,7 +577,7 @@ def test_memory_blend_gives_no_number_where_memory_sim_gives_none_even_outside_t
     blend = make_regressor("memory_blend").fit(X, y)
     new, _ = blend_frame(4, seed=2)
     new["batch"] = [4, 64, 4, 64]
-    new.loc[[0, 1], "sim_peak_bytes"] = np.nan  # the simulation failed on this model
+    new.loc[[0, 1], "sim_heap_peak_bytes"] = np.nan  # the simulation failed on this model
     pred = blend.predict(new)
     assert np.isnan(pred[:2]).all() and np.isfinite(pred[2:]).all()
 

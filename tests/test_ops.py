@@ -606,13 +606,13 @@ def test_blend_passes_on_member_notes():
 def test_blend_gives_no_number_where_a_member_gives_none():
     rng = np.random.default_rng(3)
     X = pd.DataFrame({"device": "cpu", "mode": "training", "flops": rng.uniform(1e9, 1e10, 40),
-                      "sim_peak_bytes": rng.uniform(1e7, 1e9, 40), "sim_activation_bytes": rng.uniform(1e6, 1e8, 40),
+                      "sim_heap_peak_bytes": rng.uniform(1e7, 1e9, 40), "sim_activation_bytes": rng.uniform(1e6, 1e8, 40),
                       "sim_op_kinds": rng.integers(5, 30, 40).astype(float), "sim_onednn_conv": 1.0,
                       "sim_cl_depthwise_weight_bytes": 0.0})
-    y = 30 + X["sim_peak_bytes"] / 2**20
+    y = 30 + X["sim_heap_peak_bytes"] / 2**20
     blend = make_regressor("composed_blend", members=("memory_sim", "linear")).fit(X, y)
     new = X.head(3).copy()
-    new.loc[1, "sim_peak_bytes"] = np.nan  # the simulation failed on this model: memory_sim gives no number
+    new.loc[1, "sim_heap_peak_bytes"] = np.nan  # the simulation failed on this model: memory_sim gives no number
     members = blend.member_predictions(new)
     assert np.isnan(members[1, 0]) and np.isfinite(members[1, 1])
     pred = blend.predict(new)

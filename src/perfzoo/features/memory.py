@@ -19,7 +19,8 @@ rebinds or changes nothing a module holds is replayed once and counted twice, as
 operator for operator (a step that keeps a cache or updates a counter in place is replayed again). The result
 is the peak of the live bytes over both steps, the split of that peak by category, and the bytes both steps
 allocate in blocks small enough for a C allocator's heap (:data:`HEAP_MAX_BYTES`): their freed blocks are what
-fragments a CPU process's heap.
+fragments a CPU process's heap; and the peak footprint the storages leave in a model of glibc's heap
+(:mod:`perfzoo.features.heap`), where a freed block inside the heap stays resident.
 
 Attention and recurrent layers step as the CPU runs them (:func:`perfzoo.features.attention.cpu_attention`;
 :func:`perfzoo.features.recurrent.cpu_recurrent`: a GRU or an RNN holds its sequence's input products as the CPU
@@ -43,6 +44,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from perfzoo.features.heap import Heap
 from perfzoo.io import InputError, one_line
 from perfzoo.profiling.core import OPTIMIZERS, make_step
 
@@ -53,8 +55,8 @@ if TYPE_CHECKING:
 SIM_STEPS = 2
 """Steps replayed: the first creates the optimizer state, the second runs with it (as every timed step)."""
 SIM_COLUMNS = ("sim_peak_bytes", "sim_start_bytes", "sim_weight_bytes", "sim_grad_bytes",
-               "sim_optimizer_bytes", "sim_activation_bytes", "sim_heap_churn_bytes", "sim_op_kinds",
-               "sim_onednn_conv", "sim_cl_depthwise_weight_bytes")
+               "sim_optimizer_bytes", "sim_activation_bytes", "sim_heap_churn_bytes", "sim_heap_peak_bytes",
+               "sim_op_kinds", "sim_onednn_conv", "sim_cl_depthwise_weight_bytes")
 """Feature columns of :meth:`SimulatedMemory.features`, in order (numeric; ``sim_error`` says why they are
 missing in a feature table)."""
 CATEGORIES = ("weight", "input", "activation", "grad", "optimizer")
@@ -94,6 +96,11 @@ class SimulatedMemory:
     freed blocks leave a CPU process's heap fragmented and resident. Not a term of ``memory_sim``: it explains the
     zoo's labels better than the activation terms but prices a recurrent model's per-time-step allocations, which
     the allocator reuses, as fragmentation (bench/RESULTS.md, "Heap churn")."""
+    heap_peak_bytes: int
+    """Peak resident bytes of every storage of the simulation (weights and input first, then the replayed steps),
+    allocated and freed in order, in a model of glibc's main arena (:mod:`perfzoo.features.heap`): the live peak
+    plus what the freed blocks the heap keeps add to it. ``memory_sim``'s peak term (bench/RESULTS.md, "A
+    deterministic model of glibc's heap")."""
     input_bytes: int
     """Input batch and targets, at the peak."""
     op_kinds: int
@@ -142,6 +149,8 @@ class _LiveBytes:
         self.paused = False
         self.step = -1  # index of the replayed step (-1: weights and input, registered before the first)
         self.heap_churn = 0
+        self.heap = Heap()
+        self.first_step_heap_events: list[tuple] = []  # ("a", key, bytes) / ("f", key) of step 0, in order
         self.cl_depthwise_weight_bytes = 0
 
     def add(self, tensor: torch.Tensor, category: str) -> None:
@@ -155,14 +164,31 @@ class _LiveBytes:
         self.current += nbytes
         if self.step >= 0 and nbytes < HEAP_MAX_BYTES:
             self.heap_churn += nbytes
+        self.heap.malloc(key, nbytes)
+        if self.step == 0:
+            self.first_step_heap_events.append(("a", key, nbytes))
         weakref.finalize(storage, self._free, key)
         if self.current > self.peak:
             self.peak, self.at_peak = self.current, dict(self.totals)
 
     def _free(self, key: int) -> None:
+        self.heap.free(key)
+        if self.step == 0:
+            self.first_step_heap_events.append(("f", key))
         nbytes, category = self.live.pop(key)
         self.totals[category] -= nbytes
         self.current -= nbytes
+
+    def repeat_first_step_in_heap(self) -> None:
+        """Run step 0's allocations and frees through the heap model once more, as a second step that repeats the
+        first operator for operator would (under keys of their own; a free of a storage made before step 0 is not
+        repeated): the heap's state after the first step decides where the second's blocks go."""
+        made = {event[1] for event in self.first_step_heap_events if event[0] == "a"}
+        for event in self.first_step_heap_events:
+            if event[0] == "a":
+                self.heap.malloc(("repeat", event[1]), event[2])
+            elif event[1] in made:
+                self.heap.free(("repeat", event[1]))
 
     def reclassify(self, tensor: torch.Tensor, category: str) -> None:
         key = tensor.untyped_storage()._cdata
@@ -259,6 +285,7 @@ def _replay(step: Callable[[], None], tracker: _LiveBytes, rider: StepRider | No
                 step()
         if index == 0 and repeats_itself():
             tracker.heap_churn *= SIM_STEPS  # the peak, the operators and the convolutions are the first's
+            tracker.repeat_first_step_in_heap()  # SIM_STEPS is 2: one repeat
             return
 
 
@@ -380,7 +407,7 @@ def simulate_peak_memory(model: nn.Module, x: torch.Tensor, mode: str, optimizer
     return SimulatedMemory(peak_bytes=tracker.peak, start_bytes=start_bytes, weight_bytes=split["weight"],
                            grad_bytes=split["grad"], optimizer_bytes=split["optimizer"],
                            activation_bytes=split["activation"], input_bytes=split["input"],
-                           heap_churn_bytes=tracker.heap_churn,
+                           heap_churn_bytes=tracker.heap_churn, heap_peak_bytes=tracker.heap.peak,
                            op_kinds=len(tracker.operators),
                            onednn_conv=int(_any_on_onednn(tracker.convolutions)),
                            cl_depthwise_weight_bytes=tracker.cl_depthwise_weight_bytes)

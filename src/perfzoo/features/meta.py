@@ -61,11 +61,12 @@ train_mem_estimate_bytes
     two Adam moments) and ``k = 1`` for inference: a simple static memory feature, not a
     prediction.
 sim_peak_bytes, sim_start_bytes, sim_weight_bytes, sim_grad_bytes, sim_optimizer_bytes, sim_activation_bytes,
-sim_heap_churn_bytes, sim_op_kinds, sim_onednn_conv, sim_cl_depthwise_weight_bytes, sim_error
+sim_heap_churn_bytes, sim_heap_peak_bytes, sim_op_kinds, sim_onednn_conv, sim_cl_depthwise_weight_bytes, sim_error
     The profiled step (``perfzoo.profiling.core.make_step``: cross-entropy loss and an optimizer step in
     training) replayed twice on the meta device by :func:`perfzoo.features.memory.simulate_peak_memory`: the
     peak of live tensor bytes, the bytes before the first step, the split of the peak by category, the bytes
-    both steps allocate in blocks below 32 MiB (the traffic through a C allocator's heap), the
+    both steps allocate in blocks below 32 MiB (the traffic through a C allocator's heap), the peak footprint
+    of the step's storages in a model of glibc's heap (:mod:`perfzoo.features.heap`), the
     number of distinct operators, whether a convolution runs on oneDNN on the CPU and the weight bytes of the
     largest depthwise convolution whose weight gradient comes from a channels-last gradient (oneDNN's blocked
     temporary on the CPU; :class:`perfzoo.features.memory.SimulatedMemory`). When that step cannot
