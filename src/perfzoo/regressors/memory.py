@@ -42,8 +42,8 @@ class MemorySimRegressor(Regressor):
     heap keeps resident; on nine finished default runs it gave a lower error than the live peak on the selection
     splits, leave-one-family-out and batch extrapolation, bench/RESULTS.md, "A deterministic model of glibc's
     heap"), the activation and temporary bytes live at the live peak, the number of distinct operators the step
-    ran and whether a convolution runs on oneDNN (PyTorch runs small ones on its own kernel). The square root of the operator
-    count was chosen over the count itself after comparing both on the splits of the default CPU zoo
+    ran and whether a convolution runs on oneDNN (PyTorch runs small ones on its own kernel). The square root of
+    the operator count was chosen over the count itself after comparing both on the splits of the default CPU zoo
     (bench/memory_sim.py, on the former label that counted library code: kernels share it, so the code a
     step touches grows less than in proportion to its distinct operators). The
     coefficients are fitted per device (``group_col``) by median regression with weights ``1 / y``, which
