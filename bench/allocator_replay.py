@@ -5,6 +5,7 @@
     python bench/allocator_replay.py heap RESULTS KEY                   # glibc's heap after a measurement
     python bench/allocator_replay.py offline RESULTS OUT.csv            # memory_sim with the replayed peak
     python bench/allocator_replay.py model RESULTS OUT.csv              # every config: the meta stream, modelled
+    python bench/allocator_replay.py blend RESULTS OUT.csv              # memory_sim, memory_blend on the model
 
 A KEY is ``<model_id>_<mode>_<batch>`` of ``RESULTS/zoo/manifest.parquet``.
 
@@ -25,6 +26,9 @@ CPU tensors come from glibc's ``posix_memalign``, and a freed block inside the h
   allocator itself (``sim_heap_peak_bytes`` of the simulation, :mod:`perfzoo.features.heap`: no process, so no
   inherited heap state). CSV as ``meta`` (``replay_mib``: the model's peak), for ``offline``; printed: the label
   over the live peak and over the model's peak, per family and mode.
+* ``blend``: ``memory_sim`` and ``memory_blend`` as the fit and evaluate rules score them (``fit_split`` through
+  ``bench/composed_shrinkage.py``'s ``scores``) on the run's dataset with ``sim_heap_peak_bytes`` from ``OUT.csv``
+  (a run made before the feature existed); MAPE % and 90 % coverage per split.
 * ``offline``: ``memory_sim`` refitted on every split of ``RESULTS/splits/`` with its peak term on the live peak
   (``sim_peak_bytes``, as before 2026-11-30) and on the replayed peak of ``OUT.csv`` (and once with the difference
   also added to the activation term).
@@ -203,6 +207,18 @@ def model(results: Path, out: Path) -> None:
     print(ratios.describe().round(3).to_markdown())
 
 
+def blend(results: Path, modelled: Path) -> None:
+    from composed_shrinkage import scores
+
+    data = pd.read_parquet(results / "dataset" / "dataset.parquet")
+    peak = pd.read_csv(modelled).drop_duplicates("row_id").set_index("row_id")["replay_mib"]
+    data = data.assign(sim_heap_peak_bytes=data["row_id"].map(peak) * MIB)
+    for regressor in ("memory_sim", "memory_blend"):
+        table = scores(results, {}, SPLITS, data, regressor, "peak_mem_mb")
+        print(f"{regressor}: " + ", ".join(f"{s} {table.loc[s, 'mape']:.2f} [{100 * table.loc[s, 'coverage90']:.0f}]"
+                                          for s in SPLITS), flush=True)
+
+
 def real(results: Path, keys: list[str]) -> None:
     data = pd.read_parquet(results / "dataset" / "dataset.parquet")
     data["key"] = data["model_id"] + "_" + data["mode"] + "_" + data["batch"].astype(str)
@@ -296,6 +312,8 @@ if __name__ == "__main__":
         real(Path(args[0]), args[1:])
     elif command == "heap" and len(args) == 2:
         heap(Path(args[0]), args[1])
+    elif command == "blend" and len(args) == 2:
+        blend(Path(args[0]), Path(args[1]))
     elif command == "model" and len(args) == 2:
         model(Path(args[0]), Path(args[1]))
     elif command == "offline" and len(args) == 2:
