@@ -206,28 +206,22 @@ def test_convolution_is_flagged_and_columns_reach_the_feature_table() -> None:
     assert direct.features() == {k: feats[k] for k in SIM_COLUMNS}
 
 
-def test_the_heap_peak_keeps_the_holes_a_training_step_leaves_and_equals_the_heap_model_of_its_stream() -> None:
-    import perfzoo.features.memory as memory
+def test_the_tracker_runs_each_storage_through_the_heap_model_in_order_and_a_training_step_leaves_holes() -> None:
     from perfzoo.features.heap import footprint_peak
+    from perfzoo.features.memory import _LiveBytes
 
-    events: list[tuple] = []
-    add, free = memory._LiveBytes.add, memory._LiveBytes._free
-
-    def recording_add(self, tensor, category):  # noqa: ANN001, ANN202
-        if tensor.untyped_storage()._cdata not in self.live:
-            events.append(("a", tensor.untyped_storage()._cdata, tensor.untyped_storage().nbytes()))
-        return add(self, tensor, category)
-
-    def recording_free(self, key):  # noqa: ANN001, ANN202
-        events.append(("f", key))
-        return free(self, key)
-
-    memory._LiveBytes.add, memory._LiveBytes._free = recording_add, recording_free
-    try:
-        sim = simulate_peak_memory(*two_linear(64), "training", "sgd")
-    finally:
-        memory._LiveBytes.add, memory._LiveBytes._free = add, free
-    assert sim.heap_peak_bytes == footprint_peak(events)
+    tracker = _LiveBytes()
+    with torch.device("meta"):
+        first = torch.empty(100_000, dtype=torch.uint8)
+        tracker.add(first, "activation")
+        tracker.add(torch.empty(50_000, dtype=torch.uint8), "activation")  # freed at once: the last reference
+        held = torch.empty(60_000, dtype=torch.uint8)
+        tracker.add(held, "activation")
+        del first
+        tracker.add(torch.empty(120_000, dtype=torch.uint8), "activation")
+    events = [("a", 1, 100_000), ("a", 2, 50_000), ("f", 2), ("a", 3, 60_000), ("f", 1), ("a", 4, 120_000), ("f", 4)]
+    assert tracker.heap.peak == footprint_peak(events)
+    sim = simulate_peak_memory(*two_linear(64), "training", "sgd")
     assert sim.heap_peak_bytes > sim.peak_bytes  # the backward's freed activations stay resident in the heap
 
 
