@@ -6,6 +6,7 @@
     python bench/allocator_replay.py offline RESULTS OUT.csv            # memory_sim with the replayed peak
     python bench/allocator_replay.py model RESULTS OUT.csv              # every config: the meta stream, modelled
     python bench/allocator_replay.py blend RESULTS OUT.csv              # memory_sim, memory_blend on the model
+    python bench/allocator_replay.py inherited RESULTS OUT.csv          # the model from the worker's inherited heap
 
 A KEY is ``<model_id>_<mode>_<batch>`` of ``RESULTS/zoo/manifest.parquet``.
 
@@ -29,6 +30,12 @@ CPU tensors come from glibc's ``posix_memalign``, and a freed block inside the h
 * ``blend``: ``memory_sim`` and ``memory_blend`` as the fit and evaluate rules score them (``fit_split`` through
   ``bench/composed_shrinkage.py``'s ``scores``) on the run's dataset with ``sim_heap_peak_bytes`` from ``OUT.csv``
   (a run made before the feature existed); MAPE % and 90 % coverage per split.
+* ``inherited``: glibc's state in a worker forked from the profile rule's worker server (torch, torchvision and
+  timm imported there): its mmap threshold, which the server's imports raised, found by bisection in forks of the
+  worker (each probe in its own fork, so none changes the state it measures), and the heap's free bytes; then
+  ``model`` and ``blend`` twice, side by side: the heap model started at glibc's default threshold (as
+  ``sim_heap_peak_bytes``) and at the worker's (its trim threshold twice it, as glibc sets them together).
+  Writes ``OUT.csv`` (default start) and ``OUT.inherited.csv``.
 * ``offline``: ``memory_sim`` refitted on every split of ``RESULTS/splits/`` with its peak term on the live peak
   (``sim_peak_bytes``, as before 2026-11-30) and on the replayed peak of ``OUT.csv`` (and once with the difference
   also added to the activation term).
@@ -36,7 +43,6 @@ CPU tensors come from glibc's ``posix_memalign``, and a freed block inside the h
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import json
 import pickle
@@ -49,6 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import glibc_probe  # noqa: E402
 import pandas as pd  # noqa: E402
 from worker_servers import run_settings  # noqa: E402
 
@@ -237,11 +244,6 @@ def real(results: Path, keys: list[str]) -> None:
               f"{m['replay_mib'] if m is not None else float('nan'):.1f} |", flush=True)
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
 def heap(results: Path, key: str) -> None:
     import timm  # noqa: F401 - imported before the measurement, as the worker's forkserver does
     import torchvision  # noqa: F401
@@ -249,8 +251,7 @@ def heap(results: Path, key: str) -> None:
     from perfzoo.profiling.core import rss_components_mb
     from perfzoo.profiling.measure import measure_on_cpu
 
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _MallInfo2
+    libc = glibc_probe.libc()
 
     def show(when: str) -> None:
         m = libc.mallinfo2()
@@ -263,6 +264,41 @@ def heap(results: Path, key: str) -> None:
     gc.collect()
     show("after (model, batch and optimizer freed)")
     print(f"{key}: label {measurement.peak_mem_mb:.1f} MiB")
+
+
+def _worker_heap_state(queue) -> None:  # noqa: ANN001 - a multiprocessing queue
+    gc.collect()  # as the measurement does before its baseline
+    libc = glibc_probe.libc()
+    queue.put((glibc_probe.mmap_threshold(libc), libc.mallinfo2().fordblks))
+
+
+def inherited(results: Path, out: Path) -> None:
+    import perfzoo.features.memory as memory
+    from perfzoo.features.heap import Heap
+    from perfzoo.profiling.core import worker_context
+
+    context = worker_context()
+    queue = context.Queue()
+    worker = context.Process(target=_worker_heap_state, args=(queue,))
+    worker.start()
+    threshold, free_bytes = queue.get()
+    worker.join()
+    print(f"a worker of the worker server: mmap threshold {threshold / 1024:.1f} KiB, {free_bytes / MIB:.2f} MiB free "
+          f"in its heap", flush=True)
+
+    class InheritedHeap(Heap):
+        def __init__(self) -> None:
+            super().__init__(threshold)
+            self.trim_threshold = 2 * threshold
+
+    for start, path in (("default threshold", out), ("the worker's threshold", out.with_suffix(".inherited.csv"))):
+        print(f"## heap model from {start}", flush=True)
+        memory.Heap = InheritedHeap if path != out else Heap
+        try:
+            model(results, path)
+        finally:
+            memory.Heap = Heap
+        blend(results, path)
 
 
 def offline(results: Path, replayed: Path) -> None:
@@ -316,6 +352,8 @@ if __name__ == "__main__":
         blend(Path(args[0]), Path(args[1]))
     elif command == "model" and len(args) == 2:
         model(Path(args[0]), Path(args[1]))
+    elif command == "inherited" and len(args) == 2:
+        inherited(Path(args[0]), Path(args[1]))
     elif command == "offline" and len(args) == 2:
         offline(Path(args[0]), Path(args[1]))
     else:

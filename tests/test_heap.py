@@ -4,9 +4,15 @@ merge with their neighbours, and a free chunk is reused by best fit."""
 
 from __future__ import annotations
 
-from perfzoo.features.heap import TOP_PAD, Heap, footprint_peak
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from perfzoo.features.heap import MMAP_THRESHOLD, TOP_PAD, Heap, chunk_size, footprint_peak
 
 KIB, MIB = 1024, 2**20
+BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
 def test_a_freed_mapping_raises_the_threshold_so_the_same_size_then_comes_from_the_heap():
@@ -53,3 +59,18 @@ def test_a_request_takes_the_smallest_free_chunk_that_holds_it():
         heap.free(key)
     heap.malloc("d", 150 * KIB)
     assert heap.used["d"][0] == heap.used["s2"][0] + heap.used["s2"][1]  # c's hole, not a's or b's
+
+
+def test_the_threshold_a_freed_mapping_sets_is_glibcs_own():
+    """In a fresh interpreter (only the standard library imported): glibc's threshold before and after a 3 MiB
+    block is mapped and freed, probed without changing it (bench/glibc_probe.py), against the model's."""
+    script = (f"import sys, json; sys.path.insert(0, {str(BENCH)!r}); import glibc_probe as g; lib = g.libc(); "
+              "before = g.mmap_threshold(lib); lib.free(lib.malloc(3 * 2**20)); "
+              "print(json.dumps([before, g.mmap_threshold(lib)]))")
+    before, after = json.loads(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                              check=True).stdout)
+    assert abs(chunk_size(before) - MMAP_THRESHOLD) <= 16  # glibc's default: the model's start
+    heap = Heap()
+    heap.malloc("block", 3 * MIB)
+    heap.free("block")
+    assert abs(chunk_size(after) - heap.mmap_threshold) <= 16 and heap.mmap_threshold > 3 * MIB
