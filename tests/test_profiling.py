@@ -273,6 +273,48 @@ def test_a_worker_starts_with_its_servers_imports_frozen_for_the_collector() -> 
     assert int(outcome.message.rsplit(" ", 1)[1]) > 100_000
 
 
+def test_a_spare_worker_server_is_ready_beside_the_first_and_serves_the_workers_after_a_restart() -> None:
+    """start_worker_servers(spare=True) returns once both servers made their imports; a restart makes the spare the
+    worker server, so the next worker is forked from it at once; an untaken spare is stopped."""
+    import os
+
+    import psutil
+
+    from perfzoo.profiling import core
+
+    def server_of_a_worker() -> int:
+        outcome = run_isolated("cpu", faulty_spec("report_worker_server"), SETTINGS)
+        assert "worker server: " in outcome.message, outcome.message
+        return int(outcome.message.rsplit(" ", 1)[1])
+
+    core.restart_worker_server()  # a server of an earlier test is not the one started here
+    core.start_worker_servers(spare=True)
+    first, spare = core.worker_server_pid(), core._SPARE._forkserver_pid
+    assert first != spare and core.READY_ENV not in os.environ
+    for pid in (first, spare):  # both made their imports and wait for requests
+        server = psutil.Process(pid)
+        assert server.status() == psutil.STATUS_SLEEPING
+        assert any("libtorch_cpu" in m.path for m in server.memory_maps())
+    assert server_of_a_worker() == first
+    assert core.restart_worker_server() and core.worker_server_pid() == spare and core._SPARE is None
+    assert server_of_a_worker() == spare
+    core.start_worker_servers(spare=True)  # the server runs: only a spare is started
+    unused = core._SPARE._forkserver_pid
+    assert core.worker_server_pid() == spare != unused
+    core.stop_spare_worker_server()
+    assert not psutil.pid_exists(unused) and core._SPARE is None and server_of_a_worker() == spare
+
+
+def test_a_shard_restarts_its_server_only_where_its_repeats_begin() -> None:
+    from perfzoo.profiling.runner import Task, restarts_server
+
+    def task(repeat: int) -> Task:
+        return Task(config={}, repeat=repeat)
+
+    assert restarts_server([task(0), task(0), task(1)])
+    assert not restarts_server([task(0), task(0)]) and not restarts_server([task(1), task(1)])
+
+
 def test_a_held_worker_times_the_same_step_again_and_survives_a_new_worker_server() -> None:
     from perfzoo.profiling.core import _LINGERING_SERVERS, reap_worker_servers, restart_worker_server
     from perfzoo.profiling.worker import start_held

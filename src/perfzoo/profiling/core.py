@@ -11,6 +11,7 @@ import multiprocessing as mp
 import multiprocessing.util
 import os
 import sys
+import tempfile
 import time
 import types
 from collections.abc import Callable, Iterator
@@ -47,7 +48,8 @@ def worker_server_pid() -> int | None:
 
 
 def restart_worker_server() -> bool:
-    """Stop the worker server, so the next worker starts a new one; whether one was stopped.
+    """Stop the worker server, so the next worker starts a new one (or forks from the spare that
+    :func:`start_worker_servers` started, which becomes the worker server); whether one was stopped.
 
     Workers forked from one server inherit its memory layout, and a CPU memory label depends on it: 20 configs
     measured twice from one server gave labels 0.8-1.6 % apart (MAPE), from two servers 2.1-3.3 %
@@ -64,6 +66,7 @@ def restart_worker_server() -> bool:
         return False
     if not mp.active_children():
         server._stop()
+        _take_spare(server)
         return True
     with server._lock:  # ForkServer._stop_unlocked without its wait
         os.close(server._forkserver_alive_fd)
@@ -72,11 +75,79 @@ def restart_worker_server() -> bool:
         if not mp.util.is_abstract_socket_namespace(server._forkserver_address):
             os.unlink(server._forkserver_address)
         server._forkserver_address = None
+    _take_spare(server)
     return True
 
 
 _LINGERING_SERVERS: list[int] = []
 """Worker servers told to stop while workers they forked were still held."""
+
+READY_ENV = "PERFZOO_WORKER_SERVER_READY"
+"""Environment variable naming the file a starting worker server creates once its imports are made
+(:mod:`perfzoo.profiling.frozen_heap`, the last of :data:`PRELOAD`)."""
+READY_TIMEOUT_S = 300.0
+_SPARE: Any = None
+"""The next worker server, started beside the current one by :func:`start_worker_servers`; the next
+:func:`restart_worker_server` makes it the current one."""
+
+
+def start_worker_servers(spare: bool) -> None:
+    """Start the worker server (unless one runs) and, with ``spare``, the next one beside it, and return once
+    both have made their imports (or ended, or after :data:`READY_TIMEOUT_S`).
+
+    A server's imports (torch, torchvision, timm) take seconds of one core. Started together before anything
+    is measured, two servers import side by side on two cores, and the second is ready when
+    :func:`restart_worker_server` needs it, instead of importing then, while the shard waits. It is a process
+    of its own, started apart from the first, as a restarted one is. Each server signals that its imports are made
+    by creating the file :data:`READY_ENV` names, so neither server's imports overlap a measurement."""
+    from multiprocessing import forkserver
+
+    global _SPARE
+    worker_context()
+    starting = [] if worker_server_pid() is not None else [forkserver._forkserver]
+    if spare and _SPARE is None:
+        _SPARE = forkserver.ForkServer()
+        _SPARE.set_forkserver_preload(PRELOAD)
+        starting.append(_SPARE)
+    with tempfile.TemporaryDirectory(prefix="perfzoo-servers-") as folder:
+        marks = [Path(folder) / f"ready-{i}" for i in range(len(starting))]
+        for server, mark in zip(starting, marks, strict=True):
+            os.environ[READY_ENV] = str(mark)
+            try:
+                with main_module_hidden():
+                    server.ensure_running()
+            finally:
+                del os.environ[READY_ENV]
+        for server, mark in zip(starting, marks, strict=True):
+            _await_ready(server, mark)
+
+
+def _await_ready(server: Any, mark: Path) -> None:
+    """Wait until ``server`` created ``mark``, ended, or :data:`READY_TIMEOUT_S` passed."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not mark.exists() and time.monotonic() < deadline:
+        if os.waitpid(server._forkserver_pid, os.WNOHANG)[0]:
+            server._forkserver_pid = None  # ended (its imports failed): the next worker starts a server anew
+            return
+        time.sleep(0.02)
+
+
+def _take_spare(server: Any) -> None:
+    """Make the spare server (if one runs) the standard library's worker server ``server``."""
+    global _SPARE
+    spare, _SPARE = _SPARE, None
+    if spare is not None and spare._forkserver_pid is not None:
+        server._forkserver_address = spare._forkserver_address
+        server._forkserver_alive_fd = spare._forkserver_alive_fd
+        server._forkserver_pid = spare._forkserver_pid
+
+
+def stop_spare_worker_server() -> None:
+    """Stop a spare server that no restart took (it forked no worker, so it ends at once)."""
+    global _SPARE
+    spare, _SPARE = _SPARE, None
+    if spare is not None and spare._forkserver_pid is not None:
+        spare._stop()
 
 
 def reap_worker_servers(wait_s: float = 0.0) -> None:

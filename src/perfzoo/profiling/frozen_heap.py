@@ -6,9 +6,17 @@ A worker is a fork of the server. Without this, the worker's first full collecti
 every page holding one (copy on write): a few tenths of a second per worker, spent before anything is measured.
 Frozen, they are skipped; a worker's collections walk only its own objects. The standard library's advice for a
 process that forks without exec (:func:`gc.freeze`). Measured side by side: ``bench/RESULTS.md``, "The worker
-server's imports frozen for the garbage collector"."""
+server's imports frozen for the garbage collector".
+
+Last, the server says that its imports are made, by creating the file :data:`perfzoo.profiling.core.READY_ENV`
+names, where its starter asked for one (:func:`perfzoo.profiling.core.start_worker_servers`)."""
 
 import gc
+import os
+
+from perfzoo.profiling.core import READY_ENV
 
 gc.collect()
 gc.freeze()
+if ready := os.environ.pop(READY_ENV, None):  # popped: the server's workers inherit its environment
+    open(ready, "x").close()

@@ -23,7 +23,13 @@ from tqdm import tqdm
 
 from perfzoo.profiling import nvml, power_limits
 from perfzoo.hardware import MeasurementSetting
-from perfzoo.profiling.core import reap_worker_servers, restart_worker_server, worker_server_pid
+from perfzoo.profiling.core import (
+    reap_worker_servers,
+    restart_worker_server,
+    start_worker_servers,
+    stop_spare_worker_server,
+    worker_server_pid,
+)
 from perfzoo.profiling.cuda import DEFAULT_MIN_WINDOW_S, DEFAULT_SAMPLE_HZ, probe_counter_period_s
 from perfzoo.profiling.interference import INTERFERENCE_TRACE_COLUMNS, Assessment, Policy, assess
 from perfzoo.profiling.layers import LAYER_TIMING_COLUMNS, failed_layer_row
@@ -409,6 +415,8 @@ def profile_shard_with_ops(
         journal = Journal(journal_path, fingerprint(device, settings, configs))
         done = journal.load()
         resumed = sum(1 for t in tasks if t.key in done)
+        if resumed < len(tasks):
+            start_worker_servers(spare=restarts_server([t for t in tasks if t.key not in done]))
         reference = (memory_reference(kind, int(settings["threads"])) if resumed < len(tasks)
                      else {"missing": "nothing measured in this run of the shard"})
         measurer = Measurer(kind, settings, baseline,
@@ -582,7 +590,9 @@ def _run_tasks(
     The second measurements of the repeated subset (``repeat`` 1, after every first one) come from a new worker
     server when first measurements were made from the current one in this call (:func:`restart_worker_server`):
     a repeat forked from the same server shares its memory layout, so the noise floor would leave out how much
-    a label moves between servers, i.e. between shards and runs.
+    a label moves between servers, i.e. between shards and runs. That server is started with the first, before
+    anything is measured (:func:`perfzoo.profiling.core.start_worker_servers`, called by
+    :func:`profile_shard_with_ops`), so that its imports neither wait for nor overlap the measurements.
 
     With two windows (:func:`windows_of`), every task's first window is measured in turn and its worker held;
     then each held worker times its step again, in the same order, so that a task's two windows lie the first
@@ -627,7 +637,7 @@ def _run_tasks(
 
     try:
         for i, task in enumerate(tqdm(todo, desc=desc, disable=not progress, file=sys.stderr, mininterval=1)):
-            if i and todo[i - 1].repeat == 0 < task.repeat:
+            if i and _server_changes_before(todo[i - 1], task):
                 waiting.finish_all()  # every first measurement from the current server
                 restart_worker_server()
             waiting.start(measurer.window_steps(task, hold=two_windows), lambda first, t=task: hold(t, first))
@@ -643,8 +653,19 @@ def _run_tasks(
         waiting.abandon()  # interrupted: nothing half-measured is journalled
         for _, _, worker in held:
             worker.close()
+        stop_spare_worker_server()
         reap_worker_servers(wait_s=LINGERING_SERVER_WAIT_S)
     return todo
+
+
+def _server_changes_before(previous: Task, task: Task) -> bool:
+    """Whether ``task``, measured right after ``previous``, is the first repeat: it comes from a new server."""
+    return previous.repeat == 0 < task.repeat
+
+
+def restarts_server(todo: list[Task]) -> bool:
+    """Whether measuring ``todo`` in order changes the worker server (:func:`_run_tasks`)."""
+    return any(_server_changes_before(a, b) for a, b in zip(todo, todo[1:]))
 
 
 def _profile_cuda(
