@@ -8,7 +8,9 @@ import ctypes
 import os
 
 MMAP_THRESHOLD_MAX = 32 * 2**20
-"""glibc's ceiling on the dynamic mmap threshold on 64-bit systems."""
+"""glibc's ceiling on the dynamic mmap threshold on 64-bit systems: :data:`perfzoo.features.heap.MMAP_THRESHOLD_MAX`,
+written again because importing perfzoo already raises the threshold (to about 170 KiB); tests/test_heap.py checks
+that the two agree."""
 
 
 class MallInfo2(ctypes.Structure):

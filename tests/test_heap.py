@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from perfzoo.features.heap import MMAP_THRESHOLD, TOP_PAD, Heap, chunk_size, footprint_peak
+from perfzoo.features.heap import MMAP_THRESHOLD, MMAP_THRESHOLD_MAX, TOP_PAD, Heap, chunk_size, footprint_peak
 
 KIB, MIB = 1024, 2**20
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -74,3 +74,9 @@ def test_the_threshold_a_freed_mapping_sets_is_glibcs_own():
     heap.malloc("block", 3 * MIB)
     heap.free("block")
     assert abs(chunk_size(after) - heap.mmap_threshold) <= 16 and heap.mmap_threshold > 3 * MIB
+    sys.path.insert(0, str(BENCH))
+    try:
+        import glibc_probe  # the probe's own copy of the ceiling (it cannot import perfzoo first)
+    finally:
+        sys.path.remove(str(BENCH))
+    assert glibc_probe.MMAP_THRESHOLD_MAX == MMAP_THRESHOLD_MAX

@@ -123,12 +123,12 @@ def start_worker_servers(spare: bool) -> None:
 
 
 def _await_ready(server: Any, mark: Path) -> None:
-    """Wait until ``server`` created ``mark``, ended, or :data:`READY_TIMEOUT_S` passed."""
+    """Wait until ``server`` created ``mark``, ended, or :data:`READY_TIMEOUT_S` passed. An ended server is left
+    unreaped (``WNOWAIT``): the standard library's ``ensure_running`` (or ``_stop``) collects it as usual."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     while not mark.exists() and time.monotonic() < deadline:
-        if os.waitpid(server._forkserver_pid, os.WNOHANG)[0]:
-            server._forkserver_pid = None  # ended (its imports failed): the next worker starts a server anew
-            return
+        if os.waitid(os.P_PID, server._forkserver_pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return  # ended (its imports failed)
         time.sleep(0.02)
 
 
