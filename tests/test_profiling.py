@@ -305,6 +305,25 @@ def test_a_spare_worker_server_is_ready_beside_the_first_and_serves_the_workers_
     assert not psutil.pid_exists(unused) and core._SPARE is None and server_of_a_worker() == spare
 
 
+def test_a_server_still_importing_when_the_wait_ends_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """start_worker_servers says which server had not made its imports when READY_TIMEOUT_S ran out (the shard
+    records it in its metadata), and nothing when the servers were ready."""
+    from perfzoo.profiling import core
+
+    core.restart_worker_server()
+    core.stop_spare_worker_server()
+    monkeypatch.setattr(core, "READY_TIMEOUT_S", 0.0)  # torch's import alone takes seconds
+    not_ready = core.start_worker_servers(spare=True)
+    pids = [core.worker_server_pid(), core._SPARE._forkserver_pid]
+    assert not_ready == [f"worker server {pid} still importing after 0 s" for pid in pids]
+    outcome = run_isolated("cpu", faulty_spec("report_worker_server"), SETTINGS)  # it goes on to serve workers
+    assert outcome.message == f"RuntimeError: worker server: {pids[0]}", outcome.message
+    monkeypatch.setattr(core, "READY_TIMEOUT_S", 300.0)
+    core.restart_worker_server()  # the spare becomes the server; a new spare is started and waited for
+    assert core.start_worker_servers(spare=True) == [] and core.worker_server_pid() == pids[1]
+    core.stop_spare_worker_server()
+
+
 def test_a_shard_restarts_its_server_only_where_its_repeats_begin() -> None:
     from perfzoo.profiling.runner import Task, restarts_server
 

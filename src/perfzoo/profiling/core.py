@@ -91,9 +91,11 @@ _SPARE: Any = None
 :func:`restart_worker_server` makes it the current one."""
 
 
-def start_worker_servers(spare: bool) -> None:
+def start_worker_servers(spare: bool) -> list[str]:
     """Start the worker server (unless one runs) and, with ``spare``, the next one beside it, and return once
-    both have made their imports (or ended, or after :data:`READY_TIMEOUT_S`).
+    both have made their imports (or ended, or after :data:`READY_TIMEOUT_S`): one line for each server still
+    importing then (empty when every server was ready), for the shard's metadata, as its imports may overlap
+    the first measurements (whose interference checks see the load).
 
     A server's imports (torch, torchvision, timm) take seconds of one core. Started together before anything
     is measured, two servers import side by side on two cores, and the second is ready when
@@ -118,18 +120,23 @@ def start_worker_servers(spare: bool) -> None:
                     server.ensure_running()
             finally:
                 del os.environ[READY_ENV]
-        for server, mark in zip(starting, marks, strict=True):
-            _await_ready(server, mark)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        ready = [_await_ready(server, mark, deadline) for server, mark in zip(starting, marks, strict=True)]
+    return [f"worker server {server._forkserver_pid} still importing after {READY_TIMEOUT_S:.0f} s"
+            for server, ok in zip(starting, ready, strict=True) if not ok]
 
 
-def _await_ready(server: Any, mark: Path) -> None:
-    """Wait until ``server`` created ``mark``, ended, or :data:`READY_TIMEOUT_S` passed. An ended server is left
-    unreaped (``WNOWAIT``): the standard library's ``ensure_running`` (or ``_stop``) collects it as usual."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while not mark.exists() and time.monotonic() < deadline:
+def _await_ready(server: Any, mark: Path, deadline: float) -> bool:
+    """Wait until ``server`` created ``mark`` or ended (True), or until ``deadline`` passed (False). An ended
+    server is left unreaped (``WNOWAIT``): the standard library's ``ensure_running`` (or ``_stop``) collects it
+    as usual."""
+    while not mark.exists():
         if os.waitid(os.P_PID, server._forkserver_pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-            return  # ended (its imports failed)
+            return True  # ended (its imports failed): nothing of it can overlap a measurement
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.02)
+    return True
 
 
 def _take_spare(server: Any) -> None:

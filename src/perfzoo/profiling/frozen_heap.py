@@ -9,8 +9,10 @@ process that forks without exec (:func:`gc.freeze`). Measured side by side: ``be
 server's imports frozen for the garbage collector".
 
 Last, the server says that its imports are made, by creating the file :data:`perfzoo.profiling.core.READY_ENV`
-names, where its starter asked for one (:func:`perfzoo.profiling.core.start_worker_servers`)."""
+names, where its starter asked for one (:func:`perfzoo.profiling.core.start_worker_servers`; a starter that stopped
+waiting has removed the file's folder, and the server goes on without saying it)."""
 
+import contextlib
 import gc
 import os
 
@@ -19,4 +21,5 @@ from perfzoo.profiling.core import READY_ENV
 gc.collect()
 gc.freeze()
 if ready := os.environ.pop(READY_ENV, None):  # popped: the server's workers inherit its environment
-    open(ready, "x").close()
+    with contextlib.suppress(FileNotFoundError):
+        open(ready, "x").close()

@@ -415,14 +415,17 @@ def profile_shard_with_ops(
         journal = Journal(journal_path, fingerprint(device, settings, configs))
         done = journal.load()
         resumed = sum(1 for t in tasks if t.key in done)
-        if resumed < len(tasks):
-            start_worker_servers(spare=restarts_server([t for t in tasks if t.key not in done]))
+        not_ready = (start_worker_servers(spare=restarts_server(tasks_left(tasks, done))) if resumed < len(tasks)
+                     else [])
+        for line in not_ready:
+            print(f"profile {device}/{shard}: {line}; its imports may overlap the first measurements",
+                  file=sys.stderr)
         reference = (memory_reference(kind, int(settings["threads"])) if resumed < len(tasks)
                      else {"missing": "nothing measured in this run of the shard"})
         measurer = Measurer(kind, settings, baseline,
                             memory_reference_mb=float(reference.get("peak_mem_mb", math.nan)))
         todo = _run_tasks(tasks, done, journal, measurer, f"profile {device}/{shard}", progress)
-        extra_meta: dict[str, Any] = {"memory_reference": reference}
+        extra_meta: dict[str, Any] = {"memory_reference": reference, "worker_servers_not_ready": not_ready}
     else:
         tasks, done, resumed, todo, extra_meta = _profile_cuda(
             configs, device, device_cfg, settings, journal_path, identity, progress, nvml_lib, shard,
@@ -600,7 +603,7 @@ def _run_tasks(
     medians, averages the machine's speed at two moments. An entry is journalled once both windows are in, so
     a resumed run measures the held tasks afresh; fewer workers are held where they would keep much memory
     (:data:`HOLD_MEMORY_SHARE`, :data:`MAX_HELD`)."""
-    todo = [t for t in tasks if t.key not in done]
+    todo = tasks_left(tasks, done)
     two_windows = windows_of(measurer.settings, measurer.kind) == 2
     held: list[tuple[Task, dict[str, Any], HeldWorker]] = []
     retiming: dict[str, HeldWorker] = {}  # held workers whose second window waits for its re-timing
@@ -656,6 +659,11 @@ def _run_tasks(
         stop_spare_worker_server()
         reap_worker_servers(wait_s=LINGERING_SERVER_WAIT_S)
     return todo
+
+
+def tasks_left(tasks: list[Task], done: dict[str, dict[str, Any]]) -> list[Task]:
+    """The tasks not yet journalled, in order."""
+    return [t for t in tasks if t.key not in done]
 
 
 def _server_changes_before(previous: Task, task: Task) -> bool:
