@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 text = Path("config.yaml").read_text()
 anchor = "\nshards:"
+if anchor not in text:
+    sys.exit(f"config.yaml: no top-level 'shards:' key after zoo.families to insert {sys.argv[1]} before")
 block = "".join("    " + line if line.strip() else line for line in Path(sys.argv[1]).read_text().splitlines(True))
 Path("config.yaml").write_text(text.replace(anchor, "\n" + block.rstrip("\n") + "\n" + anchor, 1))
 PY
@@ -39,6 +41,8 @@ import pyarrow.parquet as pq
 table = pq.read_table("results/dataset/dataset.parquet")
 data = table.to_pandas()
 kept = data[data["family"] != sys.argv[1]].reset_index(drop=True)
+if len(kept) == len(data):
+    sys.exit(f"results/dataset/dataset.parquet: no row of family {sys.argv[1]!r} to remove")
 print(f"dataset: {len(data)} rows, {len(kept)} without family {sys.argv[1]}")
 out = pa.Table.from_pandas(kept, preserve_index=False).replace_schema_metadata(table.schema.metadata)
 pq.write_table(out, "results/dataset/dataset.parquet")

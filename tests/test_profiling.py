@@ -273,6 +273,13 @@ def test_a_worker_starts_with_its_servers_imports_frozen_for_the_collector() -> 
     assert int(outcome.message.rsplit(" ", 1)[1]) > 100_000
 
 
+def _server_of_a_worker() -> int:
+    """The process id of the worker server the next isolated worker is forked from."""
+    outcome = run_isolated("cpu", faulty_spec("report_worker_server"), SETTINGS)
+    assert outcome.message.startswith("RuntimeError: worker server: "), outcome.message
+    return int(outcome.message.rsplit(" ", 1)[1])
+
+
 def test_a_spare_worker_server_is_ready_beside_the_first_and_serves_the_workers_after_a_restart() -> None:
     """start_worker_servers(spare=True) returns once both servers made their imports; a restart makes the spare the
     worker server, so the next worker is forked from it at once; an untaken spare is stopped."""
@@ -282,11 +289,6 @@ def test_a_spare_worker_server_is_ready_beside_the_first_and_serves_the_workers_
 
     from perfzoo.profiling import core
 
-    def server_of_a_worker() -> int:
-        outcome = run_isolated("cpu", faulty_spec("report_worker_server"), SETTINGS)
-        assert "worker server: " in outcome.message, outcome.message
-        return int(outcome.message.rsplit(" ", 1)[1])
-
     core.restart_worker_server()  # a server of an earlier test is not the one started here
     core.start_worker_servers(spare=True)
     first, spare = core.worker_server_pid(), core._SPARE._forkserver_pid
@@ -295,14 +297,14 @@ def test_a_spare_worker_server_is_ready_beside_the_first_and_serves_the_workers_
         server = psutil.Process(pid)
         assert server.status() == psutil.STATUS_SLEEPING
         assert any("libtorch_cpu" in m.path for m in server.memory_maps())
-    assert server_of_a_worker() == first
+    assert _server_of_a_worker() == first
     assert core.restart_worker_server() and core.worker_server_pid() == spare and core._SPARE is None
-    assert server_of_a_worker() == spare
+    assert _server_of_a_worker() == spare
     core.start_worker_servers(spare=True)  # the server runs: only a spare is started
     unused = core._SPARE._forkserver_pid
     assert core.worker_server_pid() == spare != unused
     core.stop_spare_worker_server()
-    assert not psutil.pid_exists(unused) and core._SPARE is None and server_of_a_worker() == spare
+    assert not psutil.pid_exists(unused) and core._SPARE is None and _server_of_a_worker() == spare
 
 
 def test_a_server_still_importing_when_the_wait_ends_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -317,13 +319,11 @@ def test_a_server_still_importing_when_the_wait_ends_is_named(monkeypatch: pytes
     not_ready = core.start_worker_servers(spare=True)
     pids = [core.worker_server_pid(), core._SPARE._forkserver_pid]
     assert not_ready == [f"worker server {pid} still importing after 0 s" for pid in pids]
-    outcome = run_isolated("cpu", faulty_spec("report_worker_server"), SETTINGS)  # it goes on to serve workers
-    assert outcome.message == f"RuntimeError: worker server: {pids[0]}", outcome.message
+    assert _server_of_a_worker() == pids[0]  # it goes on to serve workers
     monkeypatch.setattr(core, "READY_TIMEOUT_S", 300.0)
     core.restart_worker_server()  # the spare becomes the server; a new spare is started and waited for
     assert core.start_worker_servers(spare=True) == [] and core.worker_server_pid() == pids[1]
-    outcome = run_isolated("cpu", faulty_spec("report_worker_server"), SETTINGS)
-    assert outcome.message == f"RuntimeError: worker server: {pids[1]}", outcome.message
+    assert _server_of_a_worker() == pids[1]
     core.stop_spare_worker_server()
 
 

@@ -414,14 +414,16 @@ def profile_shard_with_ops(
         tasks = plan_tasks(configs, settings["repeat_every"])
         journal = Journal(journal_path, fingerprint(device, settings, configs))
         done = journal.load()
-        resumed = sum(1 for t in tasks if t.key in done)
-        not_ready = (start_worker_servers(spare=restarts_server(tasks_left(tasks, done))) if resumed < len(tasks)
-                     else [])
-        for line in not_ready:
-            print(f"profile {device}/{shard}: {line}; its imports may overlap the first measurements",
-                  file=sys.stderr)
-        reference = (memory_reference(kind, int(settings["threads"])) if resumed < len(tasks)
-                     else {"missing": "nothing measured in this run of the shard"})
+        left = tasks_left(tasks, done)
+        resumed = len(tasks) - len(left)
+        not_ready: list[str] = []
+        reference: dict[str, Any] = {"missing": "nothing measured in this run of the shard"}
+        if left:
+            not_ready = start_worker_servers(spare=restarts_server(left))
+            for line in not_ready:
+                print(f"profile {device}/{shard}: {line}; its imports may overlap the first measurements",
+                      file=sys.stderr)
+            reference = memory_reference(kind, int(settings["threads"]))
         measurer = Measurer(kind, settings, baseline,
                             memory_reference_mb=float(reference.get("peak_mem_mb", math.nan)))
         todo = _run_tasks(tasks, done, journal, measurer, f"profile {device}/{shard}", progress)
