@@ -176,6 +176,27 @@ def test_an_inference_step_that_leaves_state_behind_is_replayed_again(
     assert calls == SIM_STEPS and again == both
 
 
+def test_only_an_inference_step_keeps_its_heap_events_for_a_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first step's allocations are kept for the heap model's repeat where a step can be counted as one
+    (inference); a training step is always replayed, so its tracker keeps none (and refuses a repeat)."""
+    import perfzoo.features.memory as memory
+
+    trackers: list = []
+    original = memory._LiveBytes.__init__
+
+    def recording(self: object, *args: object, **kwargs: object) -> None:
+        original(self, *args, **kwargs)
+        trackers.append(self)
+
+    monkeypatch.setattr(memory._LiveBytes, "__init__", recording)
+    simulate_peak_memory(*two_linear(4), "inference")
+    simulate_peak_memory(*two_linear(4), "training")
+    inference, training = trackers
+    assert inference.first_step_heap_events and not training.first_step_heap_events
+    with pytest.raises(RuntimeError, match="keep_first_step"):
+        training.repeat_first_step_in_heap()
+
+
 def test_training_churn_holds_both_steps_gradients_and_the_optimizer_state_created_once() -> None:
     # set_to_none: each step allocates every gradient anew; the first step creates SGD's momentum buffers
     inference = simulate_peak_memory(*two_linear(4), "inference")

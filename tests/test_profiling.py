@@ -280,9 +280,11 @@ def _server_of_a_worker() -> int:
     return int(outcome.message.rsplit(" ", 1)[1])
 
 
-def test_a_spare_worker_server_is_ready_beside_the_first_and_serves_the_workers_after_a_restart() -> None:
+def test_a_spare_worker_server_is_ready_beside_the_first_and_serves_the_workers_after_a_restart(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """start_worker_servers(spare=True) returns once both servers made their imports; a restart makes the spare the
-    worker server, so the next worker is forked from it at once; an untaken spare is stopped."""
+    worker server, so the next worker is forked from it at once; with both running it starts nothing (not even a
+    folder for ready files); an untaken spare is stopped."""
     import os
 
     import psutil
@@ -303,6 +305,9 @@ def test_a_spare_worker_server_is_ready_beside_the_first_and_serves_the_workers_
     core.start_worker_servers(spare=True)  # the server runs: only a spare is started
     unused = core._SPARE._forkserver_pid
     assert core.worker_server_pid() == spare != unused
+    with monkeypatch.context() as patch:
+        patch.setattr(core.tempfile, "TemporaryDirectory", None)  # a folder made now would fail the call
+        assert core.start_worker_servers(spare=True) == [] and core._SPARE._forkserver_pid == unused
     core.stop_spare_worker_server()
     assert not psutil.pid_exists(unused) and core._SPARE is None and _server_of_a_worker() == spare
 

@@ -135,7 +135,7 @@ class _LiveBytes:
     Every storage an operator returns is registered once (views and in-place results share a registered
     storage) with a finaliser that counts its release; a new peak copies the per-category totals."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_first_step: bool = False) -> None:
         self.live: dict[int, tuple[int, str]] = {}
         self.totals: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
         self.current = 0
@@ -150,7 +150,9 @@ class _LiveBytes:
         self.step = -1  # index of the replayed step (-1: weights and input, registered before the first)
         self.heap_churn = 0
         self.heap = Heap()
-        self.first_step_heap_events: list[tuple] = []  # ("a", key, bytes) / ("f", key) of step 0, in order
+        # ("a", key, bytes) / ("f", key) of step 0, in order, where a repeat of it may be counted (keep_first_step)
+        self.keep_first_step = keep_first_step
+        self.first_step_heap_events: list[tuple] = []
         self.cl_depthwise_weight_bytes = 0
 
     def add(self, tensor: torch.Tensor, category: str) -> None:
@@ -165,7 +167,7 @@ class _LiveBytes:
         if self.step >= 0 and nbytes < HEAP_MAX_BYTES:
             self.heap_churn += nbytes
         self.heap.malloc(key, nbytes)
-        if self.step == 0:
+        if self.step == 0 and self.keep_first_step:
             self.first_step_heap_events.append(("a", key, nbytes))
         weakref.finalize(storage, self._free, key)
         if self.current > self.peak:
@@ -173,7 +175,7 @@ class _LiveBytes:
 
     def _free(self, key: int) -> None:
         self.heap.free(key)
-        if self.step == 0:
+        if self.step == 0 and self.keep_first_step:
             self.first_step_heap_events.append(("f", key))
         nbytes, category = self.live.pop(key)
         self.totals[category] -= nbytes
@@ -182,7 +184,10 @@ class _LiveBytes:
     def repeat_first_step_in_heap(self) -> None:
         """Run step 0's allocations and frees through the heap model once more, as a second step that repeats the
         first operator for operator would (under keys of their own; a free of a storage made before step 0 is not
-        repeated): the heap's state after the first step decides where the second's blocks go."""
+        repeated): the heap's state after the first step decides where the second's blocks go. Needs a tracker
+        that kept them (``keep_first_step``)."""
+        if not self.keep_first_step:
+            raise RuntimeError("this tracker did not keep the first step's heap events (keep_first_step=False)")
         made = {event[1] for event in self.first_step_heap_events if event[0] == "a"}
         for event in self.first_step_heap_events:
             if event[0] == "a":
@@ -389,7 +394,7 @@ def simulate_peak_memory(model: nn.Module, x: torch.Tensor, mode: str, optimizer
         parameter.grad = None
     targets = torch.zeros(x.shape[0], dtype=torch.int64, device="meta")
     step = make_step(model, x, targets, mode, optimizer)
-    tracker = _LiveBytes()
+    tracker = _LiveBytes(keep_first_step=mode == "inference")  # only an inference step is counted as a repeat
     for tensor in _unique_storages([*model.parameters(), *model.buffers()]):
         tracker.add(tensor, "weight")
     for tensor in (x, targets):

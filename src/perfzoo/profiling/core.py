@@ -111,6 +111,8 @@ def start_worker_servers(spare: bool) -> list[str]:
         _SPARE = forkserver.ForkServer()
         _SPARE.set_forkserver_preload(PRELOAD)
         starting.append(_SPARE)
+    if not starting:
+        return []
     with tempfile.TemporaryDirectory(prefix="perfzoo-servers-") as folder:
         marks = [Path(folder) / f"ready-{i}" for i in range(len(starting))]
         for server, mark in zip(starting, marks, strict=True):
