@@ -1,5 +1,6 @@
 rule features:
-    """Static model features computed on PyTorch's meta device (no weights allocated)."""
+    """Static model features computed on PyTorch's meta device (no weights allocated), in `threads` processes (the
+    tables are the same with one)."""
     input:
         pkg("features.py"),
         manifest="results/zoo/manifest.parquet",
@@ -15,6 +16,7 @@ rule features:
     localrule: True
     conda:
         "../envs/perfzoo.yaml"
+    threads: 2
     params:
         num_classes=config["zoo"]["num_classes"],
         optimizer=config["profiling"]["optimizer"],

@@ -502,3 +502,33 @@ def test_a_meta_build_skips_weight_initialisation_but_not_an_in_place_op_with_a_
     assert model.weight.is_meta and model.weight.shape == (4, 8) and model.weight.requires_grad
     with pytest.raises(InputError, match=r"model bad: build failed: .*size"):
         featurise(lambda: _InitialisedInPlace((3,)), (8,), 2, "inference", "float32", "bad")
+
+
+def test_a_manifest_featurised_in_two_processes_gives_the_same_tables_in_the_same_order() -> None:
+    """The features rule's worker processes change nothing: model, layer and operator tables equal, rows in order,
+    and a model that cannot be built keeps its row with the reason, as in one process."""
+    from perfzoo.features.meta import featurise_manifest
+    from perfzoo.models.zoo import expand_zoo, manifest_frame
+
+    families = {
+        "mlp": {"builder": "mlp", "models": [{"name": "a", "kwargs": {"in_features": 24, "hidden": [32]}},
+                                             {"name": "b", "kwargs": {"in_features": 24, "hidden": [16, 16]}}],
+                "input_shape": [24], "batch_sizes": [2, 5]},
+        "enc": {"builder": "transformer", "models": [{"name": "encoder", "variant": "t",
+                                                      "kwargs": {"d_model": 16, "heads": 2, "layers": 1}}],
+                "sequence_lengths": [8], "batch_sizes": [3]},
+        "bad": {"builder": "mlp", "models": [{"name": "c", "kwargs": {"in_features": 24, "hidden": [-4]}}],
+                "input_shape": [24],
+                "batch_sizes": [2]},
+    }
+    manifest = manifest_frame(expand_zoo({"zoo": {"num_classes": 10, "families": families}}))
+    tables = {}
+    for workers in (1, 2):
+        ops: list[pd.DataFrame] = []
+        models, layers = featurise_manifest(manifest, 10, progress=False, op_tables=ops, workers=workers)
+        tables[workers] = (models, layers, pd.concat(ops, ignore_index=True))
+    for one, two in zip(tables[1], tables[2], strict=True):
+        pd.testing.assert_frame_equal(one, two)
+    models = tables[2][0]
+    assert len(models) == 2 * 2 * 2 + 2 + 2 and (models["feature_error"] != "").sum() == 2  # the bad model's configs
+    assert tables[2][2]["model_id"].nunique() == models.loc[models["feature_error"] == "", "model_id"].nunique()

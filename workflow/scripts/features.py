@@ -10,7 +10,8 @@ def main() -> None:
     manifest = read_parquet(snakemake.input.manifest)
     op_tables: list = []
     models, layers = featurise_manifest(manifest, snakemake.params.num_classes,
-                                        optimizer=snakemake.params.optimizer, op_tables=op_tables)
+                                        optimizer=snakemake.params.optimizer, op_tables=op_tables,
+                                        workers=snakemake.threads)
     prov = provenance([snakemake.input.manifest, *snakemake.input.model_files],
                       links=config_link(snakemake.config, ["zoo.num_classes", "profiling.optimizer"]))
     write_table(snakemake.output.models, models, prov)

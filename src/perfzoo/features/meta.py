@@ -1012,33 +1012,69 @@ def manifest_builder(row: dict[str, Any], num_classes: int) -> tuple[Callable[[]
 
 
 def featurise_manifest(manifest: pd.DataFrame, num_classes: int, progress: bool = True, optimizer: str = "sgd",
-                       op_tables: list[pd.DataFrame] | None = None, cache_bytes: int = CACHE_BYTES
-                       ) -> tuple[pd.DataFrame, pd.DataFrame]:
+                       op_tables: list[pd.DataFrame] | None = None, cache_bytes: int = CACHE_BYTES,
+                       workers: int = 1) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Features of every (model, mode, batch) config of the zoo manifest: (model table, layer table);
     ``optimizer`` is the profiled training step's (config ``profiling.optimizer``), for the ``sim_*`` and
     ``op_*`` columns; the per-operator tables are appended to ``op_tables`` when given; ``cache_bytes`` as
-    in :func:`featurise`."""
-    models, layers = [], []
+    in :func:`featurise`. With ``workers`` > 1 the configs are featurised in that many processes forked from this
+    one (torch, torchvision and timm imported first); the tables are the same, in the same order."""
     rows = manifest.drop_duplicates(["model_id", "mode", "batch"]).to_dict("records")
-    for row in tqdm(rows, desc="features", file=sys.stderr, disable=not progress, mininterval=1):
-        shape = tuple(json.loads(row["input_shape"]))
-        build, input_dtype = manifest_builder(row, num_classes)
-        try:
-            feats, table = featurise(build, shape, int(row["batch"]), row["mode"], input_dtype,
-                                     row["model_id"], optimizer=optimizer, op_tables=op_tables,
-                                     cache_bytes=cache_bytes)
-        except InputError as exc:  # a model that cannot be built keeps a row, its features missing
-            print(f"features: {exc}", file=sys.stderr)
-            feats, table = {"model_id": row["model_id"], "mode": row["mode"], "batch": int(row["batch"]),
-                            "feature_error": str(exc)}, None
-        models.append(feats)
-        layers.append(table)
+    task = partial(_featurise_row, num_classes=num_classes, optimizer=optimizer, cache_bytes=cache_bytes,
+                   keep_ops=op_tables is not None)
+    models, layers = [], []
+    with _row_results(task, rows, workers) as results:
+        for feats, table, ops in tqdm(results, total=len(rows), desc="features", file=sys.stderr,
+                                      disable=not progress, mininterval=1):
+            models.append(feats)
+            layers.append(table)
+            if op_tables is not None:
+                op_tables.extend(ops)
     columns = [*MODEL_COLUMNS, "feature_error"]
     model_table = pd.DataFrame(models, columns=columns).sort_values(["model_id", "mode", "batch"])
     model_table["feature_error"] = model_table["feature_error"].astype("object").fillna("")
     layers = [t for t in layers if t is not None]
     layer_table = pd.concat(layers, ignore_index=True) if layers else pd.DataFrame(columns=list(LAYER_COLUMNS))
     return model_table.reset_index(drop=True), layer_table
+
+
+RowResult = tuple[dict, "pd.DataFrame | None", list[pd.DataFrame]]
+
+
+def _featurise_row(row: dict[str, Any], num_classes: int, optimizer: str, cache_bytes: int, keep_ops: bool
+                   ) -> RowResult:
+    """(model-level features, layer table, operator tables) of one manifest row; a model that cannot be built
+    keeps a row, its features missing and the one-line reason in ``feature_error``."""
+    shape = tuple(json.loads(row["input_shape"]))
+    build, input_dtype = manifest_builder(row, num_classes)
+    ops: list[pd.DataFrame] | None = [] if keep_ops else None
+    try:
+        feats, table = featurise(build, shape, int(row["batch"]), row["mode"], input_dtype, row["model_id"],
+                                 optimizer=optimizer, op_tables=ops, cache_bytes=cache_bytes)
+    except InputError as exc:
+        print(f"features: {exc}", file=sys.stderr)
+        feats, table = {"model_id": row["model_id"], "mode": row["mode"], "batch": int(row["batch"]),
+                        "feature_error": str(exc)}, None
+    return feats, table, ops or []
+
+
+@contextlib.contextmanager
+def _row_results(task: Callable[[dict[str, Any]], RowResult], rows: list[dict[str, Any]], workers: int
+                 ) -> Iterator[Iterable[RowResult]]:
+    """``task`` of every row, in order: here, or in ``workers`` processes forked from this one."""
+    if workers <= 1 or len(rows) <= 1:
+        yield map(task, rows)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    import timm  # noqa: F401 - imported once here, not in every worker
+    import torchvision  # noqa: F401
+
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=torch.set_num_threads,
+                             initargs=(1,)) as pool:
+        yield pool.map(task, rows, chunksize=1)
 
 
 def simulated_memory(build: Callable[[], nn.Module], input_shape: tuple[int, ...], batch: int, mode: str,
