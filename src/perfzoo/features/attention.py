@@ -18,7 +18,11 @@ stands in for them on the meta device (they differ for dropout in training, whic
 supports). ``enable_gqa`` and any call that is not on the meta device pass through unchanged. Not mirrored:
 the inference fast paths of ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer``
 (``aten._native_multi_head_attention``, ``aten._transformer_encoder_layer_fwd``), which the CPU takes under
-``no_grad`` and the meta device never does; their general path, traced instead, runs the same attention.
+``no_grad`` and the meta device never does; their general path is traced instead. The CPU's fused encoder layer
+runs the math attention (a materialised score matrix, ``bmm`` and ``_softmax``), not the flash kernel, and its
+feed-forward product with the activation fused (``_addmm_activation``); the per-operator timer sees the whole
+layer as one call of kind ``other`` (``bench/RESULTS.md``, "The encoder family's inference is not a tensor the
+simulation misses").
 """
 
 from __future__ import annotations
