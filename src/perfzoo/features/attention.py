@@ -21,8 +21,8 @@ the inference fast paths of ``nn.MultiheadAttention`` and ``nn.TransformerEncode
 ``no_grad`` and the meta device never does; their general path is traced instead. The CPU's fused encoder layer
 runs the math attention (a materialised score matrix, ``bmm`` and ``_softmax``), not the flash kernel, and its
 feed-forward product with the activation fused (``_addmm_activation``); the per-operator timer sees the whole
-layer as one call of kind ``other`` (``bench/RESULTS.md``, "The encoder family's inference is not a tensor the
-simulation misses").
+layer as one call of kind ``other`` (``bench/RESULTS.md``, the section on ``memory_sim``'s activation high-water
+mark, its paragraph on the encoder).
 """
 
 from __future__ import annotations
