@@ -22,7 +22,8 @@ the inference fast paths of ``nn.MultiheadAttention`` and ``nn.TransformerEncode
 runs the math attention (a materialised score matrix, ``bmm`` and ``_softmax``), not the flash kernel, and its
 feed-forward product with the activation fused (``_addmm_activation``); the per-operator timer sees the whole
 layer as one call of kind ``other`` (``bench/RESULTS.md``, the section on ``memory_sim``'s activation high-water
-mark, its paragraph on the encoder).
+mark, its paragraph on the encoder). Mirrored on the meta device, the fused layer did not make the fits better
+(``bench/encoder_fast_path.py``; ``bench/RESULTS.md``, "The encoder's fused inference layer mirrored").
 """
 
 from __future__ import annotations
