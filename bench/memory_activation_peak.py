@@ -31,14 +31,15 @@ use_this_checkout()
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from composed_shrinkage import SELECTION_SPLITS as SELECTION  # noqa: E402  (bench/, the script's own folder)
+from composed_shrinkage import SPLITS  # noqa: E402
+
 from perfzoo.features import memory  # noqa: E402
 from perfzoo.features.meta import manifest_builder, simulated_memory  # noqa: E402
 from perfzoo.regressors import MemorySimRegressor  # noqa: E402
 from perfzoo.regressors.base import numeric_matrix  # noqa: E402
 
 MIB, TARGET, KEY = 2.0**20, "peak_mem_mb", ["model_id", "mode", "batch"]
-SPLITS = ("leave_one_family_out", "batch_extrapolation", "random", "family_monte_carlo", "stratified_kfold")
-SELECTION = ("family_monte_carlo", "stratified_kfold")
 
 
 class _Marks(memory._LiveBytes):
@@ -108,7 +109,7 @@ def added(column: str, training_only: bool) -> type[MemorySimRegressor]:
             extra = numeric_matrix(X, [column])[:, 0] / MIB
             if training_only:
                 extra = extra * (X["mode"].astype(str) == "training").to_numpy(float)
-            return np.column_stack([MemorySimRegressor._design(MemorySimRegressor(), X), extra])
+            return np.column_stack([MemorySimRegressor()._design(X), extra])
     return Variant
 
 

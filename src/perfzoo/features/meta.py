@@ -93,6 +93,7 @@ import json
 import math
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -1065,16 +1066,22 @@ def _row_results(task: Callable[[dict[str, Any]], RowResult], rows: list[dict[st
     if workers <= 1 or len(rows) <= 1:
         yield map(task, rows)
         return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    with forked_pool(workers) as pool:
+        yield pool.map(task, rows, chunksize=1)
 
-    import timm  # noqa: F401 - imported once here, not in every worker
+
+@contextlib.contextmanager
+def forked_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
+    """``workers`` warm featurising processes: forked from this one after torch, torchvision and timm are imported
+    (once here, not in every worker), each with one intra-op thread."""
+    import multiprocessing
+
+    import timm  # noqa: F401
     import torchvision  # noqa: F401
 
     context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=torch.set_num_threads,
-                             initargs=(1,)) as pool:
-        yield pool.map(task, rows, chunksize=1)
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+        yield pool
 
 
 def simulated_memory(build: Callable[[], nn.Module], input_shape: tuple[int, ...], batch: int, mode: str,

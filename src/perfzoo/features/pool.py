@@ -31,11 +31,9 @@ import fcntl
 import functools
 import hashlib
 import json
-import multiprocessing
 import os
 import sys
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
@@ -297,20 +295,6 @@ def _featurise_at(job: FeatureJob) -> Callable[[int], dict[str, Any]]:
     return at
 
 
-def _warm_imports() -> None:
-    """Import what every featurisation needs, once, before the workers fork."""
-    import timm  # noqa: F401
-    import torchvision  # noqa: F401
-
-    import perfzoo.features.meta  # noqa: F401
-
-
-def _worker_init() -> None:
-    import torch  # lazy: torch takes seconds to import, and an import without featurisation never needs it
-
-    torch.set_num_threads(1)
-
-
 def featurise_jobs(jobs: Iterable[FeatureJob], workers: int | None = None, progress: bool = False,
                    cache_path: str | Path | None = None) -> list[FeatureResult]:
     """Results of every job, in order; ``workers`` warm processes (default: the usable CPU cores).
@@ -334,9 +318,9 @@ def featurise_jobs(jobs: Iterable[FeatureJob], workers: int | None = None, progr
         computed = (featurise_job(jobs[i]) for i in todo)
         _collect(todo, computed, results, bar, cache_path)
     else:
-        _warm_imports()
-        context = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init) as pool:
+        from perfzoo.features.meta import forked_pool  # lazy: torch, torchvision and timm, as the workers need
+
+        with forked_pool(workers) as pool:
             _collect(todo, pool.map(featurise_job, [jobs[i] for i in todo], chunksize=1), results, bar,
                      cache_path)
     bar.close()
