@@ -570,3 +570,16 @@ def test_a_cache_line_its_writer_left_unfinished_is_passed_over(tmp_path: Path,
     cache.write_text(json.dumps(entry) + "\n" + json.dumps(entry)[:40])
     monkeypatch.setattr(pool, "_CACHE", {})
     assert load_cache(cache) == 1
+
+
+def test_jobs_featurised_by_two_forked_workers_equal_those_featurised_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The import featuriser's worker pool (perfzoo.features.meta.forked_pool) returns every job's result, in order,
+    equal to one process's."""
+    jobs = [FeatureJob("torchvision", "resnet18", "fp32", 32, "inference", (1, 2)),
+            FeatureJob("torchvision", "mobilenet_v3_small", "fp32", 32, "training", (2,))]
+    monkeypatch.setattr(pool, "_CACHE", {})
+    here = featurise_jobs(jobs, workers=1)
+    monkeypatch.setattr(pool, "_CACHE", {})
+    forked = featurise_jobs(jobs, workers=2)
+    assert [r.job for r in forked] == jobs
+    assert [r.features for r in forked] == [r.features for r in here] and all(r.features for r in here)
