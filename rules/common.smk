@@ -25,7 +25,7 @@ SRC = None if WORKFLOW_ROOT is None else str(WORKFLOW_ROOT / "src")
 if SRC is not None and SRC not in sys.path:
     sys.path.insert(0, SRC)  # the rule scripts import the installed package (pip install -e .)
 
-from perfzoo.config import validate_config
+from perfzoo.config import BLEND_MEMBERS, validate_config
 from perfzoo.depends import package_files_of
 from perfzoo.io import InputError
 from perfzoo.models.files import predict_model_files, zoo_model_files
@@ -238,6 +238,28 @@ def regressor_input_files(wildcards):
 
 def regressor_params(wildcards):
     return regressor_files(wildcards.regressor)
+
+
+def reused_members(regressor):
+    """The members of a blend whose own fit jobs' models the blend reuses: those configured as regressors of their
+    own that read no files (so they have the parameters they have in the blend). A member fitted on the same rows
+    is taken from its saved models instead of being fitted again (perfzoo.regressors.base.FittedModels)."""
+    members = BLEND_MEMBERS.get(regressor, ())
+    return [m for m in members if m in REGRESSORS and not regressor_files(m)]
+
+
+def reused_member_files(wildcards):
+    return expand(
+        "results/fit/{target}/{member}/{split}.models.json",
+        target=wildcards.target,
+        member=reused_members(wildcards.regressor),
+        split=SPLITS,
+    )
+
+
+def fit_priority(wildcards):
+    """1 for a regressor whose models a blend reuses (it is waited for: started first), else 0."""
+    return int(any(wildcards.regressor in reused_members(blend) for blend in REGRESSORS))
 
 
 EXTERNAL = sorted(config.get("external", {}))

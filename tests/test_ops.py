@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -631,6 +632,61 @@ def test_blend_round_trips_with_its_members_and_refuses_bad_members(tmp_path):
                     ("composed_blend", "linear")):
         with pytest.raises(InputError, match="members"):
             make_regressor("composed_blend", members=members).fit(X, y)
+
+
+def blend_split_data() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """:func:`blend_frame` as a dataset of four families, and its leave-one-family-out split."""
+    from perfzoo.dataset.splits import make_split
+
+    X, y = blend_frame()
+    data = X.assign(row_id=[f"r{i:03d}" for i in range(40)], model_id=[f"m{i}" for i in range(40)],
+                    mode="inference", batch=1, family=[f"f{i % 4}" for i in range(40)], label="x", latency_ms=y)
+    return data, make_split("leave_one_family_out", data, {"seed": 1337, "random_fractions": [0.7, 0.15, 0.15]})
+
+
+def test_a_blend_takes_the_member_its_own_fit_job_saved_on_the_same_rows_and_predicts_the_same(tmp_path):
+    from perfzoo.fitting import fit_split, load_models, save_models
+
+    data, split = blend_split_data()
+    _, poly, _ = fit_split(data, split, "latency_ms", "poly_lasso")  # the member's own fit job
+    save_models(tmp_path / "poly.json", poly, {})
+    saved = list(load_models(tmp_path / "poly.json")[0].values())
+    fresh, fresh_models, fresh_notes = fit_split(data, split, "latency_ms", "composed_blend")
+    reused, models, notes = fit_split(data, split, "latency_ms", "composed_blend", reusable=saved)
+    assert notes["reused_fits"] == len(models) == 4 and "reused_fits" not in fresh_notes
+    assert reused.equals(fresh)  # the same predictions, to the bit
+    assert all(any(m.members_[1] is s for s in saved) for m in models.values())  # taken, not refitted
+    assert ({f: m.to_document()["payload"] for f, m in models.items()}
+            == {f: m.to_document()["payload"] for f, m in fresh_models.items()})  # the same saved members
+    other_rows = data.assign(latency_ms=data["latency_ms"] * 1.01)  # fitted on other labels: fitted again
+    _, other, _ = fit_split(other_rows, split, "latency_ms", "poly_lasso")
+    _, _, notes = fit_split(data, split, "latency_ms", "composed_blend", reusable=other.values())
+    assert "reused_fits" not in notes
+    degree_one = {f: make_regressor("poly_lasso", degree=1) for f in poly}  # other parameters: fitted again
+    from perfzoo.regressors.base import FittedModels
+
+    X = data.drop(columns=list(OP_FEATURES))
+    fitted = FittedModels([FittedModels().fit(degree_one["f0"], X, data["latency_ms"])])
+    fitted.fit(make_regressor("poly_lasso"), X, data["latency_ms"])
+    assert fitted.reused == 0
+    fitted.fit(make_regressor("poly_lasso", degree=1), X, data["latency_ms"])
+    assert fitted.reused == 1
+
+
+def test_the_fit_rule_gives_a_blend_the_models_of_its_members_fitted_on_their_own_and_fits_those_first(tmp_path):
+    from conftest import copy_workflow, snakemake, tiny_config
+
+    config = tiny_config()
+    config["fit"]["regressors"] = ["poly_lasso", "composed", "composed_blend", "memory_sim", "memory_blend"]
+    folder = copy_workflow(tmp_path / "wf", config)
+    jobs = re.split(r"^\[.*\]$", snakemake(folder, "-n", "--forceall", cores=None).stdout, flags=re.M)
+    fits = {line.split("regressor=")[1].strip(): job for job in jobs if job.startswith("\nrule fit:")
+            for line in job.splitlines() if "wildcards:" in line and "target=latency_ms" in line}
+    assert "results/fit/latency_ms/poly_lasso/random.models.json" in fits["composed_blend"]
+    assert "results/fit/latency_ms/composed/" not in fits["composed_blend"]  # composed reads the operator times
+    assert {"poly_lasso", "memory_sim"} <= {m for m in ("poly_lasso", "memory_sim", "composed")
+                                            if f"results/fit/latency_ms/{m}/random.models.json" in fits["memory_blend"]}
+    assert "priority: 1" in fits["poly_lasso"] and "priority: 1" not in fits["composed"]
 
 
 def test_the_fit_rule_gives_operator_features_to_the_blend_and_fits_it_on_latency_only():

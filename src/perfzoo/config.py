@@ -15,6 +15,9 @@ from perfzoo.io import InputError, read_yaml
 from perfzoo.models.builders import BUILDER_NAMES, check_factory_reference, check_model_kwargs, check_model_name
 from perfzoo.models.zoo import expanded_entries, model_entries
 
+#: the members each blend fits (:mod:`perfzoo.regressors.blend`), named here for the rules too: a blend's fit job is
+#: given the saved models of a member that runs as a regressor of its own, to reuse them (``rules/fit.smk``)
+BLEND_MEMBERS = {"composed_blend": ("composed", "poly_lasso"), "memory_blend": ("memory_sim", "poly_lasso")}
 PACKAGE_DATA = ("schemas/config.schema.yaml",)  # read by perfzoo.depends: rules rerun when it changes
 SCHEMA = Path(__file__).parent / PACKAGE_DATA[0]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ from perfzoo.features.op_kinds import OP_ERROR_COLUMN, OP_FEATURES
 from perfzoo.hardware import CALIBRATION_COLUMNS
 from perfzoo.io import InputError, write_text
 from perfzoo.regressors import REGISTRY, Regressor, make_regressor, regressor_from_document
-from perfzoo.regressors.base import fit_on_complete_rows, incomplete_rows
+from perfzoo.regressors.base import FittedModels, fit_on_complete_rows, incomplete_rows
 from perfzoo.stats import all_metrics
 
 MIN_TRAIN_ROWS = 3
@@ -96,11 +96,13 @@ def build_regressor(name: str, params: dict[str, Any] | None = None) -> Regresso
 
 def fit_split(
     data: pd.DataFrame, split: pd.DataFrame, target: str, regressor: str, params: dict[str, Any] | None = None,
-    feature_set: str = "all", operator_features: bool = False,
+    feature_set: str = "all", operator_features: bool = False, reusable: Iterable[Regressor] = (),
 ) -> tuple[pd.DataFrame, dict[str, Regressor], dict[str, Any]]:
     """(predictions on val/test rows of every fold, fitted model per fold, notes on skipped folds); the
     operator aggregates are features when ``operator_features`` or for :data:`OPERATOR_FEATURE_REGRESSORS`, the
-    devices' measured constants for a regressor that applies them (:attr:`Regressor.uses_device_calibration`)."""
+    devices' measured constants for a regressor that applies them (:attr:`Regressor.uses_device_calibration`).
+    A model of ``reusable`` fitted on the same rows with the same parameters as a fit asked here (a blend's member
+    saved by the member's own fit job) is taken instead of fitting again; the notes count them."""
     if target not in data.columns:
         raise InputError(f"dataset has no target column {target!r}")
     finite = finite_target_rows(data, target)
@@ -113,6 +115,7 @@ def fit_split(
     data = data[usable].set_index("row_id", drop=False)
     ops = operator_features or regressor in OPERATOR_FEATURE_REGRESSORS
     calibration = applies_device_calibration(regressor)
+    fitted = FittedModels(reusable)
     predictions, models = [], {}
     for fold, rows in split.groupby("fold", sort=True):
         rows = rows[rows["row_id"].isin(data.index)]
@@ -125,7 +128,7 @@ def fit_split(
         try:
             inputs = regressor_inputs(test, feature_set, ops, calibration)
             train_inputs = regressor_inputs(train, feature_set, ops, calibration)
-            model = fit_complete_rows(regressor, params, train_inputs, train[target], notes, str(fold))
+            model = fit_complete_rows(regressor, params, train_inputs, train[target], notes, str(fold), fitted)
             pred = np.asarray(model.predict(inputs), float)
             lo, hi = own_intervals(model, inputs)
         except InputError as exc:  # e.g. a fold without the per-layer timings a method needs
@@ -138,17 +141,19 @@ def fit_split(
             regressor=regressor, y_true=test[target].to_numpy(dtype=float), y_pred=np.asarray(pred, float),
             y_lo=lo, y_hi=hi))
         models[str(fold)] = model
+    if fitted.reused:
+        notes["reused_fits"] = fitted.reused
     frame = (pd.concat(predictions, ignore_index=True) if predictions
              else pd.DataFrame(columns=PREDICTION_COLUMNS))
     return frame[PREDICTION_COLUMNS], models, notes
 
 
 def fit_complete_rows(regressor: str, params: dict[str, Any] | None, X: pd.DataFrame, y: pd.Series,
-                      notes: dict[str, Any], fold: str) -> Regressor:
+                      notes: dict[str, Any], fold: str, fitted: FittedModels | None = None) -> Regressor:
     """``regressor`` fitted on the training rows that have every feature it uses
-    (:func:`perfzoo.regressors.base.fit_on_complete_rows`), the others counted and named in ``notes``: a
-    regressor would fill in its training median there."""
-    model, incomplete = fit_on_complete_rows(partial(build_regressor, regressor, params), X, y)
+    (:func:`perfzoo.regressors.base.fit_on_complete_rows`, through ``fitted``), the others counted and named in
+    ``notes``: a regressor would fill in its training median there."""
+    model, incomplete = fit_on_complete_rows(partial(build_regressor, regressor, params), X, y, fitted)
     if not incomplete.any():
         return model
     missing = sorted({name for names in model.missing_features(X[incomplete]) for name in names})
@@ -162,16 +167,16 @@ def fit_complete_rows(regressor: str, params: dict[str, Any] | None, X: pd.DataF
 
 def fit_cell(
     data: pd.DataFrame, split: pd.DataFrame, split_name: str, target: str, regressor: str,
-    params: dict[str, Any] | None = None, grid_search_splits: Sequence[str] = (),
+    params: dict[str, Any] | None = None, grid_search_splits: Sequence[str] = (), reusable: Iterable[Regressor] = (),
 ) -> tuple[pd.DataFrame, dict[str, Regressor], dict[str, Any]]:
-    """The fit rule's cell (target, regressor, split): :func:`fit_split`, or :func:`skipped_fit` with the reason
-    when the regressor does not model the target (:func:`unsupported_reason`) or is ``xgboost_grid`` on a split
-    outside ``grid_search_splits``."""
+    """The fit rule's cell (target, regressor, split): :func:`fit_split` (taking a fit of ``reusable`` where it is
+    the same fit), or :func:`skipped_fit` with the reason when the regressor does not model the target
+    (:func:`unsupported_reason`) or is ``xgboost_grid`` on a split outside ``grid_search_splits``."""
     if reason := unsupported_reason(regressor, target, params):
         return skipped_fit(reason)
     if regressor == "xgboost_grid" and split_name not in grid_search_splits:
         return skipped_fit(f"grid search runs on splits {grid_search_splits}")
-    return fit_split(data, split, target, regressor, params)
+    return fit_split(data, split, target, regressor, params, reusable=reusable)
 
 
 def own_intervals(model: Regressor, inputs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

@@ -28,6 +28,7 @@ bit-identical to those before saving.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import math
 import os
@@ -91,13 +92,15 @@ def incomplete_rows(model: Regressor, X: pd.DataFrame) -> np.ndarray:
     return np.array([bool(names) for names in model.missing_features(X)], dtype=bool)
 
 
-def fit_on_complete_rows(make: Callable[[], Regressor], X: pd.DataFrame, y: pd.Series | np.ndarray
-                         ) -> tuple[Regressor, np.ndarray]:
+def fit_on_complete_rows(make: Callable[[], Regressor], X: pd.DataFrame, y: pd.Series | np.ndarray,
+                         fitted: FittedModels | None = None) -> tuple[Regressor, np.ndarray]:
     """(``make()`` fitted on the rows of ``X`` that have every feature it uses, the incomplete rows left out): fitted
     once on all rows to learn which features those are, again without the incomplete rows where there are any, so no
     training row has a median filled in. Raises ``InputError`` naming the missing features when no row has them all
-    (a fit there would rest on filled-in values alone)."""
-    model = make().fit(X, y)
+    (a fit there would rest on filled-in values alone). Each fit goes through ``fitted`` (:class:`FittedModels`),
+    which returns a model fitted before on the same rows instead of fitting again."""
+    fitted = fitted if fitted is not None else FittedModels()
+    model = fitted.fit(make(), X, y)
     incomplete = incomplete_rows(model, X)
     if not incomplete.any():
         return model, incomplete
@@ -106,7 +109,42 @@ def fit_on_complete_rows(make: Callable[[], Regressor], X: pd.DataFrame, y: pd.S
         raise InputError(f"no training row has every feature {type(model).__name__} uses ({', '.join(missing)} "
                          "missing); a fit on filled-in values is refused")
     target = np.asarray(y, dtype=float)
-    return make().fit(X[~incomplete], target[~incomplete]), incomplete
+    return fitted.fit(make(), X[~incomplete], target[~incomplete]), incomplete
+
+
+def fit_digest(model: Regressor, X: pd.DataFrame, y: pd.Series | np.ndarray) -> str:
+    """What a fit of ``model`` depends on, as a SHA-256: its kind and parameters, the columns and values of ``X``
+    and the values of ``y``. The regressors' fits are deterministic (fixed seeds, cyclic coordinate descent), so two
+    fits with one digest give the same model."""
+    digest = hashlib.sha256()
+    identity = {"kind": model.kind, "params": _to_json(model.get_params(deep=False)),
+                "columns": [str(c) for c in X.columns]}
+    digest.update(json.dumps(identity, sort_keys=True).encode())
+    digest.update(pd.util.hash_pandas_object(X, index=False).to_numpy().tobytes())
+    digest.update(np.ascontiguousarray(np.asarray(y, dtype=np.float64).ravel()).tobytes())
+    return digest.hexdigest()
+
+
+class FittedModels:
+    """Regressors fitted before, found by :func:`fit_digest`: :meth:`fit` returns the one fitted on the same inputs
+    with the same parameters instead of fitting again, and gives every model it fits its digest (``fit_digest_``,
+    saved with it). A blend's member that also runs as a regressor of its own is fitted once: the blend's fit job
+    is given the member's saved models (the fit rule's ``reuse`` input)."""
+
+    def __init__(self, models: Iterable[Regressor] = ()) -> None:
+        self._by_digest = {m.fit_digest_: m for m in models if getattr(m, "fit_digest_", None)}
+        self.reused = 0
+
+    def fit(self, model: Regressor, X: pd.DataFrame, y: pd.Series | np.ndarray) -> Regressor:
+        """``model`` fitted on ``X``, ``y``, or the model fitted before with the same digest."""
+        digest = fit_digest(model, X, y)
+        found = self._by_digest.get(digest)
+        if found is not None:
+            self.reused += 1
+            return found
+        model = model.fit(X, y, fitted=self) if model.fits_members else model.fit(X, y)
+        model.fit_digest_ = digest
+        return model
 
 
 def _holds_values(column: pd.Series) -> bool:
@@ -227,6 +265,8 @@ class Regressor(RegressorMixin, BaseEstimator):
     uses_device_calibration: ClassVar[bool] = False
     #: the only targets the method models (execution time, peak memory); None: any target
     only_targets: ClassVar[tuple[str, ...] | None] = None
+    #: whether ``fit`` fits other regressors (a blend's members) and takes ``fitted`` (:class:`FittedModels`) for them
+    fits_members: ClassVar[bool] = False
 
     def targets_modelled(self) -> tuple[str, ...] | None:
         """The targets the method models with these parameters (:attr:`only_targets`; None: any)."""

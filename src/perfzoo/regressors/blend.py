@@ -37,10 +37,12 @@ import numpy as np
 import pandas as pd
 from sklearn.utils.validation import check_is_fitted
 
+from perfzoo.config import BLEND_MEMBERS
 from perfzoo.hardware import CALIBRATION_COLUMNS
 from perfzoo.io import InputError
 from perfzoo.regressors.base import (
     REGISTRY,
+    FittedModels,
     Regressor,
     check_frame,
     numeric_matrix,
@@ -50,8 +52,8 @@ from perfzoo.regressors.base import (
     without_operator_features,
 )
 
-DEFAULT_MEMBERS = ("composed", "poly_lasso")
-MEMORY_MEMBERS = ("memory_sim", "poly_lasso")
+DEFAULT_MEMBERS = BLEND_MEMBERS["composed_blend"]
+MEMORY_MEMBERS = BLEND_MEMBERS["memory_blend"]
 
 
 @register_regressor
@@ -61,6 +63,7 @@ class BlendRegressor(Regressor):
 
     kind = "composed_blend"
     uses_operator_features: ClassVar[bool] = True
+    fits_members: ClassVar[bool] = True
     _required_state: ClassVar[tuple[str, ...]] = ("feature_names_", "member_kinds_", "batch_ranges_")
     _payload_attrs = ("members_",)
 
@@ -107,10 +110,13 @@ class BlendRegressor(Regressor):
             return X
         return X.drop(columns=[c for c in CALIBRATION_COLUMNS if c in X.columns])
 
-    def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray) -> BlendRegressor:
+    def fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray, fitted: FittedModels | None = None) -> BlendRegressor:
+        """Each member fitted on ``X`` as it sees it, through ``fitted`` (a member fitted before on the same rows with
+        the same parameters, e.g. by its own fit job, is taken as it is)."""
         self._check_members()
         X = check_frame(X)
-        self.members_ = [self._member(m).fit(self._inputs(REGISTRY[m], X), y) for m in self.members]
+        fitted = fitted if fitted is not None else FittedModels()
+        self.members_ = [fitted.fit(self._member(m), self._inputs(REGISTRY[m], X), y) for m in self.members]
         self.member_kinds_ = list(self.members)
         self.feature_names_ = list(dict.fromkeys(f for m in self.members_ for f in m.feature_names_))
         self.n_features_in_ = len(self.feature_names_)
@@ -181,7 +187,8 @@ class BlendRegressor(Regressor):
     # -- persistence: each member is stored as its own document
 
     def _dump_payload(self) -> dict[str, str]:
-        return {"encoding": "perfzoo-regressors", "data": json.dumps([m.to_document() for m in self.members_])}
+        documents = [m.to_document() for m in self.members_]
+        return {"encoding": "perfzoo-regressors", "data": json.dumps(documents, sort_keys=True)}
 
     def _load_payload(self, payload: dict[str, Any] | None, source: str) -> None:
         if not payload or payload.get("encoding") != "perfzoo-regressors":

@@ -545,7 +545,8 @@ class ComposedRegressor(Regressor):
     _payload_attrs = ("fallback_model_",)
 
     def _dump_payload(self) -> dict[str, str]:
-        return {"encoding": "perfzoo-regressor", "data": json.dumps(self.fallback_model_.to_document())}
+        return {"encoding": "perfzoo-regressor",
+                "data": json.dumps(self.fallback_model_.to_document(), sort_keys=True)}
 
     def _load_payload(self, payload: dict[str, str] | None, source: str) -> None:
         if not payload or payload.get("encoding") != "perfzoo-regressor":
