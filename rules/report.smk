@@ -32,6 +32,7 @@ rule report:
     localrule: True
     conda:
         "../envs/perfzoo.yaml"
+    threads: 2
     params:
         config_subset={
             "devices": config["devices"],

@@ -133,6 +133,19 @@ def test_build_report_writes_every_registry_output_readable_by_the_group(tmp_pat
     assert stat.S_IMODE((tmp_path / "results/report/figures/error_cdf.png").stat().st_mode) == 0o644
 
 
+def test_figures_drawn_in_two_forked_processes_are_the_files_one_process_writes(tmp_path) -> None:
+    data = dataset()
+    predictions = held_out(data)
+    tables = tables_for(data, predictions)
+    for workers in (1, 2):
+        build_report(tmp_path / str(workers), data, predictions, tables, [], PROV, [], workers=workers)
+    entries = outputs(rule="report", kind="figure")
+    assert len(entries) == 8
+    for entry in entries:
+        for file in (entry.file, entry.vector_file):
+            assert (tmp_path / "1" / file).read_bytes() == (tmp_path / "2" / file).read_bytes(), file
+
+
 def first_screen(html: str) -> str:
     """The page up to its table of contents (what a reader sees before scrolling to details)."""
     return html[: html.index('id="contents"')]

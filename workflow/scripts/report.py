@@ -28,7 +28,7 @@ def main() -> None:
     build_report(Path.cwd(), t["dataset"], t["predictions"], tables,
                  report_notes(t["statuses"], list(i.fits), list(i.splits),
                               read_provenance(i.dataset).get("featurised_as")),
-                 report_provenance(i, snakemake.params.config_subset), list(i.records))
+                 report_provenance(i, snakemake.params.config_subset), list(i.records), snakemake.threads)
 
 
 run_step(snakemake, main)

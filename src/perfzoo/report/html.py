@@ -7,11 +7,15 @@ Which outputs exist, their files and captions: :mod:`perfzoo.report.registry` (t
 from __future__ import annotations
 
 import json
+import multiprocessing
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
 
 from perfzoo.evaluate import comparison_table, error_quantiles, family_table
 from perfzoo.fitting import load_models
@@ -37,32 +41,59 @@ def report_tables(
             "noise_floor": noise, "status_counts": statuses}
 
 
-def report_figures(tables: dict[str, pd.DataFrame], data: pd.DataFrame,
-                   predictions: pd.DataFrame) -> dict[str, Any]:
-    """Every figure of the report rule, each drawn from tables only (registry names)."""
-    return {
-        "actual_vs_predicted": figures.actual_vs_predicted(predictions, tables["best"]),
-        "per_family_mape": figures.per_family_mape(tables["per_family"]),
-        "error_cdf": figures.error_cdf(error_quantiles(predictions)),
-        "feature_importance_figure": figures.feature_importance(tables["feature_importance"]),
-        "ablation_figure": figures.ablation(tables["ablation"]),
-        "batch_extrapolation": figures.batch_extrapolation(predictions, data),
-        "latency_vs_batch": figures.latency_vs_batch(data),
-        "cv_distribution": figures.cv_distribution(data),
-    }
+FigureInputs = tuple[dict[str, pd.DataFrame], pd.DataFrame, pd.DataFrame]  # tables, dataset, held-out predictions
+
+#: how each figure of the report rule is drawn from the tables, the dataset and the held-out predictions
+FIGURE_DRAWERS: dict[str, Callable[[dict[str, pd.DataFrame], pd.DataFrame, pd.DataFrame], Figure]] = {
+    "actual_vs_predicted": lambda tables, data, predictions: figures.actual_vs_predicted(predictions, tables["best"]),
+    "per_family_mape": lambda tables, data, predictions: figures.per_family_mape(tables["per_family"]),
+    "error_cdf": lambda tables, data, predictions: figures.error_cdf(error_quantiles(predictions)),
+    "feature_importance_figure": lambda tables, data, predictions: figures.feature_importance(
+        tables["feature_importance"]),
+    "ablation_figure": lambda tables, data, predictions: figures.ablation(tables["ablation"]),
+    "batch_extrapolation": lambda tables, data, predictions: figures.batch_extrapolation(predictions, data),
+    "latency_vs_batch": lambda tables, data, predictions: figures.latency_vs_batch(data),
+    "cv_distribution": lambda tables, data, predictions: figures.cv_distribution(data),
+}
+
+
+_FORKED_INPUTS: tuple[FigureInputs, Path, str] | None = None  # what forked figure workers inherit
+
+
+def _draw_and_save(name: str, file: str) -> None:
+    """In a worker forked by :func:`save_report_figures`: draw figure ``name`` and write it under the workdir."""
+    assert _FORKED_INPUTS is not None, "a figure worker without the report's inputs"
+    (tables, data, predictions), workdir, line = _FORKED_INPUTS
+    save_figure(FIGURE_DRAWERS[name](tables, data, predictions), workdir / file, line)
+
+
+def save_report_figures(inputs: FigureInputs, workdir: Path, line: str, workers: int = 1) -> None:
+    """Draw and write every figure of the report rule, in ``workers`` processes forked from this one (each
+    figure's files are what one process writes; drawing and rasterising is most of the report rule's time)."""
+    global _FORKED_INPUTS
+    entries = outputs(rule="report", kind="figure")
+    if workers <= 1:
+        for entry in entries:
+            save_figure(FIGURE_DRAWERS[entry.name](*inputs), workdir / entry.file, line)
+        return
+    _FORKED_INPUTS = (inputs, workdir, line)
+    try:
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(workers, mp_context=context) as pool:
+            list(pool.map(_draw_and_save, [e.name for e in entries], [e.file for e in entries]))
+    finally:
+        _FORKED_INPUTS = None
 
 
 def build_report(
     workdir: Path, data: pd.DataFrame, predictions: pd.DataFrame, tables: dict[str, pd.DataFrame],
-    notes: list[str], prov: dict[str, Any], record_paths: list[str] = (),
+    notes: list[str], prov: dict[str, Any], record_paths: list[str] = (), workers: int = 1,
 ) -> None:
-    """Write every registry output of the report rule, provenance.json and index.html (paths under ``workdir``)."""
+    """Write every registry output of the report rule, provenance.json and index.html (paths under ``workdir``);
+    the figures in ``workers`` processes."""
     for entry in outputs(rule="report", kind="table"):
         write_text(workdir / entry.file, tables[entry.name].to_csv(index=False, float_format="%.6g"))
-    line = f"perfzoo {prov['code_version']}"
-    drawn = report_figures(tables, data, predictions)
-    for entry in outputs(rule="report", kind="figure"):
-        save_figure(drawn[entry.name], workdir / entry.file, line)
+    save_report_figures((tables, data, predictions), workdir, f"perfzoo {prov['code_version']}", workers)
     out_dir = workdir / "results/report"
     write_text(out_dir / "provenance.json", json.dumps(prov, indent=2, sort_keys=True) + "\n")
     records = [{"name": Path(p).stem, **read_json(p)} for p in sorted(record_paths)]
