@@ -646,6 +646,7 @@ def blend_split_data() -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def test_a_blend_takes_the_member_its_own_fit_job_saved_on_the_same_rows_and_predicts_the_same(tmp_path):
     from perfzoo.fitting import fit_split, load_models, save_models
+    from perfzoo.regressors.base import FittedModels
 
     data, split = blend_split_data()
     _, poly, _ = fit_split(data, split, "latency_ms", "poly_lasso")  # the member's own fit job
@@ -662,11 +663,8 @@ def test_a_blend_takes_the_member_its_own_fit_job_saved_on_the_same_rows_and_pre
     _, other, _ = fit_split(other_rows, split, "latency_ms", "poly_lasso")
     _, _, notes = fit_split(data, split, "latency_ms", "composed_blend", reusable=other.values())
     assert "reused_fits" not in notes
-    degree_one = {f: make_regressor("poly_lasso", degree=1) for f in poly}  # other parameters: fitted again
-    from perfzoo.regressors.base import FittedModels
-
-    X = data.drop(columns=list(OP_FEATURES))
-    fitted = FittedModels([FittedModels().fit(degree_one["f0"], X, data["latency_ms"])])
+    X = data.drop(columns=list(OP_FEATURES))  # other parameters: fitted again
+    fitted = FittedModels([FittedModels().fit(make_regressor("poly_lasso", degree=1), X, data["latency_ms"])])
     fitted.fit(make_regressor("poly_lasso"), X, data["latency_ms"])
     assert fitted.reused == 0
     fitted.fit(make_regressor("poly_lasso", degree=1), X, data["latency_ms"])

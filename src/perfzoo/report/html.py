@@ -10,6 +10,7 @@ import json
 import multiprocessing
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -57,32 +58,22 @@ FIGURE_DRAWERS: dict[str, Callable[[dict[str, pd.DataFrame], pd.DataFrame, pd.Da
 }
 
 
-_FORKED_INPUTS: tuple[FigureInputs, Path, str] | None = None  # what forked figure workers inherit
-
-
-def _draw_and_save(name: str, file: str) -> None:
-    """In a worker forked by :func:`save_report_figures`: draw figure ``name`` and write it under the workdir."""
-    assert _FORKED_INPUTS is not None, "a figure worker without the report's inputs"
-    (tables, data, predictions), workdir, line = _FORKED_INPUTS
-    save_figure(FIGURE_DRAWERS[name](tables, data, predictions), workdir / file, line)
+def _draw_and_save(inputs: FigureInputs, workdir: Path, line: str, name: str, file: str) -> None:
+    """Draw figure ``name`` from ``inputs`` and write it (PNG and PDF) to ``file`` under ``workdir``."""
+    save_figure(FIGURE_DRAWERS[name](*inputs), workdir / file, line)
 
 
 def save_report_figures(inputs: FigureInputs, workdir: Path, line: str, workers: int = 1) -> None:
     """Draw and write every figure of the report rule, in ``workers`` processes forked from this one (each
     figure's files are what one process writes; drawing and rasterising is most of the report rule's time)."""
-    global _FORKED_INPUTS
     entries = outputs(rule="report", kind="figure")
+    names, files = [e.name for e in entries], [e.file for e in entries]
+    draw = partial(_draw_and_save, inputs, workdir, line)
     if workers <= 1:
-        for entry in entries:
-            save_figure(FIGURE_DRAWERS[entry.name](*inputs), workdir / entry.file, line)
+        list(map(draw, names, files))
         return
-    _FORKED_INPUTS = (inputs, workdir, line)
-    try:
-        context = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(workers, mp_context=context) as pool:
-            list(pool.map(_draw_and_save, [e.name for e in entries], [e.file for e in entries]))
-    finally:
-        _FORKED_INPUTS = None
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        list(pool.map(draw, names, files))
 
 
 def build_report(
