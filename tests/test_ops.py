@@ -425,6 +425,25 @@ def test_composed_shrinkage_pulls_the_per_kind_costs_to_the_pooled_fit():
     assert ratio[0] > ratio[1] > ratio[2] and ratio[2] == pytest.approx(1.0, rel=0.05)
 
 
+def test_composed_holds_a_term_the_training_steps_barely_run_near_its_prior():
+    # a loss-sized softmax (<= 51 KB) whose bytes track a per-sample cost no other term carries (up to 0.5 ms of a
+    # 2-30 ms step): unfloored, the fit prices its bytes at tens of times the pooled cost per byte, which a 25 MB
+    # attention softmax would then pay in full
+    X, y = synthetic(60)
+    X["op_softmax_bytes"] = np.random.default_rng(1).uniform(800, 51_200, len(X))
+    X["op_softmax_count"] = 2.0
+    y = y + 1e-5 * X["op_softmax_bytes"].to_numpy()
+    free = ComposedRegressor(min_prior_share=0.0).fit(X, y).coefficients("cpu")
+    held = ComposedRegressor().fit(X, y).coefficients("cpu")  # default: priced as >= 0.1 % of the step
+    assert free["op_softmax_bytes"] > 2e-7
+    assert held["op_softmax_bytes"] < 3e-8  # near the pooled ~1e-8 per byte
+    for name in ("op_matmul_flops", "op_elementwise_bytes"):  # terms the steps exercise keep their own fit
+        assert held[name] == pytest.approx(free[name], rel=0.01)
+        assert held[name] == pytest.approx(TRUE[name], rel=0.05)
+    with pytest.raises(InputError, match=r"min_prior_share 1.5 must be a number in \[0, 1\)"):
+        ComposedRegressor(min_prior_share=1.5).fit(X, y)
+
+
 def _with_measured_times(X: pd.DataFrame, per_byte: dict[str, float]) -> pd.DataFrame:
     """``X`` with each costed kind's measured time: ``per_byte[kind]`` times its bytes (0 for the others)."""
     from perfzoo.regressors.composed import COSTED_KINDS
