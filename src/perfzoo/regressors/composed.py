@@ -145,13 +145,13 @@ ALL_DEVICES = "*"
 """Key of the fit on every device's rows together, used for a device not seen in training."""
 OVERHEAD_TERMS = ("overhead", "overhead_training")
 DEFAULT_SHRINKAGE = 5.0
-DEFAULT_MIN_PRIOR_SHARE = 0.001
-"""Share of the step a coefficient's term is priced at, at least, when it moves away from its prior (module
-docstring, "A term the training steps barely run")."""
 """Chosen on the selection splits (family_monte_carlo, stratified_kfold) of two default runs:
 ``bench/RESULTS.md``, "Composed with per-kind costs shrunk towards the pooled fit". On six later runs those splits
 prefer 1 (with either prior) at a cost in batch extrapolation; not re-chosen yet (``bench/RESULTS.md``,
 "composed's per-byte costs shrunk towards the measured ones")."""
+DEFAULT_MIN_PRIOR_SHARE = 0.001
+"""Share of the step a coefficient's term is priced at, at least, when it moves away from its prior (module
+docstring, "A term the training steps barely run")."""
 DEFAULT_STEP_TERMS = ("n_module_calls",)
 """A per-module-call cost: the Python each ``nn.Module`` call runs outside any operator. Chosen for that reason;
 on the zoo's splits it is better on three default runs of five (``bench/RESULTS.md``, "Composed with a cost per
