@@ -1,0 +1,69 @@
+"""A training step's CPU memory label under allocator settings: what part of it is the allocators' retention.
+
+    python bench/memory_env_probe.py [--batches 1 8 32] [--depth 6]
+
+Measures, each in a fresh process at one thread, the profiler's CPU memory label (the worker's peak resident set
+without file-backed pages above its baseline, :class:`perfzoo.profiling.core.ResidentPeak`, taken after ``gc`` and
+before the model is built) of six training steps (:func:`perfzoo.profiling.core.make_step`, SGD with momentum) of the
+default zoo's ``vit_tiny_patch16_224`` at 64 px with ``depth`` blocks and 100 classes, at each batch, under the
+allocator settings of :data:`SETTINGS`: glibc's and MKL's defaults (the workflow's), MKL's buffer cache off, glibc's
+mmap threshold fixed at 128 KiB (every block from 128 KiB up mapped on its own and returned when freed, so the heap
+keeps only smaller ones), one arena. Prints one JSON line per measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SETTINGS = {
+    "defaults": {},
+    "MKL_DISABLE_FAST_MM=1": {"MKL_DISABLE_FAST_MM": "1"},
+    "MALLOC_MMAP_THRESHOLD_=131072": {"MALLOC_MMAP_THRESHOLD_": "131072"},
+    "MALLOC_ARENA_MAX=1": {"MALLOC_ARENA_MAX": "1"},
+}
+
+CHILD = """
+import gc, sys
+import timm, torch
+from perfzoo.profiling.core import ResidentPeak, make_step
+torch.set_num_threads(1)
+batch, depth = int(sys.argv[1]), int(sys.argv[2])
+x, y = torch.randn(batch, 3, 64, 64), torch.randint(0, 100, (batch,))
+gc.collect()
+peak = ResidentPeak.start()
+model = timm.create_model("vit_tiny_patch16_224", depth=depth, img_size=64, num_classes=100)
+step = make_step(model, x, y, "training", "sgd")
+for _ in range(6):
+    step()
+peak.close_phase()
+print(round(peak.label_mb, 1))
+"""
+
+
+def measure(batch: int, depth: int, env: dict[str, str]) -> float:
+    """The label (MB) of one fresh process with ``env`` added to this one's environment."""
+    done = subprocess.run([sys.executable, "-c", CHILD, str(batch), str(depth)], capture_output=True, text=True,
+                          check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **env})
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--depth", type=int, default=6)
+    args = parser.parse_args()
+    for batch in args.batches:
+        for name, env in SETTINGS.items():
+            print(json.dumps({"batch": batch, "depth": args.depth, "setting": name,
+                              "label_mb": measure(batch, args.depth, env)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
