@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +33,8 @@ from perfzoo.regressors.composed import DEFAULT_MIN_PRIOR_SHARE, ComposedRegress
 def default_floor(share: float) -> Iterator[None]:
     """``ComposedRegressor``'s default ``min_prior_share`` set to ``share`` (a blend builds its member with the
     defaults); the last positional default is that parameter."""
+    if list(inspect.signature(ComposedRegressor).parameters)[-1] != "min_prior_share":
+        raise RuntimeError("ComposedRegressor's last parameter is no longer min_prior_share: update default_floor")
     defaults = ComposedRegressor.__init__.__defaults__
     ComposedRegressor.__init__.__defaults__ = (*defaults[:-1], share)
     try:

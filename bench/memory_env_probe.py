@@ -5,10 +5,11 @@
 Measures, each in a fresh process at one thread, the profiler's CPU memory label (the worker's peak resident set
 without file-backed pages above its baseline, :class:`perfzoo.profiling.core.ResidentPeak`, taken after ``gc`` and
 before the model is built) of six training steps (:func:`perfzoo.profiling.core.make_step`, SGD with momentum) of the
-default zoo's ``vit_tiny_patch16_224`` at 64 px with ``depth`` blocks and 100 classes, at each batch, under the
-allocator settings of :data:`SETTINGS`: glibc's and MKL's defaults (the workflow's), MKL's buffer cache off, glibc's
-mmap threshold fixed at 128 KiB (every block from 128 KiB up mapped on its own and returned when freed, so the heap
-keeps only smaller ones), one arena. Prints one JSON line per measurement.
+default zoo's ``vit_tiny_patch16_224`` at 64 px with ``depth`` blocks and the default config's classes, built as the
+zoo builds it (:func:`perfzoo.models.builders.build_model`), at each batch, under the allocator settings of
+:data:`SETTINGS`: glibc's and MKL's defaults (the workflow's), MKL's buffer cache off, glibc's mmap threshold fixed at
+128 KiB (every block from 128 KiB up mapped on its own and returned when freed, so the heap keeps only smaller ones),
+one arena. Prints one JSON line per measurement.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from perfzoo.config import load_config  # noqa: E402
 
 SETTINGS = {
     "defaults": {},
@@ -31,14 +35,15 @@ SETTINGS = {
 
 CHILD = """
 import gc, sys
-import timm, torch
+import timm, torch  # imported before the baseline, as the profiling worker has them (build_model imports lazily)
+from perfzoo.models.builders import build_model
 from perfzoo.profiling.core import ResidentPeak, make_step
 torch.set_num_threads(1)
-batch, depth = int(sys.argv[1]), int(sys.argv[2])
-x, y = torch.randn(batch, 3, 64, 64), torch.randint(0, 100, (batch,))
+batch, depth, classes = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+x, y = torch.randn(batch, 3, 64, 64), torch.randint(0, classes, (batch,))
 gc.collect()
 peak = ResidentPeak.start()
-model = timm.create_model("vit_tiny_patch16_224", depth=depth, img_size=64, num_classes=100)
+model = build_model("timm", "vit_tiny_patch16_224", {"depth": depth}, classes, (3, 64, 64))
 step = make_step(model, x, y, "training", "sgd")
 for _ in range(6):
     step()
@@ -47,10 +52,10 @@ print(round(peak.label_mb, 1))
 """
 
 
-def measure(batch: int, depth: int, env: dict[str, str]) -> float:
+def measure(batch: int, depth: int, classes: int, env: dict[str, str]) -> float:
     """The label (MB) of one fresh process with ``env`` added to this one's environment."""
-    done = subprocess.run([sys.executable, "-c", CHILD, str(batch), str(depth)], capture_output=True, text=True,
-                          check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **env})
+    done = subprocess.run([sys.executable, "-c", CHILD, str(batch), str(depth), str(classes)], capture_output=True,
+                          text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **env})
     return float(done.stdout.strip().splitlines()[-1])
 
 
@@ -59,10 +64,11 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--depth", type=int, default=6)
     args = parser.parse_args()
+    classes = load_config(ROOT / "config.yaml")["zoo"]["num_classes"]
     for batch in args.batches:
         for name, env in SETTINGS.items():
             print(json.dumps({"batch": batch, "depth": args.depth, "setting": name,
-                              "label_mb": measure(batch, args.depth, env)}), flush=True)
+                              "label_mb": measure(batch, args.depth, classes, env)}), flush=True)
 
 
 if __name__ == "__main__":

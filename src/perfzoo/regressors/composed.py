@@ -212,10 +212,8 @@ def _shrinkage_rows(weighted: np.ndarray, prior: np.ndarray, strength: float, mi
     weights applied."""
     columns = np.flatnonzero(np.isfinite(prior))
     mean_share = weighted.mean(axis=0)
-    if min_share > 0:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            floor = np.where(prior > 0, min_share / prior, 0.0)
-        mean_share = np.maximum(mean_share, np.nan_to_num(floor))
+    if min_share > 0:  # no floor where the prior is 0 or NaN (a per-step term)
+        mean_share = np.maximum(mean_share, np.divide(min_share, prior, out=np.zeros_like(prior), where=prior > 0))
     rows = np.zeros((len(columns), weighted.shape[1]))
     rows[np.arange(len(columns)), columns] = np.sqrt(strength * len(weighted)) * mean_share[columns]
     return rows, rows[np.arange(len(columns)), columns] * prior[columns]
@@ -378,7 +376,7 @@ class ComposedRegressor(Regressor):
         require_columns(X, OP_FEATURES, what="operator feature (from the features rule)")
         if self.weighting not in WEIGHTINGS:
             raise InputError(f"composed: unknown weighting {self.weighting!r} (expected one of {WEIGHTINGS})")
-        self._check_shrinkage()
+        self._check_penalty()
         if self.fallback not in REGISTRY or self.fallback == self.kind:
             raise InputError(f"composed: fallback {self.fallback!r} is not another registered regressor")
         target = self._encode_target(y, len(X))
@@ -428,7 +426,7 @@ class ComposedRegressor(Regressor):
         calls = data.design[rows][:, self._n_base:][:, _COUNT_COLUMN].sum(axis=0)
         return coef, pooled, [k for k, n in zip(COSTED_KINDS, calls, strict=True) if n > 0]
 
-    def _check_shrinkage(self) -> None:
+    def _check_penalty(self) -> None:
         number = isinstance(self.shrinkage, int | float) and not isinstance(self.shrinkage, bool)
         valid = self.shrinkage == INNER_CV or (number and self.shrinkage >= 0)
         if not valid or (self.shrinkage != 0 and self.weighting == "mape"):
