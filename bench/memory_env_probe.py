@@ -8,8 +8,8 @@ before the model is built) of six training steps (:func:`perfzoo.profiling.core.
 default zoo's ``vit_tiny_patch16_224`` at 64 px with ``depth`` blocks and the default config's classes, built as the
 zoo builds it (:func:`perfzoo.models.builders.build_model`), at each batch, under the allocator settings of
 :data:`SETTINGS`: glibc's and MKL's defaults (the workflow's), MKL's buffer cache off, glibc's mmap threshold fixed at
-128 KiB (every block from 128 KiB up mapped on its own and returned when freed, so the heap keeps only smaller ones),
-one arena. Prints one JSON line per measurement.
+128 KiB (every block from 128 KiB up mapped on its own and returned when freed, so the heap keeps only smaller ones)
+and at 64 KiB (batch 8's 102 KiB activations mapped too), one arena. Prints one JSON line per measurement.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ SETTINGS = {
     "defaults": {},
     "MKL_DISABLE_FAST_MM=1": {"MKL_DISABLE_FAST_MM": "1"},
     "MALLOC_MMAP_THRESHOLD_=131072": {"MALLOC_MMAP_THRESHOLD_": "131072"},
+    "MALLOC_MMAP_THRESHOLD_=65536": {"MALLOC_MMAP_THRESHOLD_": "65536"},
     "MALLOC_ARENA_MAX=1": {"MALLOC_ARENA_MAX": "1"},
 }
 
