@@ -162,6 +162,7 @@ def test_page_answers_first_with_formatted_numbers_and_intervals(tmp_path) -> No
     assert "no energy sensor on device cpu" in top  # a missing energy is said, with its reason
     assert "above the largest profiled batch" in top  # the warning's text, not its count
     assert "Latency (ms): best MAPE" in top and "random split" in top and "noise floor 4.00%" in top
+    assert re.search(r"best MAPE [\d.]+% \[90 % interval [\d.]+–[\d.]+%, resampling held-out models\]", top)
     assert "on the hardest split" in top
     assert "1 of 18 profiled configs failed" in top
     assert top.count(NOT_COMPUTED) >= 3  # baseline, interval coverage, interference flags absent

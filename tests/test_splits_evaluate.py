@@ -9,7 +9,7 @@ import pytest
 from perfzoo.evaluate import best_per_target, metrics_table
 from perfzoo.fitting import fit_split
 from perfzoo.dataset.splits import make_split
-from perfzoo.stats import all_metrics
+from perfzoo.stats import all_metrics, mape, mape_interval
 
 CFG = {"seed": 1337, "random_fractions": [0.7, 0.15, 0.15]}
 
@@ -51,6 +51,45 @@ def test_metrics_by_hand() -> None:
     assert m["rmse"] == pytest.approx(np.sqrt((0.01 + 0.04) / 3))
     assert m["within_10pct"] == pytest.approx(1.0)
     assert m["kendall_tau"] == pytest.approx(1.0)
+
+
+def held_out(split: str) -> pd.DataFrame:
+    """Test rows of four families of five models with one batch each, one family predicted 50 % high, the
+    others within 2 %."""
+    rows = 20
+    family = [f"f{i // 5}" for i in range(rows)]
+    y_true = np.full(rows, 10.0)
+    y_pred = np.where(np.array(family) == "f0", 15.0, 10.0 + np.linspace(-0.2, 0.2, rows))
+    ids = [f"m{i}" for i in range(rows)]
+    return pd.DataFrame({"target": "latency_ms", "regressor": "linear", "split": split, "fold": family,
+                         "set": "test", "row_id": ids, "model_id": ids, "family": family,
+                         "y_true": y_true, "y_pred": y_pred})
+
+
+def test_mape_interval_resamples_whole_units_and_is_seeded() -> None:
+    rows = held_out("leave_one_family_out")
+    y, p = rows["y_true"].to_numpy(), rows["y_pred"].to_numpy()
+    by_family = mape_interval(y, p, rows["family"].to_numpy())
+    by_row = mape_interval(y, p, np.arange(len(rows)))
+    assert by_family[0] <= mape(y, p) <= by_family[1]
+    # a quarter of the families carries the error: drawn whole, the MAPE moves more than row by row
+    assert by_family[1] - by_family[0] > 1.3 * (by_row[1] - by_row[0])
+    assert mape_interval(y, p, rows["family"].to_numpy()) == by_family  # the same table on every run
+    assert all(np.isnan(mape_interval(y, p, np.zeros(len(rows)))))  # one unit: no interval
+    assert mape_interval(y[:2], np.array([12.0, 12.0]), np.array(["a", "b"])) == (20.0, 20.0)
+
+
+def test_metrics_table_resamples_families_where_the_split_holds_them_out() -> None:
+    noise = pd.DataFrame({"target": ["latency_ms"], "noise_mape": [2.0]})
+    for split, unit in [("leave_one_family_out", "family"), ("random", "model_id")]:
+        rows = held_out(split)
+        table = metrics_table(rows, noise)
+        expected = mape_interval(rows["y_true"].to_numpy(), rows["y_pred"].to_numpy(), rows[unit].to_numpy())
+        assert (table["mape_lo90"].item(), table["mape_hi90"].item()) == expected
+        assert table["mape_lo90"].item() < table["mape"].item() < table["mape_hi90"].item()
+    without_ids = held_out("random").drop(columns=["model_id", "family"])  # rows resampled one by one
+    table = metrics_table(without_ids, noise)
+    assert table["mape_lo90"].item() < table["mape"].item() < table["mape_hi90"].item()
 
 
 def test_fit_split_predicts_held_out_rows_and_skips_tiny_folds() -> None:

@@ -27,12 +27,18 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from perfzoo.stats import METRICS, all_metrics, conformal_halfwidth, mape, rmse
+from perfzoo.stats import METRICS, all_metrics, conformal_halfwidth, mape, mape_interval, rmse
 
 GROUP = ["target", "regressor", "split"]
 BASELINE_PREFIX = "baseline:"
 INTERVAL_COLUMNS = ["n_interval", "coverage90", "interval_method", "interval_missing"]
-METRIC_COLUMNS = [*GROUP, "n", "folds", *METRICS, *INTERVAL_COLUMNS, "noise_floor_mape"]
+MAPE_INTERVAL_COLUMNS = ["mape_lo90", "mape_hi90"]
+METRIC_COLUMNS = [*GROUP, "n", "folds", *METRICS, *MAPE_INTERVAL_COLUMNS, *INTERVAL_COLUMNS, "noise_floor_mape"]
+RESAMPLING_UNITS = {"leave_one_family_out": "family", "family_monte_carlo": "family"}
+"""The column whose values a split's MAPE interval resamples whole: the family for the splits that hold families
+out (the rows of one family share its error), else :data:`DEFAULT_RESAMPLING_UNIT`."""
+DEFAULT_RESAMPLING_UNIT = "model_id"
+"""A model's configs (its batches and modes) share its error; a table without the column resamples rows."""
 #: nominal level of the prediction intervals, the fewest residuals one is calibrated on, and the band of
 #: measured coverage that counts as calibrated
 INTERVAL_LEVEL = 0.9
@@ -156,8 +162,18 @@ def outside_coverage_band(coverage: float) -> bool:
     return math.isfinite(coverage) and not low <= coverage <= high
 
 
+def mape_bounds(rows: pd.DataFrame, split: str) -> dict[str, float]:
+    """The 90 % bootstrap interval of the MAPE of ``rows`` (held-out, predicted), resampling the split's
+    units (:data:`RESAMPLING_UNITS`) whole: how much the MAPE depends on which models or families were held out."""
+    unit = RESAMPLING_UNITS.get(split, DEFAULT_RESAMPLING_UNIT)
+    units = rows[unit].to_numpy() if unit in rows.columns else np.arange(len(rows))
+    low, high = mape_interval(rows["y_true"].to_numpy(), rows["y_pred"].to_numpy(), units)
+    return dict(zip(MAPE_INTERVAL_COLUMNS, (low, high), strict=True))
+
+
 def metrics_table(predictions: pd.DataFrame, noise: pd.DataFrame) -> pd.DataFrame:
-    """MAPE, RMSE, Kendall tau, R2, share within 10 %, pooled over folds, with the noise floor.
+    """MAPE (with its 90 % bootstrap interval, :func:`mape_bounds`), RMSE, Kendall tau, R2, share within 10 %,
+    pooled over folds, with the noise floor.
 
     Rows without a prediction (a baseline without a source row, a row without a feature the regressor uses) are
     left out and counted in ``n_missing``; ``coverage90`` is the empirical coverage of the 90 % intervals
@@ -171,7 +187,7 @@ def metrics_table(predictions: pd.DataFrame, noise: pd.DataFrame) -> pd.DataFram
         ok = g[np.isfinite(g["y_pred"].to_numpy(dtype=float))]
         rows.append({"target": target, "regressor": regressor, "split": split, "n": len(ok),
                      "folds": g["fold"].nunique(), **all_metrics(ok["y_true"].to_numpy(), ok["y_pred"].to_numpy()),
-                     "n_missing": len(g) - len(ok), **interval_coverage(ok)})
+                     **mape_bounds(ok, split), "n_missing": len(g) - len(ok), **interval_coverage(ok)})
     if not rows:  # no held-out predictions at all (every family failed): an empty, well-formed table
         return pd.DataFrame(columns=METRIC_COLUMNS)
     table = pd.DataFrame(rows)

@@ -67,6 +67,29 @@ def within(y_true: np.ndarray, y_pred: np.ndarray, tolerance: float = 0.10) -> f
 METRICS = {"mape": mape, "rmse": rmse, "kendall_tau": kendall_tau, "r2": r2, "within_10pct": within}
 
 
+def mape_interval(y_true: np.ndarray, y_pred: np.ndarray, units: np.ndarray, level: float = 0.9,
+                  n_resamples: int = 999, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval (``level``) of the MAPE, in percent, resampling whole ``units`` (one label per
+    row, e.g. the rows' families): the rows of a unit share its error, so they are drawn together (a cluster
+    bootstrap; scipy's ``bootstrap`` on each unit's summed error and row count, paired). Seeded, so a table is
+    the same on every run. NaN with fewer than two units."""
+    y_true, y_pred = np.asarray(y_true, float), np.asarray(y_pred, float)
+    uniques, codes = np.unique(np.asarray(units).astype(str), return_inverse=True)
+    codes = codes.ravel()
+    if len(uniques) < 2:
+        return math.nan, math.nan
+    errors = np.bincount(codes, weights=np.abs(y_pred - y_true) / np.abs(y_true))
+    rows = np.bincount(codes).astype(float)
+    if np.all(errors / rows == errors[0] / rows[0]):  # every resample gives the same MAPE
+        return (float(errors[0] / rows[0] * 100),) * 2
+    from scipy import stats  # lazy, as in kendall_tau
+
+    result = stats.bootstrap((errors, rows), lambda e, n, axis: e.sum(axis=axis) / n.sum(axis=axis) * 100,
+                             paired=True, vectorized=True, confidence_level=level, n_resamples=n_resamples,
+                             method="percentile", rng=np.random.default_rng(seed))
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
 def all_metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
     return {name: fn(y_true, y_pred) for name, fn in METRICS.items()}
 

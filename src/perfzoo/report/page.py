@@ -19,7 +19,7 @@ import jinja2
 import pandas as pd
 
 from perfzoo.dataset.build import NOT_MEASURED_STATUS
-from perfzoo.evaluate import COVERAGE_BAND, outside_coverage_band
+from perfzoo.evaluate import COVERAGE_BAND, DEFAULT_RESAMPLING_UNIT, RESAMPLING_UNITS, outside_coverage_band
 from perfzoo.plotting import quantity_label
 from perfzoo.report.registry import CATEGORY_ORDER, REPORT_OUTPUTS, ReportOutput
 
@@ -192,10 +192,23 @@ def _noise_text(mape: float, noise: float) -> str:
     return f"noise floor {fmt(noise, '%')}, {level}"
 
 
+UNIT_NAMES = {"family": "families", "model_id": "models"}
+"""How the trust lines name the units a MAPE interval resamples (:data:`perfzoo.evaluate.RESAMPLING_UNITS`)."""
+
+
+def _mape_interval_text(row: pd.Series) -> str:
+    """`` [90 % interval lo–hi %, resampling held-out <unit>s]`` of the row's MAPE; empty where not computed."""
+    low, high = row.get("mape_lo90"), row.get("mape_hi90")
+    if pd.isna(low) or pd.isna(high):
+        return ""
+    unit = RESAMPLING_UNITS.get(row["split"], DEFAULT_RESAMPLING_UNIT)
+    return f" [90 % interval {fmt(low)}–{fmt(high, '%')}, resampling held-out {UNIT_NAMES.get(unit, unit)}]"
+
+
 def _target_line(metrics: pd.DataFrame, row: pd.Series, noise: float) -> str:
     noise_text = _noise_text(row["mape"], noise)
     name = quantity_label(row["target"])
-    return (f"{name[:1].upper() + name[1:]}: best MAPE {fmt(row['mape'], '%')} "
+    return (f"{name[:1].upper() + name[1:]}: best MAPE {fmt(row['mape'], '%')}{_mape_interval_text(row)} "
             f"({row['regressor']}, {row['split'].replace('_', ' ')} split); {noise_text}; "
             f"{_baseline_text(metrics, row)}; {_coverage_text(metrics, row)}{_hardest_text(metrics, row['target'])}.")
 
