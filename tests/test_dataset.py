@@ -47,6 +47,17 @@ def test_labels_are_medians_of_raw_iterations() -> None:
         {("a", 0): 95.0, ("a", 1): 80.0, ("b", 0): math.nan}, nan_ok=True)
 
 
+def test_noise_floor_has_a_bootstrap_interval_over_the_repeated_pairs() -> None:
+    times = {"a": (2.0, 2.0), "b": (4.0, 4.4), "c": (5.0, 5.0), "d": (1.0, 1.5)}  # pairs 0, 10, 0, 50 % apart
+    runs = aggregate_runs(pd.concat([trace(c, r, [t]) for c, pair in times.items() for r, t in enumerate(pair)]))
+    floor = noise_floor(runs).set_index("target").loc["latency_ms"]
+    assert floor["pairs"] == 4 and floor["noise_mape"] == pytest.approx(15.0)
+    assert 0.0 <= floor["noise_lo90"] < 15.0 < floor["noise_hi90"] <= 50.0
+    one_pair = aggregate_runs(pd.concat([trace("a", 0, [2.0]), trace("a", 1, [2.2])]))
+    alone = noise_floor(one_pair).set_index("target").loc["latency_ms"]
+    assert alone["noise_mape"] == pytest.approx(10.0) and math.isnan(alone["noise_lo90"])  # no interval from one
+
+
 def test_truncated_trace_file_is_named(tmp_path) -> None:
     path = tmp_path / "s0000.parquet"
     trace("a", 0, [1.0, 2.0]).drop(columns=["device", "trace_file"]).to_parquet(path)

@@ -181,7 +181,8 @@ def test_first_screen_says_so_when_no_model_is_configured_to_predict(tmp_path) -
 def test_page_shows_baseline_coverage_and_flags_when_other_stages_write_them(tmp_path) -> None:
     data = dataset()  # the dataset stage counts flagged configs in its status table (and fits clean rows only)
     predictions = held_out(data)
-    noise = pd.DataFrame({"target": ["latency_ms", "peak_mem_mb"], "noise_mape": [4.0, 0.5]})
+    noise = pd.DataFrame({"target": ["latency_ms", "peak_mem_mb"], "noise_mape": [4.0, 0.5],
+                          "noise_lo90": [2.5, 0.3], "noise_hi90": [6.0, 0.8]})
     metrics = metrics_table(predictions, noise).assign(
         best_baseline="baseline:flops_nearest", best_baseline_mape=1000.0, coverage90=0.9, n_interval=40)
     baseline_row = metrics.iloc[:1].assign(regressor="baseline:flops_nearest", mape=0.001)
@@ -190,6 +191,7 @@ def test_page_shows_baseline_coverage_and_flags_when_other_stages_write_them(tmp
     top = first_screen(render_index(tmp_path, tables, [record()], [], PROV))
     assert "best baseline (baseline:flops_nearest) 1,000%" in top and "(beats it)" in top
     assert "best MAPE 0.001" not in top
+    assert "noise floor 4.00% [90 % interval 2.50–6.00%]" in top  # the floor's own uncertainty beside it
     assert "90.0% of 40 held-out values inside the 90 % interval" in top and "outside the" not in top
     assert "1 flagged for interference" in top and NOT_COMPUTED not in top
 

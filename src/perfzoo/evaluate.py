@@ -33,7 +33,11 @@ GROUP = ["target", "regressor", "split"]
 BASELINE_PREFIX = "baseline:"
 INTERVAL_COLUMNS = ["n_interval", "coverage90", "interval_method", "interval_missing"]
 MAPE_INTERVAL_COLUMNS = ["mape_lo90", "mape_hi90"]
-METRIC_COLUMNS = [*GROUP, "n", "folds", *METRICS, *MAPE_INTERVAL_COLUMNS, *INTERVAL_COLUMNS, "noise_floor_mape"]
+NOISE_FLOOR_COLUMNS = {"noise_mape": "noise_floor_mape", "noise_lo90": "noise_floor_lo90",
+                       "noise_hi90": "noise_floor_hi90"}
+"""The noise floor table's columns a metrics row carries (the mean over the devices that measured the target)."""
+METRIC_COLUMNS = [*GROUP, "n", "folds", *METRICS, *MAPE_INTERVAL_COLUMNS, *INTERVAL_COLUMNS,
+                  *NOISE_FLOOR_COLUMNS.values()]
 RESAMPLING_UNITS = {"leave_one_family_out": "family", "family_monte_carlo": "family"}
 """The column whose values a split's MAPE interval resamples whole: the family for the splits that hold families
 out (the rows of one family share its error), else :data:`DEFAULT_RESAMPLING_UNIT`."""
@@ -173,7 +177,7 @@ def mape_bounds(rows: pd.DataFrame, split: str) -> dict[str, float]:
 
 def metrics_table(predictions: pd.DataFrame, noise: pd.DataFrame) -> pd.DataFrame:
     """MAPE (with its 90 % bootstrap interval, :func:`mape_bounds`), RMSE, Kendall tau, R2, share within 10 %,
-    pooled over folds, with the noise floor.
+    pooled over folds, with the noise floor (and its interval, where the noise table has one).
 
     Rows without a prediction (a baseline without a source row, a row without a feature the regressor uses) are
     left out and counted in ``n_missing``; ``coverage90`` is the empirical coverage of the 90 % intervals
@@ -193,7 +197,8 @@ def metrics_table(predictions: pd.DataFrame, noise: pd.DataFrame) -> pd.DataFram
     table = pd.DataFrame(rows)
     if table["regressor"].str.startswith(BASELINE_PREFIX).any():
         table = compare_with_baselines(table)
-    floor = noise.groupby("target")["noise_mape"].mean().rename("noise_floor_mape")
+    floor_columns = {c: NOISE_FLOOR_COLUMNS[c] for c in NOISE_FLOOR_COLUMNS if c in noise.columns}
+    floor = noise.groupby("target")[list(floor_columns)].mean().rename(columns=floor_columns)
     return table.merge(floor, left_on="target", right_index=True, how="left")
 
 

@@ -15,7 +15,7 @@ from perfzoo.hardware import hardware_calibration, hardware_features
 from perfzoo.io import InputError, read_json, read_parquet
 from perfzoo.profiling.interference import drop_flagged_runs, flagged_mask
 from perfzoo.profiling.runner import PEAK_RSS_TOTAL, STATUSES, TRACE_COLUMNS, WINDOW
-from perfzoo.stats import coefficient_of_variation, mape, median_ci
+from perfzoo.stats import coefficient_of_variation, mape, mape_interval, median_ci
 
 KEY = ["model_id", "device", "mode", "batch"]
 LABELS = ["latency_ms", "throughput", "peak_mem_mb", "mean_power_w", "energy_j", "energy_per_sample_j", "edp"]
@@ -113,8 +113,12 @@ not a feature; the report compares it across a device's rows and with the hardwa
 (``memory_reference_hardware_mb``)."""
 
 
+NOISE_COLUMNS = ["device", "target", "pairs", "noise_mape", "noise_lo90", "noise_hi90"]
+
+
 def noise_floor(runs: pd.DataFrame) -> pd.DataFrame:
-    """MAPE of the second independent measurement against the first, per device and target.
+    """MAPE of the second independent measurement against the first, per device and target, with its 90 %
+    bootstrap interval over the pairs (``noise_lo90``, ``noise_hi90``; :func:`perfzoo.stats.mape_interval`).
 
     Runs with energy labels (:func:`energy_labels`) add a row per energy label, over the pairs whose two
     measurements both have it; a device without an energy sensor gets none (never a noise floor of nothing)."""
@@ -124,14 +128,21 @@ def noise_floor(runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for device, g in pairs.groupby("device"):
         for target in TARGETS:
-            rows.append({"device": device, "target": target, "pairs": len(g),
-                         "noise_mape": mape(g[target].to_numpy(), g[f"{target}_2"].to_numpy())})
+            rows.append({"device": device, "target": target, **_pair_noise(g, target)})
         for target in (t for t in ENERGY_LABELS if t in g.columns):
-            both = g[[target, f"{target}_2"]].dropna()
+            both = g[["config_id", target, f"{target}_2"]].dropna()
             if len(both):
-                rows.append({"device": device, "target": target, "pairs": len(both),
-                             "noise_mape": mape(both[target].to_numpy(), both[f"{target}_2"].to_numpy())})
-    return pd.DataFrame(rows, columns=["device", "target", "pairs", "noise_mape"])
+                rows.append({"device": device, "target": target, **_pair_noise(both, target)})
+    return pd.DataFrame(rows, columns=NOISE_COLUMNS)
+
+
+
+def _pair_noise(pairs: pd.DataFrame, target: str) -> dict[str, float]:
+    """The noise floor of ``target`` over ``pairs`` (first and second measurement of each config): their count,
+    MAPE and its 90 % interval, each config's pair resampled whole."""
+    first, second = pairs[target].to_numpy(), pairs[f"{target}_2"].to_numpy()
+    low, high = mape_interval(first, second, pairs["config_id"].to_numpy())
+    return {"pairs": len(pairs), "noise_mape": mape(first, second), "noise_lo90": low, "noise_hi90": high}
 
 
 def status_counts(runs: pd.DataFrame, traces: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -300,7 +311,7 @@ def imported_only(external: list[pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFr
     if not external:
         raise InputError("no traces and no imported tables: nothing to build a dataset from")
     data = pd.concat(external, ignore_index=True).sort_values("row_id").reset_index(drop=True)
-    noise = pd.DataFrame(columns=["device", "target", "pairs", "noise_mape"])
+    noise = pd.DataFrame(columns=NOISE_COLUMNS)
     statuses = pd.DataFrame(columns=["device", "status", "configs"])
     return data, noise, statuses
 

@@ -180,16 +180,19 @@ def trust_lines(metrics: pd.DataFrame) -> list[str]:
     return lines
 
 
-def _noise_text(mape: float, noise: float) -> str:
+def _noise_text(mape: float, noise: float, low: float = math.nan, high: float = math.nan) -> str:
+    """The noise floor (with its 90 % interval over the repeated pairs, where known) and where ``mape`` lies
+    against it."""
     if pd.isna(noise):
         return "noise floor not measured"
+    bounds = "" if pd.isna(low) or pd.isna(high) else f" [90 % interval {fmt(low)}–{fmt(high, '%')}]"
     if mape <= NEAR_NOISE * noise:
         level = "at the measurement noise floor"
     elif noise > 0:
         level = f"{fmt(mape / noise)}× the noise floor"
     else:
         level = "repeat measurements agree exactly, so all of the error is the model's"
-    return f"noise floor {fmt(noise, '%')}, {level}"
+    return f"noise floor {fmt(noise, '%')}{bounds}, {level}"
 
 
 UNIT_NAMES = {"family": "families", "model_id": "models"}
@@ -206,7 +209,8 @@ def _mape_interval_text(row: pd.Series) -> str:
 
 
 def _target_line(metrics: pd.DataFrame, row: pd.Series, noise: float) -> str:
-    noise_text = _noise_text(row["mape"], noise)
+    noise_text = _noise_text(row["mape"], noise, row.get("noise_floor_lo90", math.nan),
+                             row.get("noise_floor_hi90", math.nan))
     name = quantity_label(row["target"])
     return (f"{name[:1].upper() + name[1:]}: best MAPE {fmt(row['mape'], '%')}{_mape_interval_text(row)} "
             f"({row['regressor']}, {row['split'].replace('_', ' ')} split); {noise_text}; "
