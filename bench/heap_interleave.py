@@ -38,6 +38,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from memory_env_probe import CHILD  # noqa: E402
 
 from perfzoo.config import load_config  # noqa: E402
 
@@ -49,29 +52,6 @@ CLASS_SETS = {
     "tensors + operator new": {"tensor", "operator new"},
     "everything": {"tensor", "mkl", "operator new", "other"},
 }
-
-STEP = """
-import ctypes, gc, sys
-import timm, torch  # imported before the baseline, as the profiling worker has them
-from perfzoo.models.builders import build_model
-from perfzoo.profiling.core import ResidentPeak, make_step
-torch.set_num_threads(1)
-libc = ctypes.CDLL(None)
-libc.malloc.restype = ctypes.c_void_p
-libc.free.argtypes = [ctypes.c_void_p]
-batch, depth, classes = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-x, y = torch.randn(batch, 3, 64, 64), torch.randint(0, classes, (batch,))
-gc.collect()
-libc.free(libc.malloc(%d))
-peak = ResidentPeak.start()
-model = build_model("timm", "vit_tiny_patch16_224", {"depth": depth}, classes, (3, 64, 64))
-step = make_step(model, x, y, "training", "sgd")
-for _ in range(3):
-    step()
-peak.close_phase()
-libc.free(libc.malloc(%d))
-print(round(peak.label_mb, 1))
-""" % (BEFORE, AFTER)
 
 REPLAY = """
 import ctypes, gc, pickle, sys
@@ -185,11 +165,11 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         step = Path(tmp) / "step.py"
-        step.write_text(STEP)
+        step.write_text(CHILD)
         replay = Path(tmp) / "replay.py"
         replay.write_text(REPLAY)
         for batch in args.batches:
-            argv = [str(step), str(batch), str(args.depth), str(classes)]
+            argv = [str(step), str(batch), str(args.depth), str(classes), "3", str(BEFORE), str(AFTER)]
             label = run_child([sys.executable, *argv])
             run_child(["heaptrack", "-o", f"{tmp}/b{batch}", sys.executable, *argv])
             window = Record(Path(f"{tmp}/b{batch}.zst")).window()

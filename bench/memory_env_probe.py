@@ -35,28 +35,40 @@ SETTINGS = {
 }
 
 CHILD = """
-import gc, sys
+import ctypes, gc, sys
 import timm, torch  # imported before the baseline, as the profiling worker has them (build_model imports lazily)
 from perfzoo.models.builders import build_model
 from perfzoo.profiling.core import ResidentPeak, make_step
 torch.set_num_threads(1)
-batch, depth, classes = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+batch, depth, classes, steps = (int(a) for a in sys.argv[1:5])
+markers = [int(a) for a in sys.argv[5:7]]  # sizes of two allocations around the measurement (heap_interleave.py)
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
 x, y = torch.randn(batch, 3, 64, 64), torch.randint(0, classes, (batch,))
 gc.collect()
+if markers:
+    libc.free(libc.malloc(markers[0]))
 peak = ResidentPeak.start()
 model = build_model("timm", "vit_tiny_patch16_224", {"depth": depth}, classes, (3, 64, 64))
 step = make_step(model, x, y, "training", "sgd")
-for _ in range(6):
+for _ in range(steps):
     step()
 peak.close_phase()
+if markers:
+    libc.free(libc.malloc(markers[1]))
 print(round(peak.label_mb, 1))
 """
+"""A child's arguments: batch, depth, classes, steps and, optionally, the sizes of two marker allocations made
+and freed before the baseline and after the steps (:mod:`heap_interleave` cuts its window between them)."""
+STEPS = 6
 
 
 def measure(batch: int, depth: int, classes: int, env: dict[str, str]) -> float:
     """The label (MB) of one fresh process with ``env`` added to this one's environment."""
-    done = subprocess.run([sys.executable, "-c", CHILD, str(batch), str(depth), str(classes)], capture_output=True,
-                          text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **env})
+    argv = [sys.executable, "-c", CHILD, str(batch), str(depth), str(classes), str(STEPS)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **env})
     return float(done.stdout.strip().splitlines()[-1])
 
 
