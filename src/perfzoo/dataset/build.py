@@ -136,7 +136,6 @@ def noise_floor(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=NOISE_COLUMNS)
 
 
-
 def _pair_noise(pairs: pd.DataFrame, target: str) -> dict[str, float]:
     """The noise floor of ``target`` over ``pairs`` (first and second measurement of each config): their count,
     MAPE and its 90 % interval, each config's pair resampled whole."""
