@@ -35,7 +35,9 @@ INTERVAL_COLUMNS = ["n_interval", "coverage90", "interval_method", "interval_mis
 MAPE_INTERVAL_COLUMNS = ["mape_lo90", "mape_hi90"]
 NOISE_FLOOR_COLUMNS = {"noise_mape": "noise_floor_mape", "noise_lo90": "noise_floor_lo90",
                        "noise_hi90": "noise_floor_hi90"}
-"""The noise floor table's columns a metrics row carries (the mean over the devices that measured the target)."""
+"""The noise floor table's columns a metrics row carries (the mean over the devices that measured the target; with
+several devices the interval's ends are the means of theirs, at least as wide as the interval of the mean floor when
+the devices' floors vary independently)."""
 METRIC_COLUMNS = [*GROUP, "n", "folds", *METRICS, *MAPE_INTERVAL_COLUMNS, *INTERVAL_COLUMNS,
                   *NOISE_FLOOR_COLUMNS.values()]
 RESAMPLING_UNITS = {"leave_one_family_out": "family", "family_monte_carlo": "family"}
