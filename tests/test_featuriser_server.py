@@ -28,7 +28,7 @@ def server_env() -> Iterator[dict[str, str]]:
     """An environment with the server on, its socket in a private short folder, stopped afterwards."""
     folder = tempfile.mkdtemp(prefix="pz-")
     env = {
-        **os.environ,
+        **shell_environ(),
         "PYTHONPATH": str(ROOT / "src"),
         "PERFZOO_FEATURISER": "auto",
         "XDG_RUNTIME_DIR": folder,
@@ -37,6 +37,12 @@ def server_env() -> Iterator[dict[str, str]]:
     yield env
     subprocess.run([sys.executable, "-m", "perfzoo", "server", "stop"], env=env, capture_output=True, timeout=60)
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def shell_environ() -> dict[str, str]:
+    """This process's environment as the shell that started it had it: without the ``KMP_*`` variables that
+    scikit-learn and joblib set in a process that imports them (as this one has)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("KMP_")}
 
 
 def cli(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -180,3 +186,31 @@ def test_planted_symlink_is_not_used_as_the_socket_folder(tmp_path: Path, monkey
     assert folder.stat().st_mode & 0o777 == 0o700
     folder.chmod(0o755)  # readable by others: refused too
     assert featuriser_server.server_dir() is None
+
+
+def test_stop_reaches_a_server_still_making_its_imports(server_env) -> None:
+    """`perfzoo server stop` right after the predict that started the server: the server has recorded its pid but
+    is still importing torch (not listening); it is stopped then, and never comes up to idle for 15 minutes."""
+    from perfzoo import cli as perfzoo_cli
+    from perfzoo.prediction import server as featuriser_server
+
+    path = socket_of(server_env)
+    pid = featuriser_server.start_server(path)
+    assert wait_until(lambda: featuriser_server.server_process(path) == pid, 60), path.with_suffix(".log").read_text()
+    assert not featuriser_server.running(path)  # its imports take seconds: not listening yet
+    assert perfzoo_cli._server_state(featuriser_server, path) == f"starting, pid {pid}"
+    assert featuriser_server.stop_server(path)
+    assert wait_until(lambda: not Path(f"/proc/{pid}").exists() or b"Z" in _proc_state(pid), 30), "it did not exit"
+    assert not path.exists() and not path.with_suffix(".pid").exists()
+    assert perfzoo_cli._server_state(featuriser_server, path) == "not running"
+    # a pid file naming a process that is not this socket's server (a stale file, a reused pid) is never signalled
+    path.with_suffix(".pid").write_text(str(os.getpid()))
+    assert featuriser_server.server_process(path) is None and not featuriser_server.stop_server(path)
+
+
+def _proc_state(pid: int) -> bytes:
+    """The state field of /proc/PID/stat (Z: ended, not yet collected by its parent)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return b"Z"

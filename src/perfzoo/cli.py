@@ -18,7 +18,9 @@ import argparse
 import json
 import os
 import sys
+import types
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from perfzoo import __version__
@@ -210,15 +212,23 @@ def _server(args: argparse.Namespace) -> int:
     if args.action == "stop":
         print(f"stopped the server on {path}" if fs.stop_server(path) else f"no server on {path}")
     elif args.action == "start":
+        state = _server_state(fs, path)
         print(
-            f"server on {path} already running"
-            if fs.running(path)
+            f"server on {path} already {state}"
+            if state != "not running"
             else f"starting the server on {path} (pid {fs.start_server()}; log {path.with_suffix('.log')})"
         )
     else:
-        state = f"running, pid {fs.server_pid(path)}" if fs.running(path) else "not running"
-        print(f"server on {path}: {state}")
+        print(f"server on {path}: {_server_state(fs, path)}")
     return EXIT_OK
+
+
+def _server_state(fs: types.ModuleType, path: Path) -> str:
+    """"running, pid N", "starting, pid N" (its imports not yet made: not listening) or "not running"."""
+    if fs.running(path):
+        return f"running, pid {fs.server_pid(path)}"
+    pid = fs.server_process(path)
+    return "not running" if pid is None else f"starting, pid {pid}"
 
 
 def _import(argv: Sequence[str]) -> int:

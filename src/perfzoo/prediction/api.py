@@ -156,7 +156,7 @@ def _featurise_overlapped(
     finally:
         featuriser.close()
     if featuriser.start_server_after:
-        start_server(featuriser.server_path)
+        start_server(featuriser.server_path, featuriser.environ)
     return featurised, inputs, featuriser.method
 
 

@@ -176,7 +176,10 @@ class Featuriser:
     started now (parallel to loading predictors), or in-process later.
 
     ``use_server``: send the request to this environment's server when one runs; when none does,
-    featurise in a child and set ``start_server_after`` so the caller can start one for next time.
+    featurise in a child and set ``start_server_after`` so the caller can start one for next time, with
+    ``environ``, this process's environment as the request carried it: loading the predictors afterwards
+    imports scikit-learn, which sets ``KMP_*`` variables in this process, and a server started with them
+    would refuse every later call from a shell without them (:func:`perfzoo.prediction.server.context_mismatch`).
     """
 
     def __init__(
@@ -193,6 +196,7 @@ class Featuriser:
         self.server: ServerRequest | None = None
         self.server_path: Path | None = None  # where this environment's server listens (or should)
         self.start_server_after = False  # no server answered: the caller may start one for next time
+        self.environ = dict(os.environ)  # the environment a request from here carries, for that server
         self.method = strategy
         if use_server and spec.builder in SERVER_BUILDERS:  # even when this process imported torch
             self.server_path = socket_path()

@@ -16,7 +16,9 @@ Lifecycle.
 - No server: the CLI featurises in its own child process, as without a server, and once its answer is
   printed starts a server in the background (``start_server``) for the next call.
 - The server exits after ``PERFZOO_SERVER_IDLE_S`` seconds (default 900) without a request, on
-  SIGTERM, or when its socket file is removed (``perfzoo server stop``).
+  SIGTERM, or when its socket file is removed (``perfzoo server stop``). It records its pid as soon as it
+  holds its lock, before its imports, so ``perfzoo server stop`` right after a ``perfzoo predict`` also
+  stops a server still starting (which would otherwise come up seconds later and idle for 15 minutes).
 - Each request runs in a fork: a factory in a user's Python file is imported by that fork, in the
   caller's context (working directory, environment variables replaced whole, ``sys.path``), never by
   the server itself. A caller whose variables read at torch's import (``TORCH*``, ``OMP_*``, ``MKL*``,
@@ -189,14 +191,15 @@ def submit(request: dict[str, Any], path: Path | None = None) -> ServerRequest |
     return ServerRequest(conn, path)
 
 
-def start_server(path: Path | None = None) -> int | None:
-    """Start a server on ``path`` (this environment's socket by default) in the background, detached;
-    its pid, or None if it cannot."""
+def start_server(path: Path | None = None, environ: dict[str, str] | None = None) -> int | None:
+    """Start a server on ``path`` (this environment's socket by default) in the background, detached, with
+    ``environ`` (default: this process's environment), which must be what the callers' requests carry: the
+    server refuses a request whose import-time variables differ from its own; its pid, or None if it cannot."""
     path = path or socket_path()
     if path is None:
         return None
-    src = str(PACKAGE.parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
+    src, base = str(PACKAGE.parent), dict(os.environ if environ is None else environ)
+    env = {**base, "PYTHONPATH": os.pathsep.join(p for p in (src, base.get("PYTHONPATH")) if p)}
     with open(path.with_suffix(".log"), "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-c", f"import sys; from {MODULE} import main; sys.exit(main())", str(path)],
@@ -218,6 +221,21 @@ def server_pid(path: Path) -> str:
         return "?"
 
 
+def server_process(path: Path | None = None) -> int | None:
+    """The pid of the live server process of ``path`` (this environment's by default), starting or running;
+    None when there is none (no pid file, or one left by a server that was killed: its pid no longer runs this
+    module on this socket)."""
+    path = path or socket_path()
+    if path is None:
+        return None
+    try:
+        pid = int(path.with_suffix(".pid").read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return None
+    return pid if any(MODULE.encode() in part for part in cmdline) and str(path).encode() in cmdline else None
+
+
 def running(path: Path | None = None) -> bool:
     """Whether a server accepts connections on ``path`` (this environment's by default)."""
     path = path or socket_path()
@@ -233,17 +251,19 @@ def running(path: Path | None = None) -> bool:
 
 
 def stop_server(path: Path | None = None) -> bool:
-    """Ask this environment's server to stop (removes its socket); whether there was one."""
+    """Ask this environment's server to stop, a running one or one still making its imports (SIGTERM, and its
+    socket removed); whether there was one."""
     path = path or socket_path()
-    if path is None or not path.exists():
+    if path is None:
         return False
-    with contextlib.suppress(OSError, ValueError):
-        pid = int(path.with_suffix(".pid").read_text())
-        if MODULE.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+    pid = server_process(path)
+    if pid is not None:
+        with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGTERM)
+    had_socket = path.exists()
     with contextlib.suppress(OSError):
         path.unlink()
-    return True
+    return pid is not None or had_socket
 
 
 # --------------------------------------------------------------------------- server side
@@ -310,6 +330,20 @@ def serve(path: Path, idle_s: float) -> int:
     except OSError:
         print(f"featuriser server: another server holds {path}", file=sys.stderr)
         return 0
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # also while importing: `perfzoo server stop`
+    pid_file = path.with_suffix(".pid")
+    pid_file.write_text(str(os.getpid()))  # before the imports, so that a starting server can be stopped
+    try:
+        return _serve_warm(path, idle_s)
+    finally:
+        with contextlib.suppress(OSError):
+            pid_file.unlink()
+        print(f"featuriser server {os.getpid()}: stopped", file=sys.stderr)
+
+
+def _serve_warm(path: Path, idle_s: float) -> int:
+    """Make the imports, then listen on ``path`` until idle for ``idle_s`` seconds or the socket file is
+    removed (:func:`serve` holds the lock and the pid file)."""
     started = time.monotonic()
     featurise_request = _warm_up()
     with contextlib.suppress(FileNotFoundError):
@@ -318,14 +352,12 @@ def serve(path: Path, idle_s: float) -> int:
     listener.bind(str(path))
     os.chmod(path, 0o600)
     listener.listen(16)
-    path.with_suffix(".pid").write_text(str(os.getpid()))
     inode = path.stat().st_ino
     print(
         f"featuriser server {os.getpid()}: ready on {path} in {time.monotonic() - started:.1f} s",
         file=sys.stderr,
     )
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forks are reaped by the kernel
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     listener.settimeout(min(idle_s, 30.0))
     last = time.monotonic()
     try:
@@ -355,9 +387,6 @@ def serve(path: Path, idle_s: float) -> int:
         with contextlib.suppress(OSError):
             if path.stat().st_ino == inode:
                 path.unlink()
-        with contextlib.suppress(OSError):
-            path.with_suffix(".pid").unlink()
-    print(f"featuriser server {os.getpid()}: stopped", file=sys.stderr)
     return 0
 
 
