@@ -23,10 +23,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import pandas as pd  # noqa: E402
 
-from perfzoo.dataset.build import aggregate_runs, energy_labels, load_traces, noise_floor  # noqa: E402
+from perfzoo.dataset.build import build_dataset  # noqa: E402
 from perfzoo.evaluate import metrics_table  # noqa: E402
-from perfzoo.io import read_json  # noqa: E402
-from perfzoo.profiling.interference import drop_flagged_runs  # noqa: E402
 
 NAMED = [("latency_ms", "composed"), ("latency_ms", "composed_blend"), ("peak_mem_mb", "memory_sim"),
          ("peak_mem_mb", "memory_blend")]
@@ -34,12 +32,13 @@ SPLITS = ("random", "leave_one_family_out", "batch_extrapolation")
 
 
 def run_noise(results: Path) -> pd.DataFrame:
-    """The noise floor table as the dataset rule makes it, from the run's traces and hardware records."""
-    traces = load_traces(sorted(glob.glob(str(results / "traces" / "*" / "s*[0-9].parquet"))))
-    runs = aggregate_runs(traces)
-    clean = drop_flagged_runs(runs, traces)
-    hardware = {Path(p).stem: read_json(p) for p in glob.glob(str(results / "hardware" / "*.json"))}
-    return noise_floor(energy_labels(clean[clean["status"] == "ok"], hardware))
+    """The noise floor table as the dataset rule makes it (``build_dataset``), from the run's traces, hardware
+    records and feature tables."""
+    traces = sorted(glob.glob(str(results / "traces" / "*" / "s*[0-9].parquet")))
+    hardware = sorted(glob.glob(str(results / "hardware" / "*.json")))
+    manifest = pd.read_parquet(results / "zoo" / "manifest.parquet")
+    features = pd.read_parquet(results / "features" / "models.parquet")
+    return build_dataset(manifest, features, traces, hardware)[1]
 
 
 def check(name: str, ours: float, theirs: float) -> None:
