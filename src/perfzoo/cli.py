@@ -225,9 +225,9 @@ def _server(args: argparse.Namespace) -> int:
 
 def _server_state(fs: types.ModuleType, path: Path) -> str:
     """"running, pid N", "starting, pid N" (its imports not yet made: not listening) or "not running"."""
-    if fs.running(path):
-        return f"running, pid {fs.server_pid(path)}"
     pid = fs.server_process(path)
+    if fs.running(path):
+        return f"running, pid {'?' if pid is None else pid}"
     return "not running" if pid is None else f"starting, pid {pid}"
 
 

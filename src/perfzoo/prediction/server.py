@@ -214,11 +214,9 @@ def start_server(path: Path | None = None, environ: dict[str, str] | None = None
 
 
 def server_pid(path: Path) -> str:
-    """The pid the server on ``path`` recorded, or '?'."""
-    try:
-        return path.with_suffix(".pid").read_text().strip()
-    except OSError:
-        return "?"
+    """The pid of the server process of ``path`` (:func:`server_process`), or '?'."""
+    pid = server_process(path)
+    return "?" if pid is None else str(pid)
 
 
 def server_process(path: Path | None = None) -> int | None:
