@@ -291,6 +291,7 @@ def test_describe_cuda_device_with_fakes(monkeypatch) -> None:
     assert hw["mig_mode"] == "disabled"  # read from NVML, so MIG advice can say what using a profile takes
     assert hw["carbon_intensity_g_per_kwh"] == 300.0 and hw["energy_sensor"] == "nvml"
     assert set(hw["depthwise_temporary"]) == {"missing"}  # a oneDNN (CPU) temporary: never a number on a GPU
+    assert set(hw["call_costs"]) == {"missing"}  # a CPU loop's timing: never a number for a GPU's launch
     feats = hardware_features(hw)
     assert feats == {"hw_peak_gflops": hw["measured_gemm_tflops"]["fp32"] * 1000,
                      "hw_mem_bw_gbs": hw["measured_copy_gbs"], "hw_cores": 108.0, "hw_mem_gb": 40.0}

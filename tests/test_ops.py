@@ -481,6 +481,32 @@ def test_composed_shrinks_each_per_byte_cost_towards_its_measured_one_where_op_t
     np.testing.assert_allclose(with_times.predict(X), with_times.predict(_with_measured_times(X, measured)))
 
 
+def test_composed_shrinks_each_per_call_cost_towards_the_devices_measured_tiny_call():
+    # elementwise calls grow with the elementwise bytes (every operand ~1 MB): the latency alone cannot tell a cost
+    # per call from one per byte, and the pooled fit's per-call cost is what it gives the calls
+    from perfzoo.hardware import CALL_COST_COLUMNS
+
+    X, y = synthetic(60)
+    X["op_elementwise_count"] = X["op_elementwise_bytes"] / 1e6
+    y = sum(coef * X[name] for name, coef in TRUE.items()).to_numpy() + 2e-3 * X["op_elementwise_count"].to_numpy()
+    tiny_us = {"elementwise": 2.0, "matmul": 5.0}  # µs; the kinds the device has not timed: NaN columns
+    measured = X.assign(**{c: tiny_us.get(kind, np.nan) for kind, c in CALL_COST_COLUMNS.items()})
+    gpu = X.assign(device="gpu", **{c: np.nan for c in CALL_COST_COLUMNS.values()})  # a device without them
+    both = ComposedRegressor(shrinkage=1e4).fit(pd.concat([measured, gpu], ignore_index=True), np.concatenate([y, y]))
+    assert both.coefficients("cpu")["op_elementwise_count"] == pytest.approx(2e-3, rel=0.05)  # ms per call
+    assert both.coefficients("cpu")["op_matmul_count"] == pytest.approx(5e-3, rel=0.05)
+    assert both.measured_call_kinds_["cpu"] == ["matmul", "elementwise"]
+    assert both.measured_call_kinds_["gpu"] == both.measured_call_kinds_["*"] == []  # two devices: no one's costs
+    pooled = ComposedRegressor(shrinkage=1e4).fit(X, y).coefficients("cpu")  # without: the pooled per-call cost
+    assert pooled["op_elementwise_count"] == pytest.approx(both.coefficients("gpu")["op_elementwise_count"])
+    assert abs(pooled["op_elementwise_count"] - 2e-3) > 0.5e-3
+    one = ComposedRegressor(shrinkage=1e4).fit(measured, y)
+    assert one.measured_call_kinds_["*"] == one.measured_call_kinds_["cpu"]  # one device: its own costs
+    # device constants: never a feature of composed or its fallback, not needed to predict
+    assert not [c for c in both.feature_names_ + both.fallback_model_.feature_names_ if c.startswith("device_")]
+    np.testing.assert_allclose(both.predict(X), both.predict(measured))
+
+
 def test_composed_keeps_the_pooled_prior_for_a_kind_measured_in_too_few_configs():
     from perfzoo.regressors.composed import MIN_TIMED_ROWS
 

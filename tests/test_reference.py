@@ -3,7 +3,11 @@ whenever it was not measured."""
 
 from __future__ import annotations
 
-from perfzoo.profiling import reference
+import math
+
+from perfzoo.features.op_kinds import COSTED_KINDS
+from perfzoo.hardware import CALL_COST_COLUMNS, CALL_COST_KINDS, hardware_calibration
+from perfzoo.profiling import call_costs, reference
 from perfzoo.profiling.microbench import describe_device
 from perfzoo.profiling.worker import Outcome
 
@@ -23,6 +27,22 @@ def test_cpu_hardware_record_carries_a_measured_memory_reference() -> None:
     temporary = record["depthwise_temporary"]
     assert temporary["threads"] == 1 and temporary["factor"] > 1, temporary
     assert temporary["factor"] == temporary["temporary_bytes"] / temporary["weight_bytes"]
+    # a tiny call of each kind timed with the device's threads (composed's per-call prior), as hardware columns
+    calls = record["call_costs"]
+    assert calls["threads"] == 1 and list(calls["us"]) == list(CALL_COST_KINDS), calls
+    assert all(0 < us < 10_000 for us in calls["us"].values()), calls
+    columns = hardware_calibration(record)
+    assert {columns[CALL_COST_COLUMNS[kind]] for kind in CALL_COST_KINDS} == set(calls["us"].values())
+
+
+def test_the_timed_kinds_are_costed_kinds_and_a_device_without_the_timing_gets_no_number(monkeypatch) -> None:
+    assert set(CALL_COST_KINDS) <= set(COSTED_KINDS)  # composed prices each of them per call
+    assert set(call_costs.tiny_calls()) == set(CALL_COST_KINDS)
+    missing = call_costs.call_costs("cuda", 1)
+    assert set(missing) == {"missing"} and "cuda" in missing["missing"]
+    assert all(math.isnan(v) for c, v in hardware_calibration({"call_costs": missing}).items())
+    monkeypatch.setattr(call_costs, "tiny_calls", lambda: {"elementwise": lambda: 1 / 0})
+    assert call_costs.call_costs("cpu", 1) == {"missing": "the measurement failed: ZeroDivisionError: division by zero"}
 
 
 def test_a_failed_reference_step_is_missing_with_its_reason(monkeypatch) -> None:

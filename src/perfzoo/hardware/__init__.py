@@ -4,6 +4,8 @@ math, and the numeric precisions with the peak each one runs at. Nothing here me
 
 from perfzoo.hardware.device import (
     CALIBRATION_COLUMNS,
+    CALL_COST_COLUMNS,
+    CALL_COST_KINDS,
     DEFAULT_CARBON_INTENSITY_G_PER_KWH,
     DEPTHWISE_TEMPORARY_FACTOR,
     NO_ENERGY_SENSOR,
@@ -37,7 +39,8 @@ from perfzoo.hardware.precision import (
 from perfzoo.hardware.specs import NUMERIC_COLUMNS, SPEC_COLUMNS, close_names, load_gpu_specs, lookup_gpu
 
 __all__ = [
-    "BUILD_DTYPES", "CALIBRATION_COLUMNS", "DEFAULT_CARBON_INTENSITY_G_PER_KWH", "DEPTHWISE_TEMPORARY_FACTOR",
+    "BUILD_DTYPES", "CALIBRATION_COLUMNS", "CALL_COST_COLUMNS", "CALL_COST_KINDS",
+    "DEFAULT_CARBON_INTENSITY_G_PER_KWH", "DEPTHWISE_TEMPORARY_FACTOR",
     "MIG_PROFILES", "NO_ENERGY_SENSOR",
     "NUMERIC_COLUMNS", "PRECISIONS", "SPEC_COLUMNS", "MeasurementSetting", "MigProfile", "Peak",
     "check_supported", "close_names", "cost_fields", "cpu_model_name", "hardware_calibration",

@@ -17,7 +17,13 @@ from perfzoo.hardware.specs import lookup_gpu
 from perfzoo.io import InputError
 
 DEPTHWISE_TEMPORARY_FACTOR = "device_cl_depthwise_temporary_factor"
-CALIBRATION_COLUMNS = (DEPTHWISE_TEMPORARY_FACTOR,)
+CALL_COST_KINDS = ("elementwise", "matmul", "conv", "conv_grouped", "norm", "pool", "softmax", "reduction", "copy",
+                   "embedding", "attention", "optimizer")
+"""Operator kinds (of :data:`perfzoo.features.op_kinds.COSTED_KINDS`) whose tiny call the hardware rule times
+(:mod:`perfzoo.profiling.call_costs`): the device's price of a call when its bytes and FLOPs are next to nothing."""
+CALL_COST_COLUMNS = {kind: f"device_call_us_{kind}" for kind in CALL_COST_KINDS}
+"""Per kind of :data:`CALL_COST_KINDS`, the column of a device's rows holding its measured tiny call (µs)."""
+CALIBRATION_COLUMNS = (DEPTHWISE_TEMPORARY_FACTOR, *CALL_COST_COLUMNS.values())
 """Device constants measured by the hardware rule that a regressor applies as they are (not features every
 regressor sees): :func:`hardware_calibration`."""
 NO_ENERGY_SENSOR = "no energy sensor read on kind 'cpu' (RAPL is not used)"
@@ -111,7 +117,15 @@ def hardware_features(hw: dict[str, Any]) -> dict[str, float]:
 def hardware_calibration(hw: Mapping[str, Any]) -> dict[str, float]:
     """The :data:`CALIBRATION_COLUMNS` of a device's rows: the bytes oneDNN's backward-weights pass of a
     channels-last depthwise convolution allocates per weight byte (``depthwise_temporary.factor`` of the record,
-    :mod:`perfzoo.profiling.temporaries`); NaN where the record has no measurement (a GPU, an imported row, a
-    record written before the measurement existed)."""
+    :mod:`perfzoo.profiling.temporaries`) and the µs of a tiny call of each kind of :data:`CALL_COST_KINDS`
+    (``call_costs.us``, :mod:`perfzoo.profiling.call_costs`); NaN where the record has no measurement (a GPU, an
+    imported row, a record written before the measurement existed)."""
     factor = (hw.get("depthwise_temporary") or {}).get("factor")
-    return {DEPTHWISE_TEMPORARY_FACTOR: float(factor) if isinstance(factor, int | float) else math.nan}
+    calls = (hw.get("call_costs") or {}).get("us") or {}
+    return {DEPTHWISE_TEMPORARY_FACTOR: _measured(factor),
+            **{column: _measured(calls.get(kind)) for kind, column in CALL_COST_COLUMNS.items()}}
+
+
+def _measured(value: Any) -> float:
+    """A measured number as a float; NaN for anything else (not measured)."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan

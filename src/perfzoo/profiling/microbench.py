@@ -23,6 +23,7 @@ from perfzoo.hardware import (
 )
 from perfzoo.io import InputError
 from perfzoo.profiling import cuda, nvml
+from perfzoo.profiling.call_costs import call_costs
 from perfzoo.profiling.interference import probe_baseline
 from perfzoo.profiling.reference import memory_reference
 from perfzoo.profiling.temporaries import depthwise_temporary
@@ -153,6 +154,7 @@ def cpu_hardware(device: str, device_cfg: dict[str, Any]) -> dict[str, Any]:
         "probe_baseline": probe_baseline("cpu", threads),
         "memory_reference": memory_reference("cpu", threads),
         "depthwise_temporary": depthwise_temporary("cpu", threads),
+        "call_costs": call_costs("cpu", threads),
         "measurement_setting": MeasurementSetting.of(device_cfg).as_dict(),
         "energy_sensor": None,
         "energy_missing_reason": NO_ENERGY_SENSOR,
@@ -201,6 +203,7 @@ def cuda_hardware(
                            else {"missing": "the CUDA boundary is substituted: no probe on a real GPU"}),
         "memory_reference": memory_reference("cuda", int(device_cfg.get("threads", 1))),
         "depthwise_temporary": depthwise_temporary("cuda", int(device_cfg.get("threads", 1))),
+        "call_costs": call_costs("cuda", int(device_cfg.get("threads", 1))),
         "measurement_setting": MeasurementSetting.of(device_cfg).as_dict(),
         "spec": spec,
         "spec_missing_reason": spec_reason,

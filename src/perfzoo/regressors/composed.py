@@ -52,6 +52,21 @@ every split). A device or kind without enough measured times keeps the pooled pr
 labels read in ``fit`` only, never features. Compared side by side on six default runs in ``bench/RESULTS.md``,
 "composed's per-byte costs shrunk towards the measured ones".
 
+Per-call costs shrunk towards the device's tiny call
+---------------------------------------------------
+The zoo's operators at batch 1 touch 64 KB-1 MB each, so a fit on its latencies cannot tell a cost per call from
+one per byte, and the pooled fit's per-call cost, the prior each ``γ_k`` was shrunk towards, is whatever that
+trade-off gives: on one default run the leave-one-family-out folds put 14-27 µs on an elementwise call in eight
+folds and 0.1 µs in the ninth, and a model of many small calls (a GRU's C++ loop: 1,283 elementwise calls per
+inference step, the zoo at most 121) was predicted at three times its measured step. Where the device's hardware
+record has the µs of a tiny call of the kind (``call_costs``, :mod:`perfzoo.profiling.call_costs`; the columns
+:data:`perfzoo.hardware.CALL_COST_COLUMNS`, passed because :attr:`uses_device_calibration`), that is the kind's
+per-call prior instead: what a call costs when its bytes and FLOPs are next to nothing is the device's, not the
+zoo's. A kind or device without it keeps the pooled prior; the fit of several devices together takes no device's
+(as for the per-byte priors). ``measured_call_kinds_`` names, per fit, the kinds that had one. Compared side by
+side on a finished default run in ``bench/RESULTS.md``, "composed's per-call costs shrunk towards the device's
+tiny call".
+
 A term the training steps barely run
 -----------------------------------
 The penalty prices a coefficient's move by the term's mean share of the training steps, so a kind the training
@@ -125,6 +140,7 @@ from perfzoo.features.op_kinds import (
     OP_TIME_PREFIX,
 )
 from perfzoo.features.op_times import kind_time_labels
+from perfzoo.hardware import CALIBRATION_COLUMNS, CALL_COST_COLUMNS
 from perfzoo.io import InputError, read_parquet
 from perfzoo.regressors.base import (
     REGISTRY,
@@ -261,11 +277,25 @@ class _FitData:
     design: np.ndarray
     target: np.ndarray
     kind_times: np.ndarray | None = None
+    call_costs: np.ndarray | None = None
+    """Per row and costed kind, the row's device's measured tiny call in ms (NaN: not measured)."""
 
     def subset(self, rows: np.ndarray) -> _FitData:
         """The same arrays for ``rows`` only (a boolean mask)."""
         times = None if self.kind_times is None else self.kind_times[rows]
-        return _FitData(self.design[rows], self.target[rows], times)
+        calls = None if self.call_costs is None else self.call_costs[rows]
+        return _FitData(self.design[rows], self.target[rows], times, calls)
+
+
+def _call_costs(X: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    """(``X`` without the devices' measured constants, per row and costed kind the row's device's measured tiny
+    call in ms: NaN for a kind not timed, a device without the measurement or a frame without the columns)."""
+    costs = np.full((len(X), len(COSTED_KINDS)), np.nan)
+    for j, kind in enumerate(COSTED_KINDS):
+        column = CALL_COST_COLUMNS.get(kind)
+        if column in X.columns:
+            costs[:, j] = numeric_matrix(X, [column])[:, 0] / 1e3  # µs -> ms, the target's unit
+    return X.drop(columns=[c for c in CALIBRATION_COLUMNS if c in X.columns]), costs
 
 
 @register_regressor
@@ -275,6 +305,8 @@ class ComposedRegressor(Regressor):
     kind = "composed"
     only_targets = ("latency_ms",)
     uses_operator_features = True
+    uses_device_calibration = True
+    """Its per-call costs are shrunk towards the device's measured tiny call (module docstring)."""
     needs_measured_times = False
     """Refuse an ``op_times_path`` table without measured times (else: the pooled prior, module docstring)."""
 
@@ -372,7 +404,7 @@ class ComposedRegressor(Regressor):
     def _fit(self, X: pd.DataFrame, y: pd.Series | np.ndarray, kind_times: np.ndarray | None = None) -> None:
         """Fit on ``X`` and ``y``; ``kind_times`` (rows x costed kinds, :class:`_FitData`) reach
         :meth:`_group_costs` only."""
-        X = check_frame(X)
+        X, call_costs = _call_costs(check_frame(X))
         require_columns(X, OP_FEATURES, what="operator feature (from the features rule)")
         if self.weighting not in WEIGHTINGS:
             raise InputError(f"composed: unknown weighting {self.weighting!r} (expected one of {WEIGHTINGS})")
@@ -386,7 +418,7 @@ class ComposedRegressor(Regressor):
             raise InputError("composed: targets must be positive")
         designed = self._design(X)
         design, traced = designed.matrix, designed.composable
-        data = _FitData(design, target, kind_times)
+        data = _FitData(design, target, kind_times, call_costs)
         if not traced.any():
             raise InputError("composed: no training row has an operator trace (op_* features all missing)")
         self.feature_names_ = [*self._base_terms(), *OP_FEATURES]
@@ -399,7 +431,7 @@ class ComposedRegressor(Regressor):
         else:
             inner_groups = np.zeros(len(X))
         self.coef_, self.pooled_coef_, self.seen_kinds_, self.shrinkage_ = {}, {}, {}, {}
-        self.measured_prior_kinds_ = {}
+        self.measured_prior_kinds_, self.measured_call_kinds_ = {}, {}
         devices = sorted(set(groups[traced]))
         for group in [ALL_DEVICES, *devices]:
             rows = traced & ((groups == group) if group != ALL_DEVICES else True)
@@ -410,7 +442,7 @@ class ComposedRegressor(Regressor):
                 group, data, rows, strength, measured_priors=group != ALL_DEVICES or len(devices) == 1)
             self.shrinkage_[group] = strength
         # never on the operator features; a row it would fill in a median for is left out (none complete: refused)
-        self.fallback_model_ = fit_on_complete_rows(REGISTRY[self.fallback], without_operator_features(X), y)[0]
+        self.fallback_model_ = fit_on_complete_rows(REGISTRY[self.fallback], _fallback_inputs(X), y)[0]
 
     def _group_costs(self, group: str, data: _FitData, rows: np.ndarray, strength: float, measured_priors: bool
                      ) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -421,6 +453,8 @@ class ComposedRegressor(Regressor):
             own = _FitData(own.design, own.target)
         pooled, prior, measured = self._prior(own)
         self.measured_prior_kinds_[group] = measured
+        self.measured_call_kinds_[group] = [k for k, c in zip(COSTED_KINDS, _measured_calls(own), strict=True)
+                                            if np.isfinite(c)]
         coef = _nonnegative_fit(data.design[rows], data.target[rows], self.weighting, prior, strength,
                                 self.min_prior_share)
         calls = data.design[rows][:, self._n_base:][:, _COUNT_COLUMN].sum(axis=0)
@@ -442,6 +476,8 @@ class ComposedRegressor(Regressor):
         nb = self._n_base
         pooled = _nonnegative_fit(self._pooled(data.design), data.target, self.weighting)
         prior = np.concatenate([np.full(nb, np.nan), _STAT_OF @ pooled[nb:]])
+        calls = _measured_calls(data)
+        prior[nb + _COUNT_COLUMN[np.isfinite(calls)]] = calls[np.isfinite(calls)]
         if data.kind_times is None:
             return pooled, prior, []
         costs, measured = _measured_kind_costs(data.design[:, nb:], data.kind_times, self.weighting, MIN_TIMED_ROWS)
@@ -511,7 +547,7 @@ class ComposedRegressor(Regressor):
         overhead, costs, _, traced = self._contributions(X)
         out = overhead + costs.sum(axis=1)
         if not traced.all():
-            out[~traced] = self.fallback_model_.predict(without_operator_features(X.loc[~traced]))
+            out[~traced] = self.fallback_model_.predict(_fallback_inputs(X.loc[~traced]))
         return out
 
     def unseen_kinds(self, X: pd.DataFrame) -> pd.DataFrame:
@@ -527,7 +563,7 @@ class ComposedRegressor(Regressor):
         """Per row of ``X``, the features it lacks that its prediction needs: none for a row composed from its
         operator trace, the fallback regressor's missing features for the others."""
         composable = self._design(check_frame(X)).composable
-        fallback = self.fallback_model_.missing_features(without_operator_features(X))
+        fallback = self.fallback_model_.missing_features(_fallback_inputs(X))
         return [[] if ok else names for ok, names in zip(composable, fallback, strict=True)]
 
     def fallback_rows(self, X: pd.DataFrame) -> pd.DataFrame:
@@ -577,6 +613,23 @@ class ComposedRegressor(Regressor):
         if not payload or payload.get("encoding") != "perfzoo-regressor":
             raise InputError(f"{source}: composed regressor without its fallback regressor")
         self.fallback_model_ = regressor_from_document(json.loads(payload["data"]), f"{source} (fallback)")
+
+
+def _measured_calls(data: _FitData) -> np.ndarray:
+    """Per costed kind, the measured tiny call (ms) of the devices of ``data``'s rows (their median; NaN for a kind
+    no row's device has measured)."""
+    if data.call_costs is None or not len(data.call_costs):
+        return np.full(len(COSTED_KINDS), np.nan)
+    measured = np.isfinite(data.call_costs)
+    filled = np.where(measured, data.call_costs, 0.0)
+    medians = [np.median(filled[measured[:, j], j]) if measured[:, j].any() else np.nan
+               for j in range(len(COSTED_KINDS))]
+    return np.asarray(medians, dtype=float)
+
+
+def _fallback_inputs(X: pd.DataFrame) -> pd.DataFrame:
+    """``X`` as the fallback end-to-end regressor sees it: no operator features, no device's measured constants."""
+    return without_operator_features(X).drop(columns=[c for c in CALIBRATION_COLUMNS if c in X.columns])
 
 
 @functools.lru_cache(maxsize=4)
