@@ -502,6 +502,12 @@ def test_composed_shrinks_each_per_call_cost_towards_the_devices_measured_tiny_c
     assert abs(pooled["op_elementwise_count"] - 2e-3) > 0.5e-3
     one = ComposedRegressor(shrinkage=1e4).fit(measured, y)
     assert one.measured_call_kinds_["*"] == one.measured_call_kinds_["cpu"]  # one device: its own costs
+    from perfzoo.regressors.composed import COSTED_KINDS, _FitData, _measured_calls
+
+    two = np.vstack([np.full(len(COSTED_KINDS), 2e-3), np.full(len(COSTED_KINDS), 3e-3)])
+    two[:, 0] = 2e-3  # the first kind measured alike on both rows' devices
+    priors = _measured_calls(_FitData(np.zeros((2, 1)), np.ones(2), call_costs=two))
+    assert priors[0] == 2e-3 and np.isnan(priors[1:]).all()  # devices that differ: no one's cost, never a median
     # device constants: never a feature of composed or its fallback, not needed to predict
     assert not [c for c in both.feature_names_ + both.fallback_model_.feature_names_ if c.startswith("device_")]
     np.testing.assert_allclose(both.predict(X), both.predict(measured))

@@ -616,15 +616,13 @@ class ComposedRegressor(Regressor):
 
 
 def _measured_calls(data: _FitData) -> np.ndarray:
-    """Per costed kind, the measured tiny call (ms) of the devices of ``data``'s rows (their median; NaN for a kind
-    no row's device has measured)."""
+    """Per costed kind, the measured tiny call (ms) of the one device of ``data``'s rows; NaN for a kind whose rows
+    do not all carry the same measurement (no device measured it, or the rows are of devices that differ: no one
+    device's cost stands for them)."""
     if data.call_costs is None or not len(data.call_costs):
         return np.full(len(COSTED_KINDS), np.nan)
-    measured = np.isfinite(data.call_costs)
-    filled = np.where(measured, data.call_costs, 0.0)
-    medians = [np.median(filled[measured[:, j], j]) if measured[:, j].any() else np.nan
-               for j in range(len(COSTED_KINDS))]
-    return np.asarray(medians, dtype=float)
+    first = data.call_costs[0]
+    return np.where((data.call_costs == first).all(axis=0), first, np.nan)  # NaN != NaN: a missing value stays NaN
 
 
 def _fallback_inputs(X: pd.DataFrame) -> pd.DataFrame:
