@@ -66,14 +66,15 @@ def wait_until(condition, timeout_s: float = 120.0) -> bool:
 
 
 def test_first_call_starts_server_and_later_calls_use_it(run_dir: Path, server_env, tmp_path: Path) -> None:
-    from perfzoo.prediction.server import running, server_pid
+    from perfzoo.prediction.server import running, server_process
 
     first = cli("predict", "mlp:mlp_small", "--input", "64", "--batch", "4", "--json", cwd=run_dir, env=server_env)
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["featurised_by"] == "fork"
     path = socket_of(server_env)
     assert wait_until(lambda: running(path)), f"no server on {path}: {path.with_suffix('.log').read_text()}"
-    pid = server_pid(path)
+    pid = server_process(path)
+    assert pid is not None, "the running server has a process"
 
     second = cli("predict", "mlp:mlp_small", "--input", "64", "--batch", "4", "--json", cwd=run_dir, env=server_env)
     assert second.returncode == 0, second.stderr
@@ -95,7 +96,7 @@ def test_first_call_starts_server_and_later_calls_use_it(run_dir: Path, server_e
     broken = cli("predict", "net.py:build", "--input", "64", cwd=tmp_path, env=server_env)
     assert broken.returncode == 2 and broken.stderr.count("\n") == 1
     assert "net.py:2: KeyError: 'no such layer'" in broken.stderr
-    assert server_pid(path) == pid, "one server served every call"
+    assert server_process(path) == pid, "one server served every call"
 
     stop = cli("server", "stop", cwd=tmp_path, env=server_env)
     assert "stopped" in stop.stdout

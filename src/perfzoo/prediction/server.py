@@ -213,12 +213,6 @@ def start_server(path: Path | None = None, environ: dict[str, str] | None = None
     return proc.pid
 
 
-def server_pid(path: Path) -> str:
-    """The pid of the server process of ``path`` (:func:`server_process`), or '?'."""
-    pid = server_process(path)
-    return "?" if pid is None else str(pid)
-
-
 def server_process(path: Path | None = None) -> int | None:
     """The pid of the live server process of ``path`` (this environment's by default), starting or running;
     None when there is none (no pid file, or one left by a server that was killed: its pid no longer runs this
